@@ -1,0 +1,19 @@
+//! The pure core of longhaul.
+//!
+//! Everything here is a function of its inputs: no I/O, no clock reads, no
+//! global random number generator, no async runtime. Files are parsed from
+//! strings the caller has read; time and randomness, where later modules need
+//! them, come in as arguments. This is what lets the agent, the simulator and
+//! the coordinator share one model, and what lets tests run without a runtime.
+
+pub mod config;
+pub mod gpu;
+pub mod job;
+pub mod scenario;
+pub mod topology;
+pub mod units;
+
+pub use config::{ConfigError, Issue};
+pub use job::JobSpec;
+pub use scenario::Scenario;
+pub use topology::Topology;

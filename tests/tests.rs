@@ -1,0 +1,15 @@
+//! longhaul's integration tests, as one binary (one link step, one place to
+//! look). Modules:
+//!
+//! - `examples`: every bundled example parses, validates and round-trips.
+//! - `validation`: table of invalid config files with the exact field path and
+//!   line each error must name.
+//! - `figures`: property tests of derived network figures and model invariants.
+//! - `cli`: the `longhaul` binary as a user runs it.
+
+mod util;
+
+mod cli;
+mod examples;
+mod figures;
+mod validation;
