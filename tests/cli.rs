@@ -1,0 +1,164 @@
+//! The `longhaul` CLI as a user runs it: arguments in, text and exit status
+//! out. The commands run in-process through the same `run` the binary calls.
+
+use clap::Parser;
+use longhaul_coordinator::cli::{Cli, run};
+
+use crate::util::repo_root;
+
+/// Runs `longhaul ARGS...` and returns (status, stdout, stderr).
+fn longhaul(args: &[&str]) -> (u8, String, String) {
+    let cli = Cli::try_parse_from(std::iter::once("longhaul").chain(args.iter().copied()))
+        .unwrap_or_else(|e| panic!("arguments {args:?} rejected: {e}"));
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let status = run(cli, &mut out, &mut err);
+    (
+        status,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
+fn example(name: &str) -> String {
+    repo_root()
+        .join("deploy/examples")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn show_without_a_file_uses_the_bundled_topology() {
+    let (status, out, err) = longhaul(&["topology", "show"]);
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("topology two-campuses-80km: 2 sites, 4,352 GPUs"),
+        "{out}"
+    );
+    // The WAN table gives RTT and BDP: 80 km × 5 µs/km + 20 µs = 420 µs one way.
+    assert!(out.contains("north – south"), "{out}");
+    assert!(out.contains("840 µs"), "{out}");
+    assert!(out.contains("40.1 MiB"), "{out}");
+}
+
+#[test]
+fn show_prints_every_site_and_building_of_a_large_topology() {
+    let (status, out, err) = longhaul(&["topology", "show", &example("hyperscale-plus-two.toml")]);
+    assert_eq!(status, 0, "{err}");
+    assert!(out.contains("100,008 GPUs"), "{out}");
+    for name in [
+        "flagship",
+        "hall-a",
+        "hall-d",
+        "lakeside",
+        "prairie",
+        "flagship – prairie",
+    ] {
+        assert!(out.contains(name), "{name} missing from\n{out}");
+    }
+    // Readable at a glance: a short report, not one line per GPU.
+    assert!(out.lines().count() < 60, "{} lines", out.lines().count());
+}
+
+#[test]
+fn json_output_is_machine_readable() {
+    let (status, out, _) = longhaul(&[
+        "topology",
+        "show",
+        "--output",
+        "json",
+        &example("three-sites-two-continents.toml"),
+    ]);
+    assert_eq!(status, 0);
+    let value: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(value["sites"].as_array().unwrap().len(), 3);
+    let rtt = value["links"][0]["figures"]["rtt_seconds"]
+        .as_f64()
+        .unwrap();
+    // Paris–Frankfurt: 2 × (500 km × 5 µs/km + 50 µs) = 5.1 ms.
+    assert!((rtt - 0.0051).abs() < 1e-12, "{rtt}");
+}
+
+#[test]
+fn check_reports_success_in_one_line() {
+    let (status, out, _) = longhaul(&["topology", "check", &example("two-campuses-500km.toml")]);
+    assert_eq!(status, 0);
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("2 sites, 4,352 GPUs, 1 WAN links"), "{out}");
+}
+
+#[test]
+fn an_invalid_file_exits_2_and_names_file_line_and_field() {
+    let dir = std::env::temp_dir().join(format!("longhaul-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "name = \"x\"\n[[sites]]\nid = \"a\"\nbuildings = []\n",
+    )
+    .unwrap();
+    let (status, out, err) = longhaul(&["topology", "check", &path.display().to_string()]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(status, 2);
+    assert_eq!(out, "");
+    assert!(
+        err.contains("bad.toml:4:13: field `sites[0].buildings`: site \"a\" has no GPUs"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_missing_file_exits_2_and_says_so() {
+    let (status, _, err) = longhaul(&["topology", "check", "/nonexistent/longhaul.toml"]);
+    assert_eq!(status, 2);
+    assert!(
+        err.starts_with("/nonexistent/longhaul.toml: field `(document)`: cannot read file"),
+        "{err}"
+    );
+}
+
+#[test]
+fn job_check_against_a_topology_locates_the_problem_in_the_job_file() {
+    let (status, out, err) = longhaul(&[
+        "job",
+        "check",
+        &example("dense-400b.job.toml"),
+        "--topology",
+        &example("two-campuses-80km.toml"),
+    ]);
+    assert_eq!(status, 2, "{out}");
+    assert!(err.contains("dense-400b.job.toml:22:18:"), "{err}");
+    assert!(
+        err.contains("field `constraints.allowed_sites[0]`: unknown site \"paris\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_bundled_scenario_checks() {
+    for path in crate::util::files_in("scenarios", ".toml") {
+        let (status, out, err) = longhaul(&["scenario", "check", &path.display().to_string()]);
+        assert_eq!(status, 0, "{}: {err}", path.display());
+        assert!(out.starts_with("ok: "), "{out}");
+    }
+}
+
+#[test]
+fn help_explains_every_command() {
+    for args in [
+        &["--help"][..],
+        &["topology", "--help"],
+        &["topology", "show", "--help"],
+        &["job", "check", "--help"],
+    ] {
+        let error = Cli::try_parse_from(std::iter::once("longhaul").chain(args.iter().copied()))
+            .unwrap_err();
+        assert_eq!(error.kind(), clap::error::ErrorKind::DisplayHelp);
+        let help = error.to_string();
+        assert!(help.contains("Usage: longhaul"), "{help}");
+    }
+    let help = Cli::try_parse_from(["longhaul", "topology", "--help"])
+        .unwrap_err()
+        .to_string();
+    assert!(help.contains("check") && help.contains("show"), "{help}");
+}

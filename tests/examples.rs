@@ -10,13 +10,17 @@ fn topology_examples_round_trip() {
         .into_iter()
         .filter(|p| !p.to_string_lossy().ends_with(".job.toml"))
         .collect();
-    assert!(files.len() >= 3, "expected at least three topology examples, found {files:?}");
+    assert!(
+        files.len() >= 3,
+        "expected at least three topology examples, found {files:?}"
+    );
     for path in files {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(&path).unwrap();
         let topology = Topology::from_toml(&name, &text).unwrap_or_else(|e| panic!("{e}"));
         let written = topology.to_toml().unwrap();
-        let again = Topology::from_toml("round-trip", &written).unwrap_or_else(|e| panic!("{e}\n{written}"));
+        let again = Topology::from_toml("round-trip", &written)
+            .unwrap_or_else(|e| panic!("{e}\n{written}"));
         assert_eq!(topology, again, "{name} does not round-trip");
     }
 }
@@ -37,7 +41,10 @@ fn job_examples_round_trip() {
 #[test]
 fn scenario_examples_round_trip_and_resolve() {
     let files = files_in("scenarios", ".toml");
-    assert!(files.len() >= 4, "expected scenario examples, found {files:?}");
+    assert!(
+        files.len() >= 4,
+        "expected scenario examples, found {files:?}"
+    );
     for path in files {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(&path).unwrap();

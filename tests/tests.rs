@@ -6,6 +6,12 @@
 //!   line each error must name.
 //! - `figures`: property tests of derived network figures and model invariants.
 //! - `cli`: the `longhaul` binary as a user runs it.
+//! - `wire`: the generated gRPC API and its reflection descriptor.
+
+#![allow(
+    clippy::unwrap_used,
+    reason = "a test that meets an unexpected error should fail loudly, helpers included"
+)]
 
 mod util;
 
@@ -13,3 +19,4 @@ mod cli;
 mod examples;
 mod figures;
 mod validation;
+mod wire;

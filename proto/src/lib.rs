@@ -18,5 +18,6 @@ pub mod v1 {
 
     /// Encoded `FileDescriptorSet` of every `longhaul.v1` file, for gRPC
     /// server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("longhaul_v1_descriptor");
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("longhaul_v1_descriptor");
 }

@@ -21,7 +21,9 @@ pub enum UnitError {
         example: &'static str,
         found: String,
     },
-    #[error("expected {expected} such as {example:?}, found unit {unit:?} which measures {measures}")]
+    #[error(
+        "expected {expected} such as {example:?}, found unit {unit:?} which measures {measures}"
+    )]
     WrongKind {
         expected: &'static str,
         example: &'static str,
@@ -120,6 +122,8 @@ fn wrong_or_malformed(
 }
 
 /// Converts `value × scale` to an integer, refusing fractions of the base unit.
+/// Whole numbers are converted in integer arithmetic, so values beyond 2^53
+/// (which an `f64` cannot hold exactly) survive a print-and-parse round trip.
 fn to_integer(
     value: f64,
     scale: f64,
@@ -127,6 +131,24 @@ fn to_integer(
     expected: &'static str,
     base: &'static str,
 ) -> Result<u64, UnitError> {
+    let digits: String = text
+        .trim()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '_')
+        .collect();
+    let digits = digits.replace('_', "");
+    let rest = text
+        .trim()
+        .trim_start_matches(|c: char| c.is_ascii_digit() || c == '_');
+    let whole_number = !digits.is_empty() && !rest.starts_with(['.', 'e', 'E']);
+    if whole_number && scale.fract() == 0.0 && scale >= 1.0 {
+        let overflow = || UnitError::Overflow {
+            expected,
+            found: text.to_string(),
+        };
+        let number: u64 = digits.parse().map_err(|_| overflow())?;
+        return number.checked_mul(scale as u64).ok_or_else(overflow);
+    }
     let scaled = value * scale;
     if scaled > u64::MAX as f64 / 2.0 {
         return Err(UnitError::Overflow {
@@ -495,6 +517,17 @@ pub fn human_rate(bits_per_second: f64) -> String {
     format!("{} {}", three_figures(value), UNITS[unit])
 }
 
+/// Formats FLOP/s for people, from TFLOP/s up to EFLOP/s.
+pub fn human_flops(flops: f64) -> String {
+    if flops >= 1e18 {
+        format!("{} EFLOP/s", three_figures(flops / 1e18))
+    } else if flops >= 1e15 {
+        format!("{} PFLOP/s", three_figures(flops / 1e15))
+    } else {
+        format!("{} TFLOP/s", three_figures(flops / 1e12))
+    }
+}
+
 /// Formats seconds for people: ns, µs, ms or s with three significant figures.
 pub fn human_seconds(seconds: f64) -> String {
     if seconds < 1e-6 {
@@ -524,7 +557,12 @@ mod tests {
 
     #[test]
     fn parses_and_prints_canonical_forms() {
-        let cases: &[(&str, &str)] = &[("400 Gbit/s", "400 Gbit/s"), ("400Gbps", "400 Gbit/s"), ("1.6 Tbit/s", "1600 Gbit/s"), ("50 GB/s", "400 Gbit/s")];
+        let cases: &[(&str, &str)] = &[
+            ("400 Gbit/s", "400 Gbit/s"),
+            ("400Gbps", "400 Gbit/s"),
+            ("1.6 Tbit/s", "1600 Gbit/s"),
+            ("50 GB/s", "400 Gbit/s"),
+        ];
         for (input, canonical) in cases {
             let rate: DataRate = input.parse().unwrap();
             assert_eq!(rate.to_string(), *canonical, "{input}");
@@ -542,9 +580,21 @@ mod tests {
             err.to_string(),
             "expected a data rate such as \"400 Gbit/s\", found unit \"GiB\" which measures a size in bytes"
         );
-        assert!(matches!("80 km".parse::<ByteSize>(), Err(UnitError::WrongKind { .. })));
-        assert!(matches!("80".parse::<Distance>(), Err(UnitError::Malformed { .. })));
-        assert!(matches!("-3 km".parse::<Distance>(), Err(UnitError::Negative { .. })));
-        assert!(matches!("1.5 B".parse::<ByteSize>(), Err(UnitError::Fractional { .. })));
+        assert!(matches!(
+            "80 km".parse::<ByteSize>(),
+            Err(UnitError::WrongKind { .. })
+        ));
+        assert!(matches!(
+            "80".parse::<Distance>(),
+            Err(UnitError::Malformed { .. })
+        ));
+        assert!(matches!(
+            "-3 km".parse::<Distance>(),
+            Err(UnitError::Negative { .. })
+        ));
+        assert!(matches!(
+            "1.5 B".parse::<ByteSize>(),
+            Err(UnitError::Fractional { .. })
+        ));
     }
 }

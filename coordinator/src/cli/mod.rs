@@ -1,0 +1,236 @@
+//! The `longhaul` operator CLI.
+//!
+//! Each command family lives in its own module; this one holds the argument
+//! definitions, file loading and the mapping of failures to exit codes
+//! (0: success, 1: the command could not run, 2: the input is invalid).
+
+mod table;
+mod topology;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use longhaul_core::config::violations_in;
+use longhaul_core::{ConfigError, JobSpec, Scenario, Topology};
+
+/// The topology used when `topology show` is given no file.
+pub const DEFAULT_TOPOLOGY_NAME: &str = "two-campuses-80km (bundled)";
+pub const DEFAULT_TOPOLOGY: &str = include_str!("../../../deploy/examples/two-campuses-80km.toml");
+
+/// longhaul coordinates one training job across campuses tens to thousands of
+/// kilometres apart.
+///
+/// Files are TOML; every error names the file, line, column and field.
+/// Exit status: 0 on success, 1 when the command could not run, 2 when the
+/// input is invalid.
+#[derive(Debug, Parser)]
+#[command(name = "longhaul", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate and inspect topology files (sites, buildings, domains, WAN links).
+    #[command(subcommand)]
+    Topology(TopologyCommand),
+    /// Validate job files (model shape, batch, constraints).
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// Validate rehearsal scenario files and the files they refer to.
+    #[command(subcommand)]
+    Scenario(ScenarioCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TopologyCommand {
+    /// Check a topology file and print a one-line summary.
+    Check(FileArgs),
+    /// Print a topology as a tree with per-site totals, WAN RTT and BDP per
+    /// link, and bisection bandwidth per level.
+    Show(ShowArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Check a job file; with --topology, also check it against a topology.
+    Check(JobCheckArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ScenarioCommand {
+    /// Check a scenario file, its topology and job files, and their references.
+    Check(FileArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct FileArgs {
+    /// The file to read.
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The topology file; the bundled two-campuses-80km example when omitted.
+    pub file: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct JobCheckArgs {
+    /// The job file to read.
+    pub file: PathBuf,
+    /// A topology file to check the job's constraints against.
+    #[arg(long)]
+    pub topology: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Readable text.
+    Text,
+    /// One JSON document on stdout, for machines.
+    Json,
+}
+
+/// Why a command failed.
+#[derive(Debug)]
+pub enum Failure {
+    /// The input is invalid (exit status 2).
+    Invalid(ConfigError),
+    /// The command could not run (exit status 1).
+    Other(anyhow::Error),
+}
+
+impl From<ConfigError> for Failure {
+    fn from(error: ConfigError) -> Self {
+        Self::Invalid(error)
+    }
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(error: anyhow::Error) -> Self {
+        Self::Other(error)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(error: std::io::Error) -> Self {
+        Self::Other(anyhow::Error::new(error).context("cannot write output"))
+    }
+}
+
+/// Runs a parsed command line, writing results to `out` and errors to `err`,
+/// and returns the exit status (0, 1 or 2; see [`Cli`]).
+pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
+    let result = match cli.command {
+        Command::Topology(TopologyCommand::Check(args)) => topology::check(&args, out),
+        Command::Topology(TopologyCommand::Show(args)) => topology::show(&args, out),
+        Command::Job(JobCommand::Check(args)) => check_job(&args, out),
+        Command::Scenario(ScenarioCommand::Check(args)) => check_scenario(&args, out),
+    };
+    // A failed write of the report itself (a closed pipe) has nowhere to go.
+    match result {
+        Ok(()) => 0,
+        Err(Failure::Invalid(error)) => {
+            let _ = writeln!(err, "{error}");
+            2
+        }
+        Err(Failure::Other(error)) => {
+            let _ = writeln!(err, "error: {error:#}");
+            1
+        }
+    }
+}
+
+/// Reads a file, reporting an unreadable one as an invalid input that names it.
+pub fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|error| {
+        ConfigError::whole_file(
+            &path.display().to_string(),
+            format!("cannot read file: {error}"),
+        )
+    })
+}
+
+pub fn load_topology(path: &Path) -> Result<Topology, ConfigError> {
+    Topology::from_toml(&path.display().to_string(), &read(path)?)
+}
+
+fn print_json(value: &impl serde::Serialize, out: &mut dyn Write) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(value).map_err(anyhow::Error::from)?;
+    writeln!(out, "{text}")?;
+    Ok(())
+}
+
+fn check_job(args: &JobCheckArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let name = args.file.display().to_string();
+    let text = read(&args.file)?;
+    let job = JobSpec::from_toml(&name, &text)?;
+    if let Some(topology_path) = &args.topology {
+        let topology = load_topology(topology_path)?;
+        let violations = job.violations_against(&topology);
+        if !violations.is_empty() {
+            return Err(violations_in(&name, &text, violations).into());
+        }
+    }
+    match args.output {
+        Output::Json => print_json(&job, out),
+        Output::Text => {
+            writeln!(
+                out,
+                "ok: {name}: job {:?}, {} parameters, {} layers, global batch {}, model state {}",
+                job.name,
+                table::thousands(job.model.parameters),
+                job.model.layers,
+                job.batch.global_batch,
+                longhaul_core::units::human_bytes(job.model_state_bytes()),
+            )?;
+            Ok(())
+        }
+    }
+}
+
+fn check_scenario(args: &FileArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let name = args.file.display().to_string();
+    let text = read(&args.file)?;
+    let scenario = Scenario::from_toml(&name, &text)?;
+    let dir = args.file.parent().unwrap_or(Path::new("."));
+    let topology = load_topology(&dir.join(&scenario.topology))?;
+    let job_path = dir.join(&scenario.job);
+    let job_text = read(&job_path)?;
+    let job_name = job_path.display().to_string();
+    let job = JobSpec::from_toml(&job_name, &job_text)?;
+    let violations = scenario.violations_against(&topology);
+    if !violations.is_empty() {
+        return Err(violations_in(&name, &text, violations).into());
+    }
+    let violations = job.violations_against(&topology);
+    if !violations.is_empty() {
+        return Err(violations_in(&job_name, &job_text, violations).into());
+    }
+    match args.output {
+        Output::Json => print_json(&scenario, out),
+        Output::Text => {
+            writeln!(
+                out,
+                "ok: {name}: scenario {:?} (seed {}), {} sites, job {:?}, {} timeline events over {}",
+                scenario.name,
+                scenario.seed,
+                topology.sites.len(),
+                job.name,
+                scenario.timeline.len(),
+                scenario.duration
+            )?;
+            Ok(())
+        }
+    }
+}
