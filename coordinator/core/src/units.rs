@@ -507,7 +507,7 @@ pub fn human_bytes(bytes: f64) -> String {
 
 /// Formats a rate in bits per second for people, in decimal units.
 pub fn human_rate(bits_per_second: f64) -> String {
-    const UNITS: [&str; 5] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s"];
+    const UNITS: [&str; 6] = ["bit/s", "kbit/s", "Mbit/s", "Gbit/s", "Tbit/s", "Pbit/s"];
     let mut value = bits_per_second;
     let mut unit = 0;
     while value >= 1000.0 && unit + 1 < UNITS.len() {

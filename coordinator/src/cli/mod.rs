@@ -5,7 +5,7 @@
 //! (0: success, 1: the command could not run, 2: the input is invalid).
 
 mod table;
-mod topology;
+pub mod topology;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -45,6 +45,15 @@ pub fn show(args: &ShowArgs, out: &mut dyn Write) -> Result<(), Failure> {
     }
 }
 
+/// `1 node`, `18 nodes`.
+fn plural(count: u64, noun: &str) -> String {
+    if count == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{} {noun}s", thousands(count))
+    }
+}
+
 /// The readable form of `topology show`: a header line, the site tree, the
 /// WAN table and the bisection table.
 pub fn render(topology: &Topology, summary: &TopologySummary) -> String {
@@ -121,10 +130,10 @@ pub fn render(topology: &Topology, summary: &TopologySummary) -> String {
                 );
                 let _ = writeln!(
                     out,
-                    "{stem}{branch} {}: {} × domain of {} nodes × {} GPUs = {} GPUs/domain, {}",
+                    "{stem}{branch} {}: {} × domain of {} × {} GPUs = {} GPUs/domain, {}",
                     group.id,
                     thousands(u64::from(group.count)),
-                    group.nodes_per_domain,
+                    plural(u64::from(group.nodes_per_domain), "node"),
                     group.gpus_per_node,
                     group.gpus_per_domain(),
                     gpu_text
