@@ -1,1 +1,9 @@
-//! placeholder
+//! longhaul's network emulation and simulation.
+//!
+//! [`link`] is the sans-IO link model: one direction of a WAN link as a state
+//! machine in virtual time with a seeded RNG, to be driven by a real-time
+//! proxy or a discrete-event simulator.
+
+pub mod link;
+
+pub use link::{Delivery, DropCause, Fate, Link, LinkConfig, LinkConfigError};
