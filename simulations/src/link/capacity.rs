@@ -133,7 +133,8 @@ impl Capacity {
                 let used = need.div_ceil(MAHIMAHI_OPPORTUNITY_BYTES);
                 let final_opportunity = next.saturating_add(used - 1);
                 *last_used = Some(final_opportunity);
-                *leftover = used * MAHIMAHI_OPPORTUNITY_BYTES - need;
+                let carried = u128::from(used) * u128::from(MAHIMAHI_OPPORTUNITY_BYTES);
+                *leftover = u64::try_from(carried - u128::from(need)).unwrap_or(0);
                 time_of(final_opportunity)
             }
         }

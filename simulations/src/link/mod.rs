@@ -39,7 +39,8 @@
 //! - the default buffer is `floor(rate × RTT / 8)` bytes, at least 1500.
 //!
 //! Fates are decided when a packet is sent: later changes (down, rate, loss)
-//! apply to later packets.
+//! apply to later packets. Time never goes backwards: a `now` earlier than
+//! one already seen is taken as the latest seen.
 
 mod capacity;
 mod config;

@@ -128,7 +128,7 @@ pub struct Link {
     backlog_bytes: u64,
     /// Latest delivery time handed out, for FIFO jitter.
     last_delivery_ns: u64,
-    in_flight: BinaryHeap<Reverse<InFlight>>,
+    in_flight: DeliveryQueue,
     sequence: u64,
     down: bool,
     stats: LinkStats,
@@ -152,7 +152,7 @@ impl Link {
             egress: VecDeque::new(),
             backlog_bytes: 0,
             last_delivery_ns: 0,
-            in_flight: BinaryHeap::new(),
+            in_flight: DeliveryQueue::default(),
             sequence: 0,
             down: false,
             stats: LinkStats::default(),
@@ -243,6 +243,8 @@ impl Link {
 
     /// Offers a packet of `bytes` to the link at `now_ns` and returns its
     /// fate. Delivered packets also come out of [`Link::poll_delivery`].
+    /// Time never goes backwards: a `now_ns` earlier than one already seen
+    /// is taken as the latest seen.
     ///
     /// In order: down → drop (`Down`); the buffer drains what has left by
     /// `now`; backlog + bytes > buffer → drop (`Queue`); backlog + bytes > K
@@ -299,7 +301,10 @@ impl Link {
         let arrival = finish.saturating_add(self.one_way_ns);
         let at_ns = self.jittered(arrival);
         self.schedule(at_ns, packet_id, bytes, marked_ecn, false);
-        let duplicate_at_ns = if self.duplicate_rng.chance(self.config.duplicate) {
+        // No draw when duplication is off: the stream is duplication's own,
+        // so skipping it changes no other decision.
+        let duplicate = self.config.duplicate > 0.0;
+        let duplicate_at_ns = if duplicate && self.duplicate_rng.chance(self.config.duplicate) {
             let at = self.jittered(arrival);
             self.schedule(at, packet_id, bytes, marked_ecn, true);
             Some(at)
@@ -320,11 +325,11 @@ impl Link {
         if self
             .in_flight
             .peek()
-            .is_none_or(|Reverse(next)| next.at_ns > self.now_ns)
+            .is_none_or(|next| next.at_ns > self.now_ns)
         {
             return None;
         }
-        let Reverse(next) = self.in_flight.pop()?;
+        let next = self.in_flight.pop()?;
         if next.duplicate {
             self.stats.duplicates_delivered += 1;
         } else {
@@ -344,7 +349,7 @@ impl Link {
     /// of a packet on its way. Sending can only add later events, so a driver
     /// sleeps until this time or the next send, whichever comes first.
     pub fn next_wakeup(&self) -> Option<u64> {
-        self.in_flight.peek().map(|Reverse(next)| next.at_ns)
+        self.in_flight.peek().map(|next| next.at_ns)
     }
 
     fn advance(&mut self, now_ns: u64) {
@@ -354,7 +359,8 @@ impl Link {
                 break;
             }
             self.egress.pop_front();
-            self.backlog_bytes -= bytes;
+            // Saturating: a backlog near u64::MAX saturates on the way in.
+            self.backlog_bytes = self.backlog_bytes.saturating_sub(bytes);
         }
     }
 
@@ -388,14 +394,63 @@ impl Link {
     }
 
     fn schedule(&mut self, at_ns: u64, packet_id: u64, bytes: u64, marked: bool, dup: bool) {
-        self.in_flight.push(Reverse(InFlight {
+        self.in_flight.push(InFlight {
             at_ns,
             sequence: self.sequence,
             packet_id,
             bytes,
             marked_ecn: marked,
             duplicate: dup,
-        }));
+        });
         self.sequence += 1;
+    }
+}
+
+/// Packets on their way, earliest first, ties in scheduling order.
+///
+/// Without reordering jitter, arrivals are scheduled in time order, so they
+/// go to a FIFO in O(1); only a packet scheduled earlier than the latest one
+/// (reordering jitter) goes to the heap. Popping takes the smaller head.
+#[derive(Debug, Clone, Default)]
+struct DeliveryQueue {
+    in_order: VecDeque<InFlight>,
+    overtaking: BinaryHeap<Reverse<InFlight>>,
+}
+
+impl DeliveryQueue {
+    fn len(&self) -> usize {
+        self.in_order.len() + self.overtaking.len()
+    }
+
+    fn push(&mut self, packet: InFlight) {
+        if self
+            .in_order
+            .back()
+            .is_none_or(|last| last.at_ns <= packet.at_ns)
+        {
+            self.in_order.push_back(packet);
+        } else {
+            self.overtaking.push(Reverse(packet));
+        }
+    }
+
+    fn peek(&self) -> Option<&InFlight> {
+        match (self.in_order.front(), self.overtaking.peek()) {
+            (Some(a), Some(Reverse(b))) => Some(if b < a { b } else { a }),
+            (a, b) => a.or(b.map(|Reverse(b)| b)),
+        }
+    }
+
+    fn pop(&mut self) -> Option<InFlight> {
+        let from_heap = match (self.in_order.front(), self.overtaking.peek()) {
+            (Some(a), Some(Reverse(b))) => b < a,
+            (None, Some(_)) => true,
+            _ => false,
+        };
+        if from_heap {
+            self.overtaking.pop().map(|Reverse(packet)| packet)
+        } else {
+            self.in_order.pop_front()
+        }
     }
 }

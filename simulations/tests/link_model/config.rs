@@ -297,3 +297,30 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// The same for trace-driven links, with timestamps and sizes up to the
+    /// extremes.
+    #[test]
+    fn nothing_panics_on_a_trace(
+        mut trace in proptest::collection::vec(prop_oneof![0u64..10, any::<u64>()], 0..20),
+        sends in proptest::collection::vec((any::<u64>(), any::<u64>()), 0..50),
+    ) {
+        trace.sort_unstable();
+        let mut config = LinkConfig::new(DataRate::from_bits_per_second(1), Distance::default());
+        config.rate = None;
+        config.delivery_trace = Some(DeliveryTrace { opportunities_ms: trace });
+        config.buffer = Some(ByteSize::from_bytes(u64::MAX));
+        if let Ok(mut link) = Link::new(config, 3) {
+            for (id, (now, bytes)) in sends.into_iter().enumerate() {
+                link.handle_send(now, id as u64, bytes, false);
+                let _ = link.poll_delivery(now);
+            }
+            while link.poll_delivery(u64::MAX).is_some() {}
+            let stats = link.stats();
+            prop_assert_eq!(stats.packets_delivered + stats.drops.total(), stats.packets_in);
+        }
+    }
+}

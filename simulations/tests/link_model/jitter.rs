@@ -44,23 +44,44 @@ fn fifo_jitter_never_reorders() {
 
 #[test]
 fn reorder_jitter_reorders_within_its_bound() {
-    let mut link = Link::new(jittery(JitterMode::Reorder), 3).unwrap();
+    let mut config = jittery(JitterMode::Reorder);
+    config.duplicate = 0.1;
+    let mut link = Link::new(config, 3).unwrap();
     let (fates, deliveries) = drive(&mut link, &train(10_000, 10_000, 1500));
     let overtaken = deliveries
         .windows(2)
         .filter(|w| w[1].packet_id < w[0].packet_id)
         .count();
     assert!(overtaken > 1_000, "only {overtaken} inversions");
-    // Deliveries still come out in time order, and each within its jitter.
-    assert!(deliveries.windows(2).all(|w| w[0].at_ns <= w[1].at_ns));
+    // Each packet (and copy) within its jitter bound; deliveries come out in
+    // time order, ties in the order they were scheduled (a packet, then its
+    // copy, then the next packet).
+    let mut expected = Vec::new();
     for (i, fate) in fates.iter().enumerate() {
-        let at = crate::delivered_at(fate).unwrap();
+        let Fate::Delivered {
+            at_ns,
+            duplicate_at_ns,
+            ..
+        } = *fate
+        else {
+            panic!("packet {i} dropped");
+        };
         let base = base_arrival(i as u64);
-        assert!(
-            (base..=base + 1_000_000).contains(&at),
-            "packet {i} at {at}"
-        );
+        for at in std::iter::once(at_ns).chain(duplicate_at_ns) {
+            assert!(
+                (base..=base + 1_000_000).contains(&at),
+                "packet {i} at {at}"
+            );
+        }
+        expected.push((at_ns, i as u64, false));
+        expected.extend(duplicate_at_ns.map(|at| (at, i as u64, true)));
     }
+    expected.sort();
+    let polled: Vec<(u64, u64, bool)> = deliveries
+        .iter()
+        .map(|d| (d.at_ns, d.packet_id, d.duplicate))
+        .collect();
+    assert_eq!(polled, expected);
 }
 
 #[test]
