@@ -1,10 +1,11 @@
 //! Packet events per second through one busy link, on one core.
 //!
-//! A 10 Gbit/s, 1000 km link with Gilbert-Elliott loss, FIFO jitter and a
-//! one-BDP buffer is offered 1500-byte packets at 110% of its rate, so the
-//! queue stays full and drop-tail is exercised; deliveries are polled as
-//! virtual time advances. An event is one `handle_send` or one delivery
-//! returned by `poll_delivery`. Run with
+//! A 10 Gbit/s, 1000 km link with Gilbert-Elliott loss, jitter and a one-BDP
+//! buffer is offered 1500-byte packets at 110% of its rate, so the queue
+//! stays full and drop-tail is exercised; deliveries are polled as virtual
+//! time advances. An event is one `handle_send` or one delivery returned by
+//! `poll_delivery`. Two runs: FIFO jitter (deliveries in order) and
+//! reordering jitter (deliveries through the heap). Run with
 //! `cargo bench -p longhaul-simulations --bench link_model`.
 
 use std::hint::black_box;
@@ -15,7 +16,7 @@ use longhaul_simulations::link::{Jitter, JitterMode, Link, LinkConfig, LossModel
 
 const PACKETS: u64 = 5_000_000;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn busy_link(mode: JitterMode) -> Result<Link, Box<dyn std::error::Error>> {
     let mut config = LinkConfig::new(
         DataRate::from_gbit_per_second(10),
         Distance::from_km(1000.0).ok_or("bad distance")?,
@@ -28,10 +29,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     config.jitter = Some(Jitter {
         max: Duration::from_micros(50),
-        mode: JitterMode::Fifo,
+        mode,
     });
-    let mut link = Link::new(config, 42)?;
+    Ok(Link::new(config, 42)?)
+}
 
+fn run(name: &str, mut link: Link) {
     // 1500 bytes at 11 Gbit/s: one packet every 1091 ns.
     let gap_ns = 1_091;
     let mut events: u64 = 0;
@@ -55,12 +58,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let elapsed = started.elapsed().as_secs_f64();
     let stats = link.stats();
     println!(
-        "link_model: {events} events ({} sends, {} deliveries, {} queue drops, {} losses) in {:.3} s",
-        stats.packets_in, stats.packets_delivered, stats.drops.queue, stats.drops.loss, elapsed
-    );
-    println!(
-        "link_model: {:.2} million packet events per second on one core",
+        "link_model/{name}: {events} events ({} sends, {} deliveries, {} queue drops, {} losses) in {elapsed:.3} s: {:.2} million packet events per second on one core",
+        stats.packets_in,
+        stats.packets_delivered,
+        stats.drops.queue,
+        stats.drops.loss,
         events as f64 / elapsed / 1e6
     );
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    run("fifo_jitter", busy_link(JitterMode::Fifo)?);
+    run("reorder_jitter", busy_link(JitterMode::Reorder)?);
     Ok(())
 }
