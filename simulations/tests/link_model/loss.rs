@@ -159,3 +159,23 @@ fn a_lost_packet_has_used_its_line_time() {
         Some(24_000)
     );
 }
+
+#[test]
+fn loss_model_changes_at_runtime_and_bad_models_are_refused() {
+    let mut link = Link::new(unbounded(config(1_000_000_000, 0.0)), 1).unwrap();
+    assert!(link.handle_send(0, 0, 100, false).is_delivered());
+    let refused = link.set_loss(LossModel::Bernoulli { p: 2.0 }).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "`loss.p` must be a probability in [0, 1), found 2"
+    );
+    assert_eq!(link.config().loss, LossModel::None);
+    // Trace indices keep counting from the link's first packet.
+    link.set_loss(LossModel::Trace { drop: vec![0, 2] })
+        .unwrap();
+    assert!(link.handle_send(10_000, 1, 100, false).is_delivered());
+    assert_eq!(
+        link.handle_send(20_000, 2, 100, false).drop_cause(),
+        Some(DropCause::Trace)
+    );
+}
