@@ -1,4 +1,9 @@
-//! longhaul's network emulator and simulator (not yet implemented): a sans-IO
-//! link model shared by a real-time proxy and a discrete-event simulator, and
-//! the rehearsal harness. The crate exists now so the workspace has its final
-//! shape.
+//! longhaul's network emulation and simulation.
+//!
+//! [`link`] is the sans-IO link model: one direction of a WAN link as a state
+//! machine in virtual time with a seeded RNG, to be driven by a real-time
+//! proxy or a discrete-event simulator.
+
+pub mod link;
+
+pub use link::{Delivery, DropCause, Fate, Link, LinkConfig, LinkConfigError};
