@@ -10,6 +10,7 @@ pub mod config;
 pub mod gpu;
 pub mod job;
 pub mod scenario;
+pub mod state;
 pub mod topology;
 pub mod units;
 

@@ -1,0 +1,281 @@
+//! Commands of the replicated state machine, its records and its errors.
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobSpec;
+use crate::topology::{Site, WanLink};
+
+/// A write, as proposed through Raft.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub command: Command,
+    /// When set, the write applies only if the store is at exactly this
+    /// revision (compare-and-set); otherwise it fails and changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_revision: Option<u64>,
+}
+
+impl Request {
+    pub fn new(command: Command) -> Self {
+        Self {
+            command,
+            expected_revision: None,
+        }
+    }
+
+    pub fn expecting(command: Command, revision: u64) -> Self {
+        Self {
+            command,
+            expected_revision: Some(revision),
+        }
+    }
+}
+
+/// Every change to the coordinator's state.
+///
+/// Time never comes from a clock here: commands that record a time carry it,
+/// stamped by the proposer, so every replica applies the same value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Command {
+    /// An agent registers (or re-registers) its site's inventory; the site is up.
+    RegisterSite {
+        site: Site,
+        /// Where other agents reach this site's agent (QUIC).
+        data_address: String,
+        at_unix_ms: u64,
+    },
+    /// The leader saw the site's lease expire.
+    MarkSiteDown {
+        site_id: String,
+        reason: String,
+        at_unix_ms: u64,
+    },
+    /// Configure (or reconfigure) the WAN link between two sites.
+    PutLink {
+        link: WanLink,
+    },
+    /// An agent's probe of a link.
+    RecordLinkMeasurement {
+        site_a: String,
+        site_b: String,
+        measurement: LinkMeasurement,
+    },
+    /// Store a job with its placement outcome.
+    SubmitJob {
+        job_id: String,
+        spec: JobSpec,
+        placement: Placement,
+    },
+    /// Replace a job's placement (re-planning after a site change).
+    SetPlacement {
+        job_id: String,
+        placement: Placement,
+    },
+    CancelJob {
+        job_id: String,
+    },
+    /// Record a coordinator replica's addresses (membership itself is Raft's
+    /// configuration; this is what operators see).
+    PutMember {
+        member: Member,
+    },
+    RemoveMember {
+        member_id: u64,
+    },
+    /// Does nothing but bump the revision; used to test the pipeline and to
+    /// carry opaque payloads in benchmarks.
+    Noop {
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        payload: String,
+    },
+}
+
+impl Command {
+    /// The command's name as it appears in logs and errors.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RegisterSite { .. } => "register_site",
+            Self::MarkSiteDown { .. } => "mark_site_down",
+            Self::PutLink { .. } => "put_link",
+            Self::RecordLinkMeasurement { .. } => "record_link_measurement",
+            Self::SubmitJob { .. } => "submit_job",
+            Self::SetPlacement { .. } => "set_placement",
+            Self::CancelJob { .. } => "cancel_job",
+            Self::PutMember { .. } => "put_member",
+            Self::RemoveMember { .. } => "remove_member",
+            Self::Noop { .. } => "noop",
+        }
+    }
+}
+
+/// What placement decided for a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Placement {
+    /// The plan in its canonical JSON form.
+    Placed {
+        plan_json: String,
+    },
+    Infeasible {
+        reason: String,
+    },
+    /// Not planned yet.
+    Pending,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkMeasurement {
+    pub rtt_ns: u64,
+    pub loss_rate: f64,
+    pub throughput_bps: u64,
+    pub measured_at_unix_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    Up,
+    Down,
+}
+
+/// A registered site.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SiteRecord {
+    pub site: Site,
+    pub data_address: String,
+    pub liveness: Liveness,
+    /// Revision of the last liveness transition.
+    pub liveness_revision: u64,
+    pub liveness_reason: String,
+    pub changed_at_unix_ms: u64,
+}
+
+/// A configured link and its latest measurement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkRecord {
+    pub configured: WanLink,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<LinkMeasurement>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    Placed,
+    Infeasible,
+    Pending,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub spec: JobSpec,
+    pub state: JobState,
+    pub placement: Placement,
+    /// Revision of the last change to this job.
+    pub revision: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: u64,
+    pub name: String,
+    pub peer_url: String,
+    pub client_url: String,
+}
+
+/// One change, as delivered to watchers. It carries the entity's new value
+/// (or its id when it was removed), so a watcher never has to read back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub revision: u64,
+    pub change: Change,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "entity", rename_all = "snake_case")]
+pub enum Change {
+    Site { record: SiteRecord },
+    Link { record: LinkRecord },
+    Job { record: JobRecord },
+    Member { member: Member },
+    MemberRemoved { member_id: u64 },
+    Noop,
+}
+
+impl Change {
+    /// The watch kind this change belongs to (`site`, `link`, `job`, `member`, `noop`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Site { .. } => "site",
+            Self::Link { .. } => "link",
+            Self::Job { .. } => "job",
+            Self::Member { .. } | Self::MemberRemoved { .. } => "member",
+            Self::Noop => "noop",
+        }
+    }
+
+    /// The key under which the entity is stored: `site/ID`, `link/A/B`,
+    /// `job/ID`, `member/ID`; `None` for changes that store nothing.
+    pub fn key(&self) -> Option<String> {
+        match self {
+            Self::Site { record } => Some(format!("site/{}", record.site.id)),
+            Self::Link { record } => {
+                let [a, b] = &record.configured.between;
+                let (a, b) = if a <= b { (a, b) } else { (b, a) };
+                Some(format!("link/{a}/{b}"))
+            }
+            Self::Job { record } => Some(format!("job/{}", record.id)),
+            Self::Member { member } => Some(format!("member/{}", member.id)),
+            Self::MemberRemoved { member_id } => Some(format!("member/{member_id}")),
+            Self::Noop => None,
+        }
+    }
+}
+
+/// Why a command was refused. A refused command changes nothing and does
+/// not bump the revision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ApplyError {
+    #[error("invalid argument: field `{field}`: {message}")]
+    InvalidArgument { field: String, message: String },
+    #[error("not found: field `{field}`: {message}")]
+    NotFound { field: String, message: String },
+    #[error("failed precondition: field `{field}`: {message}")]
+    FailedPrecondition { field: String, message: String },
+    #[error("already exists: field `{field}`: {message}")]
+    AlreadyExists { field: String, message: String },
+}
+
+impl ApplyError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+    pub fn not_found(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::NotFound {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+    pub fn precondition(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::FailedPrecondition {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A watch asked to resume from a revision whose events were compacted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "revision {requested} is compacted: the oldest revision still watchable is {oldest}; list the current state and watch from its revision"
+)]
+pub struct Compacted {
+    pub requested: u64,
+    pub oldest: u64,
+}

@@ -1,0 +1,491 @@
+//! The coordinator's replicated state machine (pure).
+//!
+//! [`ClusterState::apply`] is deterministic: the same requests in the same
+//! order give the same state and the same events on every replica. Every
+//! applied command bumps the revision by one; a refused command changes
+//! nothing, not even the revision. Each applied command yields [`Event`]s
+//! that carry the changed entity, so the server can persist exactly what
+//! changed and watchers can resume from any revision still in the history.
+
+mod command;
+
+use std::collections::{BTreeMap, VecDeque};
+
+pub use command::{
+    ApplyError, Change, Command, Compacted, Event, JobRecord, JobState, LinkMeasurement,
+    LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Validate;
+use crate::topology::Topology;
+
+/// How many past events are kept for watches to resume from.
+pub const DEFAULT_HISTORY_LIMIT: usize = 10_000;
+
+/// The outcome of an applied command.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub revision: u64,
+    pub events: Vec<Event>,
+    /// Revisions that fell out of the watch history with this command.
+    pub evicted: Vec<u64>,
+}
+
+/// Everything the coordinator replicates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterState {
+    revision: u64,
+    sites: BTreeMap<String, SiteRecord>,
+    links: BTreeMap<(String, String), LinkRecord>,
+    jobs: BTreeMap<String, JobRecord>,
+    members: BTreeMap<u64, Member>,
+    history: VecDeque<Event>,
+    history_limit: usize,
+}
+
+impl Default for ClusterState {
+    fn default() -> Self {
+        Self::new(DEFAULT_HISTORY_LIMIT)
+    }
+}
+
+fn pair(a: &str, b: &str) -> (String, String) {
+    if a <= b {
+        (a.to_string(), b.to_string())
+    } else {
+        (b.to_string(), a.to_string())
+    }
+}
+
+impl ClusterState {
+    pub fn new(history_limit: usize) -> Self {
+        Self {
+            revision: 0,
+            sites: BTreeMap::new(),
+            links: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            members: BTreeMap::new(),
+            history: VecDeque::new(),
+            history_limit: history_limit.max(1),
+        }
+    }
+
+    /// Rebuilds a state from persisted parts: the revision, the latest change
+    /// of every entity, and the retained history (oldest first).
+    pub fn from_parts(
+        revision: u64,
+        entities: impl IntoIterator<Item = Change>,
+        history: impl IntoIterator<Item = Event>,
+        history_limit: usize,
+    ) -> Self {
+        let mut state = Self::new(history_limit);
+        state.revision = revision;
+        for change in entities {
+            state.store(change);
+        }
+        state.history = history.into_iter().collect();
+        state
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+    pub fn sites(&self) -> impl Iterator<Item = &SiteRecord> {
+        self.sites.values()
+    }
+    pub fn site(&self, id: &str) -> Option<&SiteRecord> {
+        self.sites.get(id)
+    }
+    pub fn links(&self) -> impl Iterator<Item = &LinkRecord> {
+        self.links.values()
+    }
+    pub fn jobs(&self) -> impl Iterator<Item = &JobRecord> {
+        self.jobs.values()
+    }
+    pub fn job(&self, id: &str) -> Option<&JobRecord> {
+        self.jobs.get(id)
+    }
+    pub fn members(&self) -> impl Iterator<Item = &Member> {
+        self.members.values()
+    }
+
+    /// Every stored entity as the change that would recreate it.
+    pub fn entities(&self) -> Vec<Change> {
+        let sites = self
+            .sites
+            .values()
+            .map(|r| Change::Site { record: r.clone() });
+        let links = self
+            .links
+            .values()
+            .map(|r| Change::Link { record: r.clone() });
+        let jobs = self
+            .jobs
+            .values()
+            .map(|r| Change::Job { record: r.clone() });
+        let members = self
+            .members
+            .values()
+            .map(|m| Change::Member { member: m.clone() });
+        sites.chain(links).chain(jobs).chain(members).collect()
+    }
+
+    /// The registered sites and configured links as a topology, for placement.
+    /// Only sites that are up are included; links are kept when both ends are.
+    pub fn live_topology(&self, name: &str) -> Topology {
+        let sites: Vec<_> = self
+            .sites
+            .values()
+            .filter(|r| r.liveness == Liveness::Up)
+            .map(|r| r.site.clone())
+            .collect();
+        let up = |id: &str| sites.iter().any(|s| s.id == id);
+        let links = self
+            .links
+            .values()
+            .filter(|l| up(&l.configured.between[0]) && up(&l.configured.between[1]))
+            .map(|l| l.configured.clone())
+            .collect();
+        Topology {
+            name: name.to_string(),
+            gpu_types: Vec::new(),
+            sites,
+            links,
+        }
+    }
+
+    /// Events with a revision greater than `after`, oldest first.
+    pub fn events_after(&self, after: u64) -> Result<Vec<Event>, Compacted> {
+        let oldest = self
+            .history
+            .front()
+            .map_or(self.revision + 1, |e| e.revision);
+        // Events after `after` start at after + 1; it must still be retained
+        // unless nothing has happened since.
+        if after + 1 < oldest && after < self.revision {
+            return Err(Compacted {
+                requested: after,
+                oldest: oldest.saturating_sub(1),
+            });
+        }
+        Ok(self
+            .history
+            .iter()
+            .filter(|e| e.revision > after)
+            .cloned()
+            .collect())
+    }
+
+    /// Applies one request. On error nothing changes.
+    pub fn apply(&mut self, request: &Request) -> Result<Applied, ApplyError> {
+        if let Some(expected) = request.expected_revision
+            && expected != self.revision
+        {
+            return Err(ApplyError::precondition(
+                "expected_revision",
+                format!(
+                    "stale revision: the write expected revision {expected} but the store is at {}",
+                    self.revision
+                ),
+            ));
+        }
+        let revision = self.revision + 1;
+        let changes = self.check(&request.command, revision)?;
+        self.revision = revision;
+        let events: Vec<Event> = changes
+            .into_iter()
+            .map(|change| Event { revision, change })
+            .collect();
+        let mut evicted = Vec::new();
+        for event in &events {
+            self.store(event.change.clone());
+            self.history.push_back(event.clone());
+        }
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                if evicted.last() != Some(&old.revision) {
+                    evicted.push(old.revision);
+                }
+            }
+        }
+        // Keep every event of one revision together: a watcher resuming from
+        // a revision must see all of the next one or be told it is compacted.
+        if let Some(&last_evicted) = evicted.last() {
+            while self
+                .history
+                .front()
+                .is_some_and(|e| e.revision == last_evicted)
+            {
+                self.history.pop_front();
+            }
+        }
+        Ok(Applied {
+            revision,
+            events,
+            evicted,
+        })
+    }
+
+    /// Validates a command against the current state and returns the changes
+    /// it makes, without making them.
+    fn check(&self, command: &Command, revision: u64) -> Result<Vec<Change>, ApplyError> {
+        Ok(match command {
+            Command::RegisterSite {
+                site,
+                data_address,
+                at_unix_ms,
+            } => {
+                let topology = Topology {
+                    name: "registration".to_string(),
+                    gpu_types: Vec::new(),
+                    sites: vec![site.clone()],
+                    links: Vec::new(),
+                };
+                if let Some(violation) = topology.violations().into_iter().next() {
+                    let field = violation.path.to_string().replacen("sites[0]", "site", 1);
+                    return Err(ApplyError::invalid(field, violation.message));
+                }
+                let previous = self.sites.get(&site.id);
+                let transition = previous.is_none_or(|p| p.liveness != Liveness::Up);
+                vec![Change::Site {
+                    record: SiteRecord {
+                        site: site.clone(),
+                        data_address: data_address.clone(),
+                        liveness: Liveness::Up,
+                        liveness_revision: if transition {
+                            revision
+                        } else {
+                            previous.map_or(revision, |p| p.liveness_revision)
+                        },
+                        liveness_reason: if previous.is_some() {
+                            "re-registered".to_string()
+                        } else {
+                            "registered".to_string()
+                        },
+                        changed_at_unix_ms: *at_unix_ms,
+                    },
+                }]
+            }
+            Command::MarkSiteDown {
+                site_id,
+                reason,
+                at_unix_ms,
+            } => {
+                let record = self.sites.get(site_id).ok_or_else(|| {
+                    ApplyError::not_found("site_id", format!("unknown site {site_id:?}"))
+                })?;
+                if record.liveness == Liveness::Down {
+                    return Err(ApplyError::precondition(
+                        "site_id",
+                        format!("site {site_id:?} is already down"),
+                    ));
+                }
+                vec![Change::Site {
+                    record: SiteRecord {
+                        liveness: Liveness::Down,
+                        liveness_revision: revision,
+                        liveness_reason: reason.clone(),
+                        changed_at_unix_ms: *at_unix_ms,
+                        ..record.clone()
+                    },
+                }]
+            }
+            Command::PutLink { link } => {
+                for (i, id) in link.between.iter().enumerate() {
+                    if !self.sites.contains_key(id) {
+                        return Err(ApplyError::not_found(
+                            format!("link.between[{i}]"),
+                            format!(
+                                "unknown site {id:?}: a site registers before its links are configured"
+                            ),
+                        ));
+                    }
+                }
+                let topology = Topology {
+                    name: "link".to_string(),
+                    gpu_types: Vec::new(),
+                    sites: Vec::new(),
+                    links: vec![link.clone()],
+                };
+                // Only the link's own checks matter here; the sites are known.
+                if let Some(violation) = topology.violations().into_iter().find(|v| {
+                    v.path.to_string().starts_with("links[0]")
+                        && !v.message.contains("unknown site")
+                }) {
+                    let field = violation.path.to_string().replacen("links[0]", "link", 1);
+                    return Err(ApplyError::invalid(field, violation.message));
+                }
+                let key = pair(&link.between[0], &link.between[1]);
+                let measured = self.links.get(&key).and_then(|l| l.measured);
+                vec![Change::Link {
+                    record: LinkRecord {
+                        configured: link.clone(),
+                        measured,
+                    },
+                }]
+            }
+            Command::RecordLinkMeasurement {
+                site_a,
+                site_b,
+                measurement,
+            } => {
+                let record = self.links.get(&pair(site_a, site_b)).ok_or_else(|| {
+                    ApplyError::not_found(
+                        "site_b",
+                        format!("no link is configured between {site_a:?} and {site_b:?}"),
+                    )
+                })?;
+                if !(measurement.loss_rate.is_finite()
+                    && (0.0..=1.0).contains(&measurement.loss_rate))
+                {
+                    return Err(ApplyError::invalid(
+                        "measurement.loss_rate",
+                        format!(
+                            "must be a probability in [0, 1], found {}",
+                            measurement.loss_rate
+                        ),
+                    ));
+                }
+                vec![Change::Link {
+                    record: LinkRecord {
+                        configured: record.configured.clone(),
+                        measured: Some(*measurement),
+                    },
+                }]
+            }
+            Command::SubmitJob {
+                job_id,
+                spec,
+                placement,
+            } => {
+                let mut problems = Vec::new();
+                crate::config::check_id(
+                    &crate::config::FieldPath::root().key("job_id"),
+                    job_id,
+                    &mut problems,
+                );
+                if let Some(problem) = problems.into_iter().next() {
+                    return Err(ApplyError::invalid("job_id", problem.message));
+                }
+                if let Some(violation) = spec.violations().into_iter().next() {
+                    return Err(ApplyError::invalid(
+                        format!("spec.{}", violation.path),
+                        violation.message,
+                    ));
+                }
+                if self
+                    .jobs
+                    .get(job_id)
+                    .is_some_and(|j| j.state != JobState::Cancelled)
+                {
+                    return Err(ApplyError::AlreadyExists {
+                        field: "job_id".to_string(),
+                        message: format!("job {job_id:?} already exists; cancel it first"),
+                    });
+                }
+                vec![Change::Job {
+                    record: JobRecord {
+                        id: job_id.clone(),
+                        spec: spec.clone(),
+                        state: state_of(placement),
+                        placement: placement.clone(),
+                        revision,
+                    },
+                }]
+            }
+            Command::SetPlacement { job_id, placement } => {
+                let job = self.live_job(job_id)?;
+                vec![Change::Job {
+                    record: JobRecord {
+                        state: state_of(placement),
+                        placement: placement.clone(),
+                        revision,
+                        ..job.clone()
+                    },
+                }]
+            }
+            Command::CancelJob { job_id } => {
+                let job = self.live_job(job_id)?;
+                vec![Change::Job {
+                    record: JobRecord {
+                        state: JobState::Cancelled,
+                        revision,
+                        ..job.clone()
+                    },
+                }]
+            }
+            Command::PutMember { member } => {
+                if member.id == 0 {
+                    return Err(ApplyError::invalid("member.id", "must not be 0"));
+                }
+                if member.peer_url.trim().is_empty() {
+                    return Err(ApplyError::invalid("member.peer_url", "must not be empty"));
+                }
+                vec![Change::Member {
+                    member: member.clone(),
+                }]
+            }
+            Command::RemoveMember { member_id } => {
+                if !self.members.contains_key(member_id) {
+                    return Err(ApplyError::not_found(
+                        "member_id",
+                        format!("unknown member {member_id}"),
+                    ));
+                }
+                vec![Change::MemberRemoved {
+                    member_id: *member_id,
+                }]
+            }
+            Command::Noop { .. } => vec![Change::Noop],
+        })
+    }
+
+    fn live_job(&self, job_id: &str) -> Result<&JobRecord, ApplyError> {
+        let job = self
+            .jobs
+            .get(job_id)
+            .ok_or_else(|| ApplyError::not_found("job_id", format!("unknown job {job_id:?}")))?;
+        if job.state == JobState::Cancelled {
+            return Err(ApplyError::precondition(
+                "job_id",
+                format!("job {job_id:?} is cancelled"),
+            ));
+        }
+        Ok(job)
+    }
+
+    /// Stores an entity's new value.
+    fn store(&mut self, change: Change) {
+        match change {
+            Change::Site { record } => {
+                self.sites.insert(record.site.id.clone(), record);
+            }
+            Change::Link { record } => {
+                let key = pair(&record.configured.between[0], &record.configured.between[1]);
+                self.links.insert(key, record);
+            }
+            Change::Job { record } => {
+                self.jobs.insert(record.id.clone(), record);
+            }
+            Change::Member { member } => {
+                self.members.insert(member.id, member);
+            }
+            Change::MemberRemoved { member_id } => {
+                self.members.remove(&member_id);
+            }
+            Change::Noop => {}
+        }
+    }
+}
+
+fn state_of(placement: &Placement) -> JobState {
+    match placement {
+        Placement::Placed { .. } => JobState::Placed,
+        Placement::Infeasible { .. } => JobState::Infeasible,
+        Placement::Pending => JobState::Pending,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,296 @@
+use super::*;
+use crate::job::JobSpec;
+use crate::topology::{Site, WanLink};
+
+const TOPOLOGY: &str = include_str!("../../../../deploy/examples/two-campuses-80km.toml");
+const JOB: &str = include_str!("../../../../deploy/examples/llama-70b.job.toml");
+
+fn topology() -> Topology {
+    Topology::from_toml("two-campuses-80km.toml", TOPOLOGY).unwrap()
+}
+
+fn site(id: &str) -> Site {
+    topology().sites.into_iter().find(|s| s.id == id).unwrap()
+}
+
+fn link() -> WanLink {
+    topology().links[0].clone()
+}
+
+fn register(id: &str, at: u64) -> Request {
+    Request::new(Command::RegisterSite {
+        site: site(id),
+        data_address: format!("{id}.example:7000"),
+        at_unix_ms: at,
+    })
+}
+
+fn submit(id: &str) -> Request {
+    Request::new(Command::SubmitJob {
+        job_id: id.to_string(),
+        spec: JobSpec::from_toml("job.toml", JOB).unwrap(),
+        placement: Placement::Pending,
+    })
+}
+
+fn registered() -> ClusterState {
+    let mut state = ClusterState::default();
+    state.apply(&register("north", 1)).unwrap();
+    state.apply(&register("south", 2)).unwrap();
+    state
+        .apply(&Request::new(Command::PutLink { link: link() }))
+        .unwrap();
+    state
+}
+
+#[test]
+fn every_applied_command_bumps_the_revision_by_one() {
+    let state = registered();
+    assert_eq!(state.revision(), 3);
+    assert_eq!(state.sites().count(), 2);
+    assert_eq!(state.links().count(), 1);
+    let events = state.events_after(0).unwrap();
+    let revisions: Vec<u64> = events.iter().map(|e| e.revision).collect();
+    assert_eq!(revisions, vec![1, 2, 3]);
+}
+
+#[test]
+fn a_refused_command_changes_nothing() {
+    let mut state = registered();
+    let before = state.clone();
+    let errors = [
+        state.apply(&Request::new(Command::MarkSiteDown {
+            site_id: "west".into(),
+            reason: "lease".into(),
+            at_unix_ms: 5,
+        })),
+        state.apply(&Request::expecting(
+            Command::Noop {
+                payload: String::new(),
+            },
+            2,
+        )),
+        state.apply(&Request::new(Command::CancelJob {
+            job_id: "nope".into(),
+        })),
+        state.apply(&Request::new(Command::PutMember {
+            member: Member {
+                id: 0,
+                name: "x".into(),
+                peer_url: "p".into(),
+                client_url: "c".into(),
+            },
+        })),
+    ];
+    assert!(matches!(&errors[0], Err(ApplyError::NotFound { field, .. }) if field == "site_id"));
+    assert!(
+        matches!(&errors[1], Err(ApplyError::FailedPrecondition { field, message }) if field == "expected_revision" && message.contains("store is at 3"))
+    );
+    assert!(matches!(&errors[2], Err(ApplyError::NotFound { field, .. }) if field == "job_id"));
+    assert!(
+        matches!(&errors[3], Err(ApplyError::InvalidArgument { field, .. }) if field == "member.id")
+    );
+    assert_eq!(state, before);
+}
+
+#[test]
+fn compare_and_set_applies_only_at_the_expected_revision() {
+    let mut state = registered();
+    let applied = state
+        .apply(&Request::expecting(
+            Command::Noop {
+                payload: String::new(),
+            },
+            3,
+        ))
+        .unwrap();
+    assert_eq!(applied.revision, 4);
+    assert!(
+        state
+            .apply(&Request::expecting(
+                Command::Noop {
+                    payload: String::new()
+                },
+                3
+            ))
+            .is_err()
+    );
+    assert_eq!(state.revision(), 4);
+}
+
+#[test]
+fn liveness_transitions_record_their_revision() {
+    let mut state = registered();
+    let down = Command::MarkSiteDown {
+        site_id: "south".into(),
+        reason: "lease expired".into(),
+        at_unix_ms: 10,
+    };
+    let applied = state.apply(&Request::new(down.clone())).unwrap();
+    let record = state.site("south").unwrap();
+    assert_eq!(
+        (record.liveness, record.liveness_revision),
+        (Liveness::Down, applied.revision)
+    );
+    // Marking it down twice is refused: only transitions are recorded.
+    assert!(matches!(
+        state.apply(&Request::new(down)),
+        Err(ApplyError::FailedPrecondition { .. })
+    ));
+    // A down site is left out of the live topology, and so is its link.
+    let live = state.live_topology("live");
+    assert_eq!(live.sites.len(), 1);
+    assert!(live.links.is_empty());
+    let back = state.apply(&register("south", 20)).unwrap();
+    let record = state.site("south").unwrap();
+    assert_eq!(
+        (record.liveness, record.liveness_revision),
+        (Liveness::Up, back.revision)
+    );
+    // Re-registering a site that is up keeps its transition revision.
+    state.apply(&register("south", 30)).unwrap();
+    assert_eq!(
+        state.site("south").unwrap().liveness_revision,
+        back.revision
+    );
+}
+
+#[test]
+fn bad_inventory_is_refused_with_the_field_named() {
+    let mut state = ClusterState::default();
+    let mut bad = site("north");
+    bad.buildings[0].domains[0].gpu = "h900".into();
+    let error = state
+        .apply(&Request::new(Command::RegisterSite {
+            site: bad,
+            data_address: String::new(),
+            at_unix_ms: 0,
+        }))
+        .unwrap_err();
+    assert_eq!(
+        error,
+        ApplyError::invalid(
+            "site.buildings[0].domains[0].gpu",
+            "unknown GPU type \"h900\": expected one of a100, b200, gb200, gb300, h100, h200, mi300x or a type declared in `gpu_types`"
+        )
+    );
+    assert_eq!(state.revision(), 0);
+}
+
+#[test]
+fn links_need_registered_sites_and_keep_measurements() {
+    let mut state = ClusterState::default();
+    state.apply(&register("north", 1)).unwrap();
+    let error = state
+        .apply(&Request::new(Command::PutLink { link: link() }))
+        .unwrap_err();
+    assert!(
+        matches!(error, ApplyError::NotFound { ref field, .. } if field == "link.between[1]"),
+        "{error}"
+    );
+    state.apply(&register("south", 1)).unwrap();
+    state
+        .apply(&Request::new(Command::PutLink { link: link() }))
+        .unwrap();
+    let measurement = LinkMeasurement {
+        rtt_ns: 900_000,
+        loss_rate: 0.0,
+        throughput_bps: 9_000_000_000,
+        measured_at_unix_ms: 7,
+    };
+    state
+        .apply(&Request::new(Command::RecordLinkMeasurement {
+            site_a: "south".into(),
+            site_b: "north".into(),
+            measurement,
+        }))
+        .unwrap();
+    // Reconfiguring the link keeps the latest measurement beside it.
+    let mut faster = link();
+    faster.parallel_links = 32;
+    state
+        .apply(&Request::new(Command::PutLink { link: faster }))
+        .unwrap();
+    let record = state.links().next().unwrap();
+    assert_eq!(
+        (record.configured.parallel_links, record.measured),
+        (32, Some(measurement))
+    );
+}
+
+#[test]
+fn jobs_are_submitted_once_and_cancelled_once() {
+    let mut state = registered();
+    state.apply(&submit("llama")).unwrap();
+    assert!(matches!(
+        state.apply(&submit("llama")),
+        Err(ApplyError::AlreadyExists { .. })
+    ));
+    state
+        .apply(&Request::new(Command::CancelJob {
+            job_id: "llama".into(),
+        }))
+        .unwrap();
+    assert!(matches!(
+        state.apply(&Request::new(Command::CancelJob {
+            job_id: "llama".into()
+        })),
+        Err(ApplyError::FailedPrecondition { .. })
+    ));
+    // A cancelled job's id may be reused.
+    state.apply(&submit("llama")).unwrap();
+    assert_eq!(state.job("llama").unwrap().state, JobState::Pending);
+    let error = state.apply(&submit("Bad Id")).unwrap_err();
+    assert!(
+        matches!(error, ApplyError::InvalidArgument { ref field, .. } if field == "job_id"),
+        "{error}"
+    );
+}
+
+#[test]
+fn watches_resume_from_any_retained_revision_and_report_compaction() {
+    let mut state = ClusterState::new(4);
+    for _ in 0..10 {
+        state
+            .apply(&Request::new(Command::Noop {
+                payload: String::new(),
+            }))
+            .unwrap();
+    }
+    // Revisions 7..=10 are retained: resuming after 6 works, after 5 does not.
+    let resumed: Vec<u64> = state
+        .events_after(6)
+        .unwrap()
+        .iter()
+        .map(|e| e.revision)
+        .collect();
+    assert_eq!(resumed, vec![7, 8, 9, 10]);
+    assert_eq!(
+        state.events_after(5),
+        Err(Compacted {
+            requested: 5,
+            oldest: 6
+        })
+    );
+    assert_eq!(state.events_after(10).unwrap(), vec![]);
+}
+
+#[test]
+fn a_state_rebuilt_from_its_parts_is_the_same_state() {
+    let mut state = registered();
+    state.apply(&submit("llama")).unwrap();
+    state
+        .apply(&Request::new(Command::MarkSiteDown {
+            site_id: "north".into(),
+            reason: "lease".into(),
+            at_unix_ms: 9,
+        }))
+        .unwrap();
+    let rebuilt = ClusterState::from_parts(
+        state.revision(),
+        state.entities(),
+        state.events_after(0).unwrap(),
+        DEFAULT_HISTORY_LIMIT,
+    );
+    assert_eq!(rebuilt, state);
+}
