@@ -1,1 +1,3 @@
-//! placeholder
+//! The Raft-replicated coordinator service.
+
+pub mod consensus;
