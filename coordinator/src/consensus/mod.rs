@@ -11,9 +11,12 @@
 //! `tick()`, peers' messages as `step()`, and outgoing messages leave as values.
 
 pub mod kv;
+pub mod node;
 pub mod storage;
 
+
 pub use kv::KvStateMachine;
+pub use node::{Event, Node, NodeConfig, NodeError, Output};
 pub use storage::{Batch, LogState, RedbStorage, StorageError};
 
 /// Errors a state machine reports; boxed because each state machine has its own.

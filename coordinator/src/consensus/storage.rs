@@ -43,6 +43,10 @@ const SNAPSHOT_DATA: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft
 /// the same transaction as the applied index, so state and applied index never disagree.
 pub const STATE_MACHINE: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("state_machine");
 
+/// Index and term of the snapshot that founding replicas start from (see [`Batch::bootstrap`]).
+pub const BOOTSTRAP_INDEX: u64 = 1;
+pub const BOOTSTRAP_TERM: u64 = 1;
+
 /// Upper bound on a decompressed snapshot, so a corrupt or hostile blob cannot exhaust memory.
 pub const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 
@@ -297,6 +301,29 @@ impl Batch {
         self.state.truncated_term = term;
         self.state.last_index = self.state.last_index.max(index);
         Ok(())
+    }
+
+    /// Initializes a fresh store of a founding replica. The founding configuration is written
+    /// as a snapshot at index 1 (term 1) rather than as bare conf state, the way tikv starts
+    /// its regions: a replica that joins later starts with an empty log, so the leader must send
+    /// it that snapshot, and it learns the founding members from it. Replaying the log from an
+    /// empty configuration instead would leave it with only the members added since.
+    pub fn bootstrap(&mut self, conf_state: &ConfState, state_machine_data: &[u8]) -> Result<()> {
+        let mut meta = SnapshotMetadata {
+            index: BOOTSTRAP_INDEX,
+            term: BOOTSTRAP_TERM,
+            ..SnapshotMetadata::default()
+        };
+        meta.set_conf_state(conf_state.clone());
+        self.store_snapshot(&meta, &compress_snapshot(state_machine_data)?)?;
+        self.set_truncated(BOOTSTRAP_INDEX, BOOTSTRAP_TERM)?;
+        self.set_conf_state(conf_state)?;
+        self.set_hard_state(&HardState {
+            term: BOOTSTRAP_TERM,
+            commit: BOOTSTRAP_INDEX,
+            ..HardState::default()
+        })?;
+        self.set_applied(BOOTSTRAP_INDEX)
     }
 
     /// Installs a snapshot received from the leader: the log is replaced by the snapshot, the
@@ -614,16 +641,24 @@ impl raft::Storage for RedbStorage {
         Ok(self.state.last_index)
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        // Snapshots are built by the node (it owns the state machine), not here. Until one that
-        // is recent enough exists, tell raft to retry and flag the node to build one.
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<Snapshot> {
+        // Snapshots are built by the node (it owns the state machine), not here. Until a usable
+        // one exists, tell raft to retry and flag the node to build one. Usable means recent
+        // enough, and naming the receiver as a member: raft refuses a snapshot whose
+        // configuration does not contain it, which is the case for a replica added after it.
+        let meta = &self.state.snapshot;
+        let cs = meta.get_conf_state();
+        let names_receiver = [
+            &cs.voters,
+            &cs.learners,
+            &cs.voters_outgoing,
+            &cs.learners_next,
+        ]
+        .iter()
+        .any(|ids| ids.contains(&to));
+        let usable = meta.index >= request_index.max(self.state.truncated_index) && names_receiver;
         match self.stored_snapshot()? {
-            Some(snapshot)
-                if snapshot.get_metadata().index >= request_index
-                    && snapshot.get_metadata().index >= self.state.truncated_index =>
-            {
-                Ok(snapshot)
-            }
+            Some(snapshot) if usable => Ok(snapshot),
             _ => {
                 self.snapshot_wanted.set(true);
                 Err(raft::Error::Store(

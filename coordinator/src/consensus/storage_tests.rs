@@ -138,11 +138,12 @@ fn compaction_keeps_term_of_truncated_entry_and_reports_compacted() {
         "{err}"
     );
 
-    let meta = SnapshotMetadata {
+    let mut meta = SnapshotMetadata {
         index: 7,
         term: store.term(7).unwrap(),
         ..Default::default()
     };
+    meta.mut_conf_state().voters = vec![1, 2];
     store
         .write(|b| {
             b.set_applied(7)?;
@@ -262,7 +263,15 @@ fn apply_snapshot_replaces_log_and_state_machine() {
     assert_eq!(state.conf_state.voters, vec![1, 2, 3, 4]);
     assert_eq!(store.state().applied, 20);
     // The node can serve the same snapshot on to other lagging peers.
-    assert_eq!(store.snapshot(0, 5).unwrap(), snapshot);
+    assert_eq!(store.snapshot(0, 4).unwrap(), snapshot);
+    // A replica the snapshot does not name would refuse it: the node must build a newer one.
+    assert!(matches!(
+        store.snapshot(0, 5),
+        Err(raft::Error::Store(
+            RaftStorageError::SnapshotTemporarilyUnavailable
+        ))
+    ));
+    assert!(store.take_snapshot_wanted());
 
     // An older snapshot is refused.
     let mut store = store;
