@@ -14,6 +14,10 @@ pub mod kv;
 pub mod node;
 pub mod storage;
 
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod tests;
 
 pub use kv::KvStateMachine;
 pub use node::{Event, Node, NodeConfig, NodeError, Output};
