@@ -1,4 +1,6 @@
-//! longhaul's coordinator crate: the operator CLI (`longhaul`) and, as it
-//! grows, the Raft-replicated control plane.
+//! longhaul's coordinator crate: the operator CLI (`longhaul`) and the
+//! Raft-replicated control plane (consensus, storage, and soon the gRPC
+//! services).
 
 pub mod cli;
+pub mod consensus;

@@ -1,0 +1,517 @@
+//! An in-process Raft cluster in virtual time, for tests.
+//!
+//! Each replica is a real [`Node`] on its own redb file in a temporary directory. The transport
+//! is a `Vec` of messages passed through composable fault [`Filter`]s (as in tikv's
+//! `test_raftstore`), and time only moves when the test calls [`Cluster::tick`]. Every random
+//! choice (message loss, delays, election timeouts) flows from one seed, printed when a test
+//! fails; set `LONGHAUL_SEED` to replay it.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+
+use raft::SnapshotStatus;
+use raft::eraftpb::{
+    ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, Message, MessageType,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tempfile::TempDir;
+
+use super::kv::{KvCommand, KvStateMachine};
+use super::{Event, Node, NodeConfig, RedbStorage};
+
+/// A fault on the transport: it may drop, hold back or reorder messages.
+pub trait Filter {
+    fn before(&self, msgs: &mut Vec<Message>);
+    /// Whether the filter holds messages it will release later (keeps [`Cluster::drive`] going).
+    fn holds_messages(&self) -> bool {
+        false
+    }
+}
+
+/// Drops each message with probability `rate`.
+pub struct DropRandomly {
+    rate: f64,
+    rng: RefCell<StdRng>,
+}
+
+impl DropRandomly {
+    pub fn new(rate: f64, seed: u64) -> Self {
+        Self {
+            rate,
+            rng: RefCell::new(StdRng::seed_from_u64(seed)),
+        }
+    }
+}
+
+impl Filter for DropRandomly {
+    fn before(&self, msgs: &mut Vec<Message>) {
+        let mut rng = self.rng.borrow_mut();
+        msgs.retain(|_| !rng.gen_bool(self.rate));
+    }
+}
+
+/// Drops every message between the two sides.
+pub struct Partition {
+    left: BTreeSet<u64>,
+    right: BTreeSet<u64>,
+}
+
+impl Partition {
+    pub fn new(left: &[u64], right: &[u64]) -> Self {
+        Self {
+            left: left.iter().copied().collect(),
+            right: right.iter().copied().collect(),
+        }
+    }
+}
+
+impl Filter for Partition {
+    fn before(&self, msgs: &mut Vec<Message>) {
+        msgs.retain(|m| {
+            let crosses = (self.left.contains(&m.from) && self.right.contains(&m.to))
+                || (self.right.contains(&m.from) && self.left.contains(&m.to));
+            !crosses
+        });
+    }
+}
+
+/// Drops every message from or to one replica.
+pub struct Isolate(pub u64);
+
+impl Filter for Isolate {
+    fn before(&self, msgs: &mut Vec<Message>) {
+        msgs.retain(|m| m.from != self.0 && m.to != self.0);
+    }
+}
+
+/// Holds each message back with probability `rate` for 1..=`max_rounds` delivery rounds, which
+/// also reorders messages.
+pub struct Delay {
+    rate: f64,
+    max_rounds: u32,
+    rng: RefCell<StdRng>,
+    held: RefCell<Vec<(u32, Message)>>,
+}
+
+impl Delay {
+    pub fn new(rate: f64, max_rounds: u32, seed: u64) -> Self {
+        Self {
+            rate,
+            max_rounds,
+            rng: RefCell::new(StdRng::seed_from_u64(seed)),
+            held: RefCell::new(Vec::new()),
+        }
+    }
+}
+
+impl Filter for Delay {
+    fn before(&self, msgs: &mut Vec<Message>) {
+        let mut rng = self.rng.borrow_mut();
+        let mut held = self.held.borrow_mut();
+        let mut released = Vec::new();
+        for (rounds, msg) in std::mem::take(&mut *held) {
+            if rounds <= 1 {
+                released.push(msg);
+            } else {
+                held.push((rounds - 1, msg));
+            }
+        }
+        for msg in std::mem::take(msgs) {
+            if rng.gen_bool(self.rate) {
+                held.push((rng.gen_range(1..=self.max_rounds), msg));
+            } else {
+                msgs.push(msg);
+            }
+        }
+        msgs.extend(released);
+    }
+
+    fn holds_messages(&self) -> bool {
+        !self.held.borrow().is_empty()
+    }
+}
+
+/// Bound on delivery rounds in one [`Cluster::drive`]: far above what a healthy cluster needs.
+const MAX_ROUNDS_PER_DRIVE: usize = 10_000;
+
+pub type FilterId = usize;
+
+/// N replicas, a filtered transport and a virtual clock.
+pub struct Cluster {
+    pub seed: u64,
+    rng: StdRng,
+    dirs: BTreeMap<u64, TempDir>,
+    nodes: BTreeMap<u64, Node<KvStateMachine>>,
+    election_ticks: BTreeMap<u64, usize>,
+    filters: BTreeMap<FilterId, Box<dyn Filter>>,
+    next_filter: FilterId,
+    next_request: u64,
+    /// Every event each replica reported, in order.
+    pub events: BTreeMap<u64, Vec<Event>>,
+    /// Virtual time, in ticks.
+    pub now: u64,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "cluster seed = {} (replay with LONGHAUL_SEED={})",
+                self.seed, self.seed
+            );
+        }
+    }
+}
+
+/// The seed for a test: `LONGHAUL_SEED` if set, else the test's own default.
+pub fn seed_or(default: u64) -> u64 {
+    std::env::var("LONGHAUL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+impl Cluster {
+    /// Starts replicas `1..=n`, all founding voters.
+    pub fn new(n: u64, seed: u64) -> Self {
+        let mut cluster = Self {
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+            dirs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+            election_ticks: BTreeMap::new(),
+            filters: BTreeMap::new(),
+            next_filter: 0,
+            next_request: 0,
+            events: BTreeMap::new(),
+            now: 0,
+        };
+        let voters: Vec<u64> = (1..=n).collect();
+        for id in 1..=n {
+            cluster.start(id, &voters);
+        }
+        cluster
+    }
+
+    /// A child seed for a filter, drawn from the cluster's seed.
+    pub fn fork_seed(&mut self) -> u64 {
+        self.rng.r#gen()
+    }
+
+    fn config(&mut self, id: u64) -> NodeConfig {
+        // raft-rs randomizes election timeouts with an unseedable thread RNG; pin each
+        // replica's timeout to a value drawn from the cluster seed instead.
+        // Timeouts are distinct: two replicas with the same fixed timeout could split the vote
+        // forever, which raft's randomization exists to prevent.
+        let timeout = match self.election_ticks.get(&id) {
+            Some(timeout) => *timeout,
+            None => loop {
+                let candidate = self.rng.gen_range(10..30);
+                if !self.election_ticks.values().any(|t| *t == candidate) {
+                    self.election_ticks.insert(id, candidate);
+                    break candidate;
+                }
+            },
+        };
+        NodeConfig {
+            min_election_ticks: timeout,
+            max_election_ticks: timeout + 1,
+            ..NodeConfig::new(id)
+        }
+    }
+
+    /// Starts (or restarts from its directory) replica `id`.
+    pub fn start(&mut self, id: u64, initial_voters: &[u64]) {
+        let dir = self
+            .dirs
+            .entry(id)
+            .or_insert_with(|| tempfile::tempdir().expect("temp dir"));
+        let path = dir.path().join("raft.redb");
+        let storage = RedbStorage::open(&path).expect("open store");
+        let config = self.config(id);
+        let node = Node::open(config, storage, KvStateMachine, initial_voters).expect("open node");
+        self.nodes.insert(id, node);
+    }
+
+    /// Crashes replica `id`: everything it acknowledged is on disk, everything else is gone.
+    pub fn stop(&mut self, id: u64) {
+        self.nodes.remove(&id);
+    }
+
+    pub fn restart(&mut self, id: u64) {
+        self.stop(id);
+        self.start(id, &[]);
+    }
+
+    pub fn node(&self, id: u64) -> &Node<KvStateMachine> {
+        &self.nodes[&id]
+    }
+
+    pub fn node_mut(&mut self, id: u64) -> &mut Node<KvStateMachine> {
+        self.nodes.get_mut(&id).expect("node is running")
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.keys().copied().collect()
+    }
+
+    pub fn add_filter(&mut self, filter: impl Filter + 'static) -> FilterId {
+        let id = self.next_filter;
+        self.next_filter += 1;
+        self.filters.insert(id, Box::new(filter));
+        id
+    }
+
+    pub fn remove_filter(&mut self, id: FilterId) {
+        self.filters.remove(&id);
+    }
+
+    pub fn clear_filters(&mut self) {
+        self.filters.clear();
+    }
+
+    /// Runs every replica's Ready loop and delivers messages until nothing moves.
+    pub fn drive(&mut self) {
+        for _ in 0..MAX_ROUNDS_PER_DRIVE {
+            let mut msgs = Vec::new();
+            for (id, node) in &mut self.nodes {
+                loop {
+                    let out = node.handle_ready().expect("ready loop");
+                    msgs.extend(out.messages);
+                    self.events.entry(*id).or_default().extend(out.events);
+                    if !node.has_ready() {
+                        break;
+                    }
+                }
+            }
+            let snapshots: Vec<(u64, u64)> = msgs
+                .iter()
+                .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
+                .map(|m| (m.from, m.to))
+                .collect();
+            for filter in self.filters.values() {
+                filter.before(&mut msgs);
+            }
+            let holding = self.filters.values().any(|f| f.holds_messages());
+            if msgs.is_empty() && !holding && snapshots.is_empty() {
+                return;
+            }
+            for (from, to) in snapshots {
+                let delivered = msgs
+                    .iter()
+                    .any(|m| m.get_msg_type() == MessageType::MsgSnapshot && m.to == to);
+                if let (false, Some(leader)) = (delivered, self.nodes.get_mut(&from)) {
+                    leader.report_snapshot(to, SnapshotStatus::Failure);
+                }
+            }
+            for msg in msgs {
+                let (from, to) = (msg.from, msg.to);
+                let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+                match self.nodes.get_mut(&to) {
+                    // A message from a peer that is not (or no longer) a member is refused by
+                    // raft; that is the peer's problem, not the receiver's.
+                    Some(node) => {
+                        let _ = node.step(msg);
+                        if let (true, Some(leader)) = (is_snapshot, self.nodes.get_mut(&from)) {
+                            leader.report_snapshot(to, SnapshotStatus::Finish);
+                        }
+                    }
+                    None => {
+                        if let Some(sender) = self.nodes.get_mut(&from) {
+                            sender.report_unreachable(to);
+                        }
+                    }
+                }
+            }
+        }
+        panic!("cluster did not settle within {MAX_ROUNDS_PER_DRIVE} rounds");
+    }
+
+    /// One tick of virtual time on every running replica, then drive to idle.
+    pub fn tick(&mut self) {
+        self.now += 1;
+        for node in self.nodes.values_mut() {
+            node.tick();
+        }
+        self.drive();
+    }
+
+    pub fn ticks(&mut self, n: u64) {
+        for _ in 0..n {
+            self.tick();
+        }
+    }
+
+    /// The running replica that leads the highest term, if any.
+    pub fn leader(&self) -> Option<u64> {
+        self.nodes
+            .values()
+            .filter(|n| n.is_leader())
+            .max_by_key(|n| n.term())
+            .map(|n| n.id())
+    }
+
+    /// Ticks until `done` holds; panics after `max_ticks`.
+    pub fn tick_until(&mut self, max_ticks: u64, what: &str, done: impl Fn(&Self) -> bool) {
+        self.drive();
+        for _ in 0..max_ticks {
+            if done(self) {
+                return;
+            }
+            self.tick();
+        }
+        assert!(
+            done(self),
+            "{what}: not reached within {max_ticks} ticks\n{}",
+            self.describe()
+        );
+    }
+
+    /// One line per running replica, for failure messages.
+    pub fn describe(&self) -> String {
+        let mut out = format!("t={} seed={}\n", self.now, self.seed);
+        for node in self.nodes.values() {
+            let state = node.storage().state();
+            out += &format!(
+                "  {}: {:?} term={} leader={} commit={} applied={} last={} voters={:?}\n",
+                node.id(),
+                node.role(),
+                node.term(),
+                node.leader_id(),
+                node.commit_index(),
+                state.applied,
+                state.last_index,
+                state.conf_state.voters,
+            );
+        }
+        out
+    }
+
+    /// Ticks until some replica leads and every running replica in `among` follows it.
+    pub fn wait_for_leader(&mut self, among: &[u64]) -> u64 {
+        let among = among.to_vec();
+        self.tick_until(200, "a leader everyone agrees on", |c| {
+            c.leader().is_some_and(|l| {
+                among.contains(&l)
+                    && among
+                        .iter()
+                        .filter(|id| c.nodes.contains_key(id))
+                        .all(|id| c.node(*id).leader_id() == l)
+            })
+        });
+        self.leader().expect("leader")
+    }
+
+    fn request_context(&mut self) -> Vec<u8> {
+        self.next_request += 1;
+        self.next_request.to_le_bytes().to_vec()
+    }
+
+    /// Whether replica `id` applied the entry proposed with `context`; returns its index.
+    pub fn applied_with_context(&self, id: u64, context: &[u8]) -> Option<u64> {
+        self.events.get(&id)?.iter().find_map(|e| match e {
+            Event::Applied {
+                index, context: c, ..
+            } if c == context => Some(*index),
+            _ => None,
+        })
+    }
+
+    /// Writes `key = value` through the current leader and returns the log index once the
+    /// leader has applied it (the moment a server would acknowledge the client). Retries with
+    /// a new proposal when leadership moves. `None` if not acknowledged within `max_ticks`.
+    pub fn try_put(&mut self, key: &str, value: &str, max_ticks: u64) -> Option<u64> {
+        let data = KvCommand::Put {
+            key: key.as_bytes().to_vec(),
+            value: value.as_bytes().to_vec(),
+        }
+        .encode();
+        let mut attempt: Option<(u64, Vec<u8>, u64)> = None;
+        for _ in 0..max_ticks {
+            if let Some((leader, context, _)) = &attempt {
+                if let Some(index) = self.applied_with_context(*leader, context) {
+                    return Some(index);
+                }
+            }
+            let stale = match &attempt {
+                None => true,
+                Some((leader, _, term)) => {
+                    !self.nodes.contains_key(leader)
+                        || !self.node(*leader).is_leader()
+                        || self.node(*leader).term() != *term
+                }
+            };
+            if let (true, Some(leader)) = (stale, self.leader()) {
+                let context = self.request_context();
+                let node = self.node_mut(leader);
+                let term = node.term();
+                if node.propose(context.clone(), data.clone()).is_ok() {
+                    attempt = Some((leader, context, term));
+                    self.drive();
+                    continue;
+                }
+            }
+            self.tick();
+        }
+        None
+    }
+
+    pub fn put(&mut self, key: &str, value: &str) -> u64 {
+        self.try_put(key, value, 300)
+            .unwrap_or_else(|| panic!("put {key}={value} was not acknowledged"))
+    }
+
+    /// Proposes a membership change at the leader and waits until the leader applied it.
+    pub fn change_membership(&mut self, changes: &[(ConfChangeType, u64)], joint: bool) {
+        let leader = self.leader().expect("a leader to propose to");
+        let mut change = ConfChangeV2::default();
+        if joint {
+            change.set_transition(ConfChangeTransition::Implicit);
+        }
+        for &(change_type, node_id) in changes {
+            let mut single = ConfChangeSingle::default();
+            single.set_change_type(change_type);
+            single.node_id = node_id;
+            change.mut_changes().push(single);
+        }
+        let context = self.request_context();
+        self.node_mut(leader)
+            .propose_conf_change(context, change)
+            .expect("propose conf change");
+        self.drive();
+    }
+
+    /// The key-value state of replica `id`, read from its store.
+    pub fn kv(&self, id: u64) -> BTreeMap<String, String> {
+        let txn = self.node(id).storage().read().expect("read txn");
+        KvStateMachine::dump(&txn)
+            .expect("dump")
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    String::from_utf8_lossy(&k).into_owned(),
+                    String::from_utf8_lossy(&v).into_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Asserts that every running replica applied the same state up to the same index.
+    pub fn assert_converged(&mut self) {
+        let ids = self.ids();
+        let Some(&first) = ids.first() else { return };
+        self.tick_until(200, "replicas converge", |c| {
+            let applied = c.node(first).applied_index();
+            ids.iter().all(|id| c.node(*id).applied_index() == applied)
+        });
+        let reference = self.kv(first);
+        for id in &ids {
+            assert_eq!(
+                self.kv(*id),
+                reference,
+                "replica {id} diverged from {first}"
+            );
+        }
+    }
+}

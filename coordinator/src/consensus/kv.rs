@@ -1,0 +1,146 @@
+//! A key-value state machine: enough to test replication, and an example of the
+//! [`StateMachine`] contract.
+
+use std::collections::BTreeMap;
+
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+
+use super::storage::STATE_MACHINE;
+use super::{BoxError, StateMachine};
+
+const OP_PUT: u8 = 1;
+const OP_DELETE: u8 = 2;
+
+/// Response prefix: the command was applied; the previous value (if any) follows.
+pub const RESPONSE_OK: u8 = 0;
+/// Response prefix: the command could not be decoded and changed nothing.
+pub const RESPONSE_BAD_COMMAND: u8 = 1;
+
+/// Keys and values as bytes, stored in the [`STATE_MACHINE`] table.
+#[derive(Debug, Default)]
+pub struct KvStateMachine;
+
+/// The in-memory form of a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KvCommand {
+    Put { key: Vec<u8>, value: Vec<u8> },
+    Delete { key: Vec<u8> },
+}
+
+fn put_len_prefixed(out: &mut Vec<u8>, bytes: &[u8]) {
+    // Keys and values come from our own callers; a length over u32 would not fit a raft entry.
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn take_len_prefixed<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let (len, rest) = input.split_first_chunk::<4>()?;
+    let len = u32::from_le_bytes(*len) as usize;
+    if rest.len() < len {
+        return None;
+    }
+    let (bytes, rest) = rest.split_at(len);
+    *input = rest;
+    Some(bytes)
+}
+
+impl KvCommand {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            KvCommand::Put { key, value } => {
+                out.push(OP_PUT);
+                put_len_prefixed(&mut out, key);
+                put_len_prefixed(&mut out, value);
+            }
+            KvCommand::Delete { key } => {
+                out.push(OP_DELETE);
+                put_len_prefixed(&mut out, key);
+            }
+        }
+        out
+    }
+
+    pub fn decode(data: &[u8]) -> Option<Self> {
+        let (&op, mut rest) = data.split_first()?;
+        let command = match op {
+            OP_PUT => {
+                let key = take_len_prefixed(&mut rest)?.to_vec();
+                let value = take_len_prefixed(&mut rest)?.to_vec();
+                KvCommand::Put { key, value }
+            }
+            OP_DELETE => KvCommand::Delete {
+                key: take_len_prefixed(&mut rest)?.to_vec(),
+            },
+            _ => return None,
+        };
+        rest.is_empty().then_some(command)
+    }
+}
+
+impl KvStateMachine {
+    /// Reads one key.
+    pub fn get(txn: &ReadTransaction, key: &[u8]) -> Result<Option<Vec<u8>>, BoxError> {
+        let table = txn.open_table(STATE_MACHINE)?;
+        Ok(table.get(key)?.map(|v| v.value().to_vec()))
+    }
+
+    /// Reads every key.
+    pub fn dump(txn: &ReadTransaction) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, BoxError> {
+        let table = txn.open_table(STATE_MACHINE)?;
+        let mut out = BTreeMap::new();
+        for item in table.iter()? {
+            let (k, v) = item?;
+            out.insert(k.value().to_vec(), v.value().to_vec());
+        }
+        Ok(out)
+    }
+}
+
+impl StateMachine for KvStateMachine {
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        _index: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, BoxError> {
+        let Some(command) = KvCommand::decode(data) else {
+            return Ok(vec![RESPONSE_BAD_COMMAND]);
+        };
+        let mut table = txn.open_table(STATE_MACHINE)?;
+        let previous = match &command {
+            KvCommand::Put { key, value } => table.insert(key.as_slice(), value.as_slice())?,
+            KvCommand::Delete { key } => table.remove(key.as_slice())?,
+        };
+        let mut response = vec![RESPONSE_OK];
+        if let Some(previous) = previous {
+            response.extend_from_slice(previous.value());
+        }
+        Ok(response)
+    }
+
+    fn snapshot(&self, txn: &ReadTransaction) -> Result<Vec<u8>, BoxError> {
+        let mut out = Vec::new();
+        for (key, value) in Self::dump(txn)? {
+            put_len_prefixed(&mut out, &key);
+            put_len_prefixed(&mut out, &value);
+        }
+        Ok(out)
+    }
+
+    fn restore(&mut self, txn: &WriteTransaction, data: &[u8]) -> Result<(), BoxError> {
+        let mut pairs = Vec::new();
+        let mut rest = data;
+        while !rest.is_empty() {
+            let key = take_len_prefixed(&mut rest).ok_or("truncated key in kv snapshot")?;
+            let value = take_len_prefixed(&mut rest).ok_or("truncated value in kv snapshot")?;
+            pairs.push((key, value));
+        }
+        let mut table = txn.open_table(STATE_MACHINE)?;
+        table.retain(|_, _| false)?;
+        for (key, value) in pairs {
+            table.insert(key, value)?;
+        }
+        Ok(())
+    }
+}

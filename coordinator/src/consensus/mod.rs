@@ -1,0 +1,52 @@
+//! Raft consensus for the coordinator: durable storage, the Ready-loop driver and the
+//! state-machine seam.
+//!
+//! - [`storage`]: [`RedbStorage`], a `raft::Storage` over redb; every write is one fsynced
+//!   transaction.
+//! - [`node`]: [`Node`], a sans-IO driver around `raft::RawNode` that owns the Ready loop.
+//! - [`kv`]: [`KvStateMachine`], a small key-value state machine used by tests and examples.
+//! - `harness` (tests only): an in-process cluster in virtual time with seeded fault filters.
+//!
+//! **Invariant:** nothing here does network I/O, reads a clock or spawns a task. Time enters as
+//! `tick()`, peers' messages as `step()`, and outgoing messages leave as values.
+
+pub mod kv;
+pub mod node;
+pub mod storage;
+
+#[cfg(test)]
+mod harness;
+#[cfg(test)]
+mod tests;
+
+pub use kv::KvStateMachine;
+pub use node::{Event, Node, NodeConfig, NodeError, Output};
+pub use storage::{Batch, LogState, RedbStorage, StorageError};
+
+/// Errors a state machine reports; boxed because each state machine has its own.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The replicated state machine the node applies committed commands to.
+///
+/// Its durable state lives in the redb database of the store, written through the transaction
+/// it is handed, which also records the applied index: a crash never leaves the state machine
+/// and the applied index out of step. Typical state machines use
+/// [`storage::STATE_MACHINE`].
+pub trait StateMachine {
+    /// Applies the committed command `data` at log `index` and returns the response for the
+    /// proposer. Must be deterministic. An invalid command is answered in the response, not with
+    /// `Err`: `Err` means the store failed, and stops the node.
+    fn apply(
+        &mut self,
+        txn: &redb::WriteTransaction,
+        index: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, BoxError>;
+
+    /// Serializes the whole state (as of the read transaction) for a snapshot. The node
+    /// compresses it.
+    fn snapshot(&self, txn: &redb::ReadTransaction) -> Result<Vec<u8>, BoxError>;
+
+    /// Replaces the whole state with a (decompressed) snapshot.
+    fn restore(&mut self, txn: &redb::WriteTransaction, data: &[u8]) -> Result<(), BoxError>;
+}

@@ -1,0 +1,540 @@
+//! The Ready-loop driver: one replica of the Raft group, sans IO.
+//!
+//! Input comes in through [`Node::tick`], [`Node::step`], [`Node::propose`],
+//! [`Node::read_index`], [`Node::propose_conf_change`] and [`Node::transfer_leader`]; the caller
+//! then calls [`Node::handle_ready`] and gets back the messages to send and the events to act on.
+//! The node never sends anything itself, never reads a clock and never spawns a task: the
+//! runtime (a gRPC server, or the test harness) moves the bytes and calls `tick` on a timer.
+
+use std::time::Duration;
+
+use protobuf::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata,
+};
+use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
+
+use super::storage::{RedbStorage, StorageError, compress_snapshot};
+use super::{BoxError, StateMachine};
+
+/// Timing and flow-control settings of one replica.
+///
+/// Raft's timers are counted in ticks of `tick_interval`. etcd's tuning guide for WAN clusters:
+/// the heartbeat interval should be about the round-trip time between the replicas farthest
+/// apart, and the election timeout at least ten times that RTT (more where RTT varies), so that
+/// a delayed heartbeat does not start an election. Across sites that is, e.g., 1000 km ≈ 10 ms
+/// RTT: heartbeat 10 ms or more, election timeout 100 ms or more. See [`NodeConfig::for_rtt`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// This replica's id: non-zero and unique in the group.
+    pub id: u64,
+    /// How often the runtime must call [`Node::tick`]. The node itself never reads it.
+    pub tick_interval: Duration,
+    /// Ticks between leader heartbeats.
+    pub heartbeat_ticks: usize,
+    /// Ticks without a leader before a follower campaigns. Raft randomizes the actual timeout in
+    /// `[election_ticks, 2 * election_ticks)` unless the bounds below are set.
+    pub election_ticks: usize,
+    /// Overrides the lower bound of the randomized election timeout (0: `election_ticks`).
+    pub min_election_ticks: usize,
+    /// Overrides the upper bound (exclusive) of the randomized election timeout (0: twice
+    /// `election_ticks`). Tests set both bounds per node from a seed, because raft-rs draws its
+    /// randomness from a thread RNG that cannot be seeded.
+    pub max_election_ticks: usize,
+    /// Upper bound on the entries' bytes in one append message.
+    pub max_size_per_msg: u64,
+    /// How many append messages may be in flight to one follower.
+    pub max_inflight_msgs: usize,
+}
+
+impl NodeConfig {
+    /// Defaults for replicas in one building (sub-millisecond RTT): etcd's own defaults,
+    /// a 100 ms heartbeat and a 1 s election timeout.
+    pub fn new(id: u64) -> Self {
+        Self {
+            id,
+            tick_interval: Duration::from_millis(100),
+            heartbeat_ticks: 1,
+            election_ticks: 10,
+            min_election_ticks: 0,
+            max_election_ticks: 0,
+            max_size_per_msg: 1 << 20,
+            // Enough to keep a long fat pipe busy without unbounded buffering.
+            max_inflight_msgs: 256,
+        }
+    }
+
+    /// Follows etcd's WAN guidance for the largest round-trip time between replicas: one tick
+    /// per RTT (at least 100 ms, so that small RTTs keep the in-building defaults), a heartbeat
+    /// every tick and an election timeout of ten ticks.
+    pub fn for_rtt(id: u64, max_rtt: Duration) -> Self {
+        Self {
+            tick_interval: max_rtt.max(Duration::from_millis(100)),
+            ..Self::new(id)
+        }
+    }
+
+    fn to_raft(&self, applied: u64) -> raft::Config {
+        raft::Config {
+            id: self.id,
+            election_tick: self.election_ticks,
+            heartbeat_tick: self.heartbeat_ticks,
+            min_election_tick: self.min_election_ticks,
+            max_election_tick: self.max_election_ticks,
+            applied,
+            max_size_per_msg: self.max_size_per_msg,
+            max_inflight_msgs: self.max_inflight_msgs,
+            // A replica cut off by a partition must not disrupt the majority with a higher term
+            // when it returns (pre-vote), and a leader that lost its quorum must step down rather
+            // than accept writes it cannot commit (check-quorum).
+            pre_vote: true,
+            check_quorum: true,
+            ..raft::Config::default()
+        }
+    }
+}
+
+/// Errors of the node. After a `Storage` or `StateMachine` error the node must be dropped and
+/// reopened from disk: raft's in-memory state may be ahead of what was persisted.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    #[error("state machine failed at entry {index}: {source}")]
+    StateMachine {
+        index: u64,
+        #[source]
+        source: BoxError,
+    },
+    #[error("committed entry {index} holds a corrupt {what}: {source}")]
+    CorruptEntry {
+        index: u64,
+        what: &'static str,
+        #[source]
+        source: protobuf::ProtobufError,
+    },
+}
+
+/// Something the caller must act on, produced by [`Node::handle_ready`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A committed command was applied (and is durable). `context` is what the proposer passed
+    /// to [`Node::propose`], so it can match the response to its request.
+    Applied {
+        index: u64,
+        term: u64,
+        context: Vec<u8>,
+        response: Vec<u8>,
+    },
+    /// A linearizable read asked for with `context` may be served once the applied index
+    /// reaches `index`.
+    ReadIndexReady { context: Vec<u8>, index: u64 },
+    /// The known leader changed (0: none known) or the term moved on.
+    LeaderChanged { leader_id: u64, term: u64 },
+    /// A membership change was applied at `index`.
+    ConfChanged { index: u64, conf_state: ConfState },
+    /// The state machine was replaced by a snapshot from the leader.
+    SnapshotInstalled { index: u64, term: u64 },
+}
+
+/// What one pass of the Ready loop produced.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Messages for other replicas, in order. Send them after `handle_ready` returns: every
+    /// message that depends on persisted state was released only after the fsync.
+    pub messages: Vec<Message>,
+    pub events: Vec<Event>,
+}
+
+/// One Raft replica: `raft::RawNode` over [`RedbStorage`], plus the state machine.
+pub struct Node<S: StateMachine> {
+    raw: RawNode<RedbStorage>,
+    state_machine: S,
+    config: NodeConfig,
+    leader_id: u64,
+    term: u64,
+}
+
+impl<S: StateMachine> std::fmt::Debug for Node<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.config.id)
+            .field("leader_id", &self.leader_id)
+            .field("term", &self.term)
+            .field("storage", self.raw.store())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: StateMachine> Node<S> {
+    /// Opens a replica on its store. A fresh store is bootstrapped with `initial_voters` (the
+    /// same list on every founding replica); pass none for a replica that joins an existing
+    /// group and learns everything from the leader. A store that was already initialized
+    /// restarts from disk, and `initial_voters` is ignored.
+    pub fn open(
+        config: NodeConfig,
+        mut storage: RedbStorage,
+        state_machine: S,
+        initial_voters: &[u64],
+    ) -> Result<Self, NodeError> {
+        if !storage.is_initialized() && !initial_voters.is_empty() {
+            let conf_state = ConfState {
+                voters: initial_voters.to_vec(),
+                ..ConfState::default()
+            };
+            let empty_state = state_machine
+                .snapshot(&storage.read()?)
+                .map_err(|source| NodeError::StateMachine { index: 0, source })?;
+            storage.write(|batch| batch.bootstrap(&conf_state, &empty_state))?;
+        }
+        let raft_config = config.to_raft(storage.state().applied);
+        raft_config.validate()?;
+        // raft-rs logs through slog; the runtime decides where logs go, so raft's own chatter
+        // is discarded here and the node reports what matters as events.
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&raft_config, storage, &logger)?;
+        let term = raw.raft.term;
+        Ok(Self {
+            raw,
+            state_machine,
+            config,
+            leader_id: 0,
+            term,
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.config.id
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// The leader this replica knows of (0: none).
+    pub fn leader_id(&self) -> u64 {
+        self.raw.raft.leader_id
+    }
+
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    pub fn role(&self) -> StateRole {
+        self.raw.raft.state
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.role() == StateRole::Leader
+    }
+
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    /// The last applied (and durable) index.
+    pub fn applied_index(&self) -> u64 {
+        self.raw.store().state().applied
+    }
+
+    pub fn conf_state(&self) -> &ConfState {
+        &self.raw.store().state().conf_state
+    }
+
+    pub fn storage(&self) -> &RedbStorage {
+        self.raw.store()
+    }
+
+    pub fn state_machine(&self) -> &S {
+        &self.state_machine
+    }
+
+    /// Advances raft's logical clock by one tick. Returns whether there may be a ready.
+    pub fn tick(&mut self) -> bool {
+        // A hand-over can fail (the successor refuses to campaign while it has not applied the
+        // change yet, and raft aborts the transfer after an election timeout): try again.
+        if self.is_removed_leader() && self.raw.raft.lead_transferee.is_none() {
+            self.hand_over_leadership();
+        }
+        self.raw.tick()
+    }
+
+    /// Whether this replica leads a configuration it is no longer a voter of.
+    fn is_removed_leader(&self) -> bool {
+        let cs = self.conf_state();
+        self.is_leader()
+            && !cs.voters.contains(&self.config.id)
+            && !cs.voters_outgoing.contains(&self.config.id)
+    }
+
+    /// Feeds a message from another replica. An error concerns that message only (e.g. it came
+    /// from a peer that is no longer a member); the node stays usable.
+    pub fn step(&mut self, message: Message) -> Result<(), NodeError> {
+        Ok(self.raw.step(message)?)
+    }
+
+    /// Proposes a command. Fails with `ProposalDropped` when this replica is not the leader or
+    /// a leadership transfer is in progress; the caller retries at the leader.
+    pub fn propose(&mut self, context: Vec<u8>, data: Vec<u8>) -> Result<(), NodeError> {
+        Ok(self.raw.propose(context, data)?)
+    }
+
+    /// Proposes a membership change. Several changes, or an explicit transition, go through
+    /// joint consensus; with `ConfChangeTransition::Auto` or `Implicit` the leader leaves the
+    /// joint configuration by itself once it is applied.
+    pub fn propose_conf_change(
+        &mut self,
+        context: Vec<u8>,
+        change: ConfChangeV2,
+    ) -> Result<(), NodeError> {
+        Ok(self.raw.propose_conf_change(context, change)?)
+    }
+
+    /// Asks for a linearizable read; answered by [`Event::ReadIndexReady`] with the same context.
+    pub fn read_index(&mut self, context: Vec<u8>) {
+        self.raw.read_index(context);
+    }
+
+    /// Asks the leader to hand leadership to `to` once `to` has caught up.
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.raw.transfer_leader(to);
+    }
+
+    /// Starts an election now (operators and tests; normally elections follow ticks).
+    pub fn campaign(&mut self) -> Result<(), NodeError> {
+        Ok(self.raw.campaign()?)
+    }
+
+    /// Tells raft that a message to `to` could not be delivered.
+    pub fn report_unreachable(&mut self, to: u64) {
+        self.raw.report_unreachable(to);
+    }
+
+    /// Tells raft whether a snapshot sent to `to` arrived.
+    pub fn report_snapshot(&mut self, to: u64, status: SnapshotStatus) {
+        self.raw.report_snapshot(to, status);
+    }
+
+    /// Whether [`Node::handle_ready`] has work to do.
+    pub fn has_ready(&self) -> bool {
+        self.raw.has_ready()
+    }
+
+    /// Runs one pass of the Ready loop. The order is the one raft-rs documents, and it is what
+    /// makes an acknowledged write durable:
+    ///
+    /// 1. note a leader change (soft state);
+    /// 2. take the leader's messages: they may be sent before the leader persists its own
+    ///    entries (Raft thesis §10.2.1), so they go first in the out-box;
+    /// 3. install a snapshot from the leader, if any (state machine, log, conf state, applied
+    ///    index: one transaction);
+    /// 4. append the new entries and the hard state in one fsynced transaction;
+    /// 5. apply committed entries, writing the state-machine changes, the new applied index
+    ///    (and any new conf state) in one fsynced transaction;
+    /// 6. take the persisted messages (votes, append responses): they promise state that is on
+    ///    disk only after step 4;
+    /// 7. report read states;
+    /// 8. `advance`, then handle the light ready the same way: persist the new commit index with
+    ///    the entries it lets us apply, take its messages, then `advance_apply`.
+    ///
+    /// Call again while [`Node::has_ready`] (e.g. after leaving a joint configuration).
+    pub fn handle_ready(&mut self) -> Result<Output, NodeError> {
+        let mut out = Output::default();
+        if self.raw.has_ready() {
+            let mut ready = self.raw.ready();
+            // 1.
+            if ready.ss().is_some() || self.raw.raft.term != self.term {
+                self.note_leader(&mut out);
+            }
+            // 2.
+            out.messages.extend(ready.take_messages());
+            // 3.
+            if !ready.snapshot().is_empty() {
+                self.install_snapshot(ready.snapshot(), &mut out)?;
+            }
+            // 4.
+            self.raw
+                .mut_store()
+                .append_and_persist(ready.entries(), ready.hs())?;
+            // 5.
+            self.apply_committed(ready.take_committed_entries(), None, &mut out)?;
+            // 6.
+            out.messages.extend(ready.take_persisted_messages());
+            // 7.
+            for read in ready.take_read_states() {
+                out.events.push(Event::ReadIndexReady {
+                    context: read.request_ctx,
+                    index: read.index,
+                });
+            }
+            // 8.
+            let mut light = self.raw.advance(ready);
+            out.messages.extend(light.take_messages());
+            let commit = light.commit_index();
+            self.apply_committed(light.take_committed_entries(), commit, &mut out)?;
+            self.raw.advance_apply();
+        }
+        // Raft asked for a snapshot that is not built yet (a peer is behind the compacted log):
+        // build it now; raft retries sending it on the next heartbeat round.
+        if self.raw.store().take_snapshot_wanted() {
+            self.create_snapshot()?;
+        }
+        Ok(out)
+    }
+
+    fn note_leader(&mut self, out: &mut Output) {
+        let (leader_id, term) = (self.raw.raft.leader_id, self.raw.raft.term);
+        if (leader_id, term) != (self.leader_id, self.term) {
+            self.leader_id = leader_id;
+            self.term = term;
+            out.events.push(Event::LeaderChanged { leader_id, term });
+        }
+    }
+
+    fn install_snapshot(&mut self, snapshot: &Snapshot, out: &mut Output) -> Result<(), NodeError> {
+        let state_machine = &mut self.state_machine;
+        self.raw.mut_store().apply_snapshot(snapshot, |txn, data| {
+            state_machine
+                .restore(txn, data)
+                .map_err(StorageError::StateMachine)
+        })?;
+        let meta = snapshot.get_metadata();
+        out.events.push(Event::SnapshotInstalled {
+            index: meta.index,
+            term: meta.term,
+        });
+        out.events.push(Event::ConfChanged {
+            index: meta.index,
+            conf_state: meta.get_conf_state().clone(),
+        });
+        Ok(())
+    }
+
+    /// Applies committed entries in one durable batch together with the applied index, any new
+    /// conf state and (for a light ready) the new commit index.
+    fn apply_committed(
+        &mut self,
+        entries: Vec<Entry>,
+        commit: Option<u64>,
+        out: &mut Output,
+    ) -> Result<(), NodeError> {
+        if entries.is_empty() && commit.is_none() {
+            return Ok(());
+        }
+        let mut batch = self.raw.store().begin()?;
+        if let Some(commit) = commit {
+            batch.set_commit(commit)?;
+        }
+        for entry in entries {
+            let index = entry.index;
+            match entry.get_entry_type() {
+                EntryType::EntryNormal => {
+                    // The empty entry a new leader appends carries no command.
+                    if !entry.data.is_empty() {
+                        let response = self
+                            .state_machine
+                            .apply(batch.txn(), index, &entry.data)
+                            .map_err(|source| NodeError::StateMachine { index, source })?;
+                        out.events.push(Event::Applied {
+                            index,
+                            term: entry.term,
+                            context: entry.context.to_vec(),
+                            response,
+                        });
+                    }
+                }
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    let conf_state = self.apply_conf_change(&entry)?;
+                    batch.set_conf_state(&conf_state)?;
+                    out.events.push(Event::ConfChanged { index, conf_state });
+                }
+            }
+            batch.set_applied(index)?;
+        }
+        self.raw.mut_store().commit(batch)?;
+        if self.is_removed_leader() {
+            self.hand_over_leadership();
+        }
+        Ok(())
+    }
+
+    fn apply_conf_change(&mut self, entry: &Entry) -> Result<ConfState, NodeError> {
+        let corrupt = |source| NodeError::CorruptEntry {
+            index: entry.index,
+            what: "conf change",
+            source,
+        };
+        let conf_state = if entry.get_entry_type() == EntryType::EntryConfChange {
+            let change = ConfChange::parse_from_bytes(&entry.data).map_err(corrupt)?;
+            self.raw.apply_conf_change(&change)?
+        } else {
+            // Empty data is the leader's automatic "leave joint configuration" change.
+            let change = ConfChangeV2::parse_from_bytes(&entry.data).map_err(corrupt)?;
+            self.raw.apply_conf_change(&change)?
+        };
+        Ok(conf_state)
+    }
+
+    /// raft-rs keeps a removed leader leading (see its `post_conf_change`); it would go on
+    /// heartbeating a group it is not part of. Hand leadership to the most caught-up voter.
+    fn hand_over_leadership(&mut self) {
+        let me = self.config.id;
+        let voters = &self.raw.store().state().conf_state.voters;
+        let successor = self
+            .raw
+            .raft
+            .prs()
+            .iter()
+            .filter(|(id, _)| **id != me && voters.contains(id))
+            .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
+            .map(|(id, _)| *id);
+        if let Some(successor) = successor {
+            self.raw.transfer_leader(successor);
+        }
+    }
+
+    /// Builds a snapshot of the state machine at the applied index, compresses it with zstd and
+    /// stores it (durably) so that lagging peers can be sent it. Returns its index.
+    pub fn create_snapshot(&mut self) -> Result<u64, NodeError> {
+        let store = self.raw.store();
+        let state = store.state();
+        let index = state.applied;
+        if index == 0 || index == state.snapshot.index {
+            return Ok(state.snapshot.index);
+        }
+        let mut meta = SnapshotMetadata {
+            index,
+            term: store.term(index)?,
+            ..SnapshotMetadata::default()
+        };
+        meta.set_conf_state(state.conf_state.clone());
+        // The state machine is read in a read transaction taken now: single-threaded use means
+        // no apply can slip in between, so the data is exactly the state at `index`.
+        let data = {
+            let txn = store.read()?;
+            self.state_machine
+                .snapshot(&txn)
+                .map_err(|source| NodeError::StateMachine { index, source })?
+        };
+        let compressed = compress_snapshot(&data)?;
+        self.raw
+            .mut_store()
+            .write(|batch| batch.store_snapshot(&meta, &compressed))?;
+        Ok(index)
+    }
+
+    /// Removes log entries before `to` (bounded by the stored snapshot and the applied index).
+    pub fn compact_log(&mut self, to: u64) -> Result<(), NodeError> {
+        Ok(self.raw.mut_store().compact(to)?)
+    }
+
+    /// Snapshots the state machine at the applied index and compacts the log up to it. Peers
+    /// that are further behind then catch up from the snapshot. Returns the snapshot index.
+    pub fn snapshot_and_compact(&mut self) -> Result<u64, NodeError> {
+        let index = self.create_snapshot()?;
+        self.compact_log(index + 1)?;
+        Ok(index)
+    }
+}

@@ -1,0 +1,310 @@
+use raft::Storage as _;
+use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
+use raft::{GetEntriesContext, StorageError as RaftStorageError};
+
+use super::*;
+
+fn entry(index: u64, term: u64) -> Entry {
+    Entry {
+        index,
+        term,
+        data: vec![index as u8; 16].into(),
+        ..Default::default()
+    }
+}
+
+fn hard_state(term: u64, vote: u64, commit: u64) -> HardState {
+    HardState {
+        term,
+        vote,
+        commit,
+        ..Default::default()
+    }
+}
+
+fn open(dir: &tempfile::TempDir) -> RedbStorage {
+    RedbStorage::open(&dir.path().join("raft.redb")).unwrap()
+}
+
+fn indexes(entries: &[Entry]) -> Vec<(u64, u64)> {
+    entries.iter().map(|e| (e.index, e.term)).collect()
+}
+
+fn compacted<T: std::fmt::Debug>(r: raft::Result<T>) -> bool {
+    matches!(r, Err(raft::Error::Store(RaftStorageError::Compacted)))
+}
+
+fn unavailable<T: std::fmt::Debug>(r: raft::Result<T>) -> bool {
+    matches!(r, Err(raft::Error::Store(RaftStorageError::Unavailable)))
+}
+
+fn ctx() -> GetEntriesContext {
+    GetEntriesContext::empty(false)
+}
+
+#[test]
+fn fresh_store_is_empty_and_uninitialized() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    assert!(!store.is_initialized());
+    assert_eq!(store.first_index().unwrap(), 1);
+    assert_eq!(store.last_index().unwrap(), 0);
+    assert_eq!(store.term(0).unwrap(), 0);
+    assert!(unavailable(store.term(1)));
+    assert_eq!(store.entries(1, 1, None, ctx()).unwrap(), vec![]);
+}
+
+#[test]
+fn append_truncates_conflicting_suffix_in_one_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let first: Vec<_> = (1..=5).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&first, Some(&hard_state(1, 1, 2)))
+        .unwrap();
+    // A new leader at term 2 overwrites 4 and 5 and the old tail must not survive.
+    store
+        .append_and_persist(&[entry(4, 2)], Some(&hard_state(2, 2, 3)))
+        .unwrap();
+    assert_eq!(store.last_index().unwrap(), 4);
+    assert_eq!(
+        indexes(&store.entries(1, 5, None, ctx()).unwrap()),
+        vec![(1, 1), (2, 1), (3, 1), (4, 2)]
+    );
+    assert!(unavailable(store.term(5)));
+    assert_eq!(
+        store.initial_state().unwrap().hard_state,
+        hard_state(2, 2, 3)
+    );
+}
+
+#[test]
+fn append_rejects_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store.append_and_persist(&[entry(1, 1)], None).unwrap();
+    let err = store.append_and_persist(&[entry(3, 1)], None).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StorageError::Gap {
+                first_new: 3,
+                last: 1
+            }
+        ),
+        "{err}"
+    );
+    // The failed batch changed nothing.
+    assert_eq!(store.last_index().unwrap(), 1);
+}
+
+#[test]
+fn entries_honour_max_size_but_return_at_least_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let all: Vec<_> = (1..=10).map(|i| entry(i, 1)).collect();
+    store.append_and_persist(&all, None).unwrap();
+    let one = u64::from(protobuf::Message::compute_size(&all[0]));
+    assert_eq!(store.entries(1, 11, Some(0), ctx()).unwrap().len(), 1);
+    assert_eq!(store.entries(1, 11, Some(one * 3), ctx()).unwrap().len(), 3);
+    assert_eq!(
+        store
+            .entries(1, 11, Some(one * 3 + 1), ctx())
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(
+        store.entries(1, 11, raft::NO_LIMIT, ctx()).unwrap().len(),
+        10
+    );
+    assert_eq!(
+        store.entries(3, 5, None, ctx()).unwrap(),
+        all[2..4].to_vec()
+    );
+    assert!(unavailable(store.entries(5, 12, None, ctx())));
+}
+
+#[test]
+fn compaction_keeps_term_of_truncated_entry_and_reports_compacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let all: Vec<_> = (1..=10).map(|i| entry(i, i / 4 + 1)).collect();
+    store.append_and_persist(&all, None).unwrap();
+    // Without a snapshot nothing may be compacted: a lagging peer would have no way to catch up.
+    let err = store.compact(5).unwrap_err();
+    assert!(
+        matches!(err, StorageError::CompactTooFar { to: 5, .. }),
+        "{err}"
+    );
+
+    let mut meta = SnapshotMetadata {
+        index: 7,
+        term: store.term(7).unwrap(),
+        ..Default::default()
+    };
+    meta.mut_conf_state().voters = vec![1, 2];
+    store
+        .write(|b| {
+            b.set_applied(7)?;
+            b.store_snapshot(&meta, &compress_snapshot(b"state")?)
+        })
+        .unwrap();
+    store.compact(5).unwrap();
+    assert_eq!(store.first_index().unwrap(), 5);
+    assert_eq!(store.term(4).unwrap(), 2);
+    assert!(compacted(store.term(3)));
+    assert!(compacted(store.entries(4, 6, None, ctx())));
+    assert_eq!(
+        indexes(&store.entries(5, 7, None, ctx()).unwrap()),
+        vec![(5, 2), (6, 2)]
+    );
+    let err = store.compact(9).unwrap_err();
+    assert!(
+        matches!(err, StorageError::CompactTooFar { limit: 8, .. }),
+        "{err}"
+    );
+
+    // Compacting up to the snapshot works, and survives a reopen.
+    store.compact(8).unwrap();
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(store.first_index().unwrap(), 8);
+    assert_eq!(store.last_index().unwrap(), 10);
+    assert_eq!(store.term(7).unwrap(), 2);
+    let snap = store.snapshot(0, 2).unwrap();
+    assert_eq!(snap.get_metadata().index, 7);
+    assert_eq!(decompress_snapshot(&snap.data).unwrap(), b"state");
+}
+
+#[test]
+fn reopen_restores_log_hard_state_conf_state_and_applied_state() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut store = open(&dir);
+        let cs = ConfState {
+            voters: vec![1, 2, 3],
+            ..Default::default()
+        };
+        store
+            .write(|b| {
+                b.set_conf_state(&cs)?;
+                b.append(&[entry(1, 1), entry(2, 1), entry(3, 2)])?;
+                b.set_hard_state(&hard_state(2, 3, 2))
+            })
+            .unwrap();
+        store
+            .write(|b| {
+                b.txn()
+                    .open_table(STATE_MACHINE)?
+                    .insert(b"k".as_slice(), b"v".as_slice())?;
+                b.set_applied(2)
+            })
+            .unwrap();
+    }
+    let store = open(&dir);
+    let state = store.initial_state().unwrap();
+    assert_eq!(state.hard_state, hard_state(2, 3, 2));
+    assert_eq!(state.conf_state.voters, vec![1, 2, 3]);
+    assert_eq!(store.state().applied, 2);
+    assert_eq!(
+        indexes(&store.entries(1, 4, None, ctx()).unwrap()),
+        vec![(1, 1), (2, 1), (3, 2)]
+    );
+    let txn = store.read().unwrap();
+    let table = txn.open_table(STATE_MACHINE).unwrap();
+    assert_eq!(table.get(b"k".as_slice()).unwrap().unwrap().value(), b"v");
+}
+
+#[test]
+fn failed_batch_leaves_disk_and_cache_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store.append_and_persist(&[entry(1, 1)], None).unwrap();
+    let before = store.state().clone();
+    let result = store.write(|b| {
+        b.set_applied(1)?;
+        b.append(&[entry(5, 1)])
+    });
+    assert!(result.is_err());
+    assert_eq!(store.state(), &before);
+    drop(store);
+    assert_eq!(open(&dir).state(), &before);
+}
+
+#[test]
+fn apply_snapshot_replaces_log_and_state_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], Some(&hard_state(1, 0, 1)))
+        .unwrap();
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 20;
+    snapshot.mut_metadata().term = 3;
+    snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3, 4];
+    snapshot.data = compress_snapshot(b"restored").unwrap().into();
+    store
+        .apply_snapshot(&snapshot, |txn, data| {
+            assert_eq!(data, b"restored");
+            txn.open_table(STATE_MACHINE)?
+                .insert(b"x".as_slice(), data)?;
+            Ok(())
+        })
+        .unwrap();
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(store.first_index().unwrap(), 21);
+    assert_eq!(store.last_index().unwrap(), 20);
+    assert_eq!(store.term(20).unwrap(), 3);
+    assert!(compacted(store.term(2)));
+    let state = store.initial_state().unwrap();
+    assert_eq!((state.hard_state.term, state.hard_state.commit), (3, 20));
+    assert_eq!(state.conf_state.voters, vec![1, 2, 3, 4]);
+    assert_eq!(store.state().applied, 20);
+    // The node can serve the same snapshot on to other lagging peers.
+    assert_eq!(store.snapshot(0, 4).unwrap(), snapshot);
+    // A replica the snapshot does not name would refuse it: the node must build a newer one.
+    assert!(matches!(
+        store.snapshot(0, 5),
+        Err(raft::Error::Store(
+            RaftStorageError::SnapshotTemporarilyUnavailable
+        ))
+    ));
+    assert!(store.take_snapshot_wanted());
+
+    // An older snapshot is refused.
+    let mut store = store;
+    let mut old = snapshot.clone();
+    old.mut_metadata().index = 10;
+    let err = store.apply_snapshot(&old, |_, _| Ok(())).unwrap_err();
+    assert!(
+        matches!(err, StorageError::SnapshotOutOfDate { index: 10, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_snapshot_is_temporarily_unavailable_and_flags_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    assert!(matches!(
+        store.snapshot(0, 2),
+        Err(raft::Error::Store(
+            RaftStorageError::SnapshotTemporarilyUnavailable
+        ))
+    ));
+    assert!(store.take_snapshot_wanted());
+    assert!(!store.take_snapshot_wanted());
+}
+
+#[test]
+fn snapshot_compression_round_trips_and_actually_compresses() {
+    let data = b"key=value;".repeat(1000);
+    let compressed = compress_snapshot(&data).unwrap();
+    assert!(compressed.len() < data.len() / 10);
+    // zstd frame magic number.
+    assert_eq!(&compressed[..4], &[0x28, 0xb5, 0x2f, 0xfd]);
+    assert_eq!(decompress_snapshot(&compressed).unwrap(), data);
+    assert!(decompress_snapshot(b"not zstd").is_err());
+}

@@ -1,0 +1,337 @@
+//! Cluster tests in virtual time: no wall clock, no sleeps, every random choice seeded.
+//!
+//! - election: one leader, everyone agrees, leader-change events
+//! - replication: proposals commit and apply everywhere
+//! - failures: isolated leader, crash and restart from disk, lossy and delaying network
+//! - log compaction: a lagging follower catches up from a zstd-compressed snapshot
+//! - pre-vote: a healed minority does not bump the majority's term
+//! - membership: add a replica, remove the leader through joint consensus
+//! - reads and leadership transfer
+
+use raft::StateRole;
+use raft::eraftpb::ConfChangeType;
+
+use super::Event;
+use super::harness::{Cluster, Delay, DropRandomly, Isolate, Partition, seed_or};
+use super::storage::decompress_snapshot;
+
+/// Raft keeps voters in hash order; compare them sorted.
+fn sorted(ids: &[u64]) -> Vec<u64> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids
+}
+
+#[test]
+fn elects_exactly_one_leader_that_everyone_follows() {
+    for seed in 0..4 {
+        let mut cluster = Cluster::new(3, seed_or(seed));
+        let leader = cluster.wait_for_leader(&[1, 2, 3]);
+        let leaders: Vec<u64> = cluster
+            .ids()
+            .into_iter()
+            .filter(|id| cluster.node(*id).role() == StateRole::Leader)
+            .collect();
+        assert_eq!(leaders, vec![leader]);
+        let term = cluster.node(leader).term();
+        for id in cluster.ids() {
+            assert_eq!(cluster.node(id).term(), term);
+            let saw_leader = cluster.events[&id].iter().any(
+                |e| matches!(e, Event::LeaderChanged { leader_id, .. } if *leader_id == leader),
+            );
+            assert!(
+                saw_leader,
+                "replica {id} reported no LeaderChanged({leader})"
+            );
+        }
+    }
+}
+
+#[test]
+fn proposals_commit_and_apply_on_every_replica() {
+    let mut cluster = Cluster::new(3, seed_or(7));
+    cluster.wait_for_leader(&[1, 2, 3]);
+    let mut last = 0;
+    for i in 0..20 {
+        let index = cluster.put(&format!("k{i}"), &format!("v{i}"));
+        assert!(index > last, "indexes grow: {index} after {last}");
+        last = index;
+    }
+    cluster.assert_converged();
+    for id in cluster.ids() {
+        let kv = cluster.kv(id);
+        assert_eq!(kv.len(), 20);
+        assert_eq!(kv["k13"], "v13");
+        assert!(cluster.node(id).applied_index() >= last);
+    }
+}
+
+#[test]
+fn isolated_leader_is_replaced_and_no_acknowledged_write_is_lost() {
+    let mut cluster = Cluster::new(3, seed_or(11));
+    let old = cluster.wait_for_leader(&[1, 2, 3]);
+    for i in 0..5 {
+        cluster.put(&format!("before{i}"), "acked");
+    }
+    let isolate = cluster.add_filter(Isolate(old));
+    // The old leader still accepts this proposal but can never commit it: not acknowledged.
+    cluster
+        .node_mut(old)
+        .propose(b"lost".to_vec(), b"not a command".to_vec())
+        .unwrap();
+    let others: Vec<u64> = cluster.ids().into_iter().filter(|id| *id != old).collect();
+    let new = cluster.wait_for_leader(&others);
+    assert_ne!(new, old);
+    for i in 0..5 {
+        cluster.put(&format!("after{i}"), "acked");
+    }
+    // check-quorum: the old leader notices it lost its quorum and steps down on its own.
+    cluster.tick_until(100, "old leader steps down", |c| !c.node(old).is_leader());
+
+    cluster.remove_filter(isolate);
+    cluster.assert_converged();
+    let kv = cluster.kv(old);
+    assert_eq!(kv.len(), 10, "{kv:?}");
+    assert!(kv.values().all(|v| v == "acked"));
+    assert_eq!(cluster.applied_with_context(old, b"lost"), None);
+}
+
+#[test]
+fn restarted_replica_recovers_log_hard_state_and_state_machine_from_disk_alone() {
+    let mut cluster = Cluster::new(3, seed_or(3));
+    cluster.wait_for_leader(&[1, 2, 3]);
+    for i in 0..10 {
+        cluster.put(&format!("k{i}"), &format!("v{i}"));
+    }
+    cluster.assert_converged();
+    let id = 2;
+    let before = cluster.node(id).storage().state().clone();
+    let kv_before = cluster.kv(id);
+    cluster.restart(id);
+    // Nothing was delivered since the restart: all of this came from the redb file.
+    let node = cluster.node(id);
+    assert_eq!(node.storage().state(), &before);
+    assert_eq!(node.term(), before.hard_state.term);
+    assert_eq!(node.commit_index(), before.hard_state.commit);
+    assert_eq!(sorted(&node.conf_state().voters), [1, 2, 3]);
+    assert_eq!(cluster.kv(id), kv_before);
+
+    // A whole-cluster restart loses nothing either, and the cluster goes on.
+    for id in cluster.ids() {
+        cluster.restart(id);
+    }
+    cluster.wait_for_leader(&[1, 2, 3]);
+    cluster.put("after-restart", "yes");
+    cluster.assert_converged();
+    assert_eq!(cluster.kv(1).len(), 11);
+}
+
+#[test]
+fn follower_behind_compacted_log_catches_up_from_zstd_snapshot() {
+    let mut cluster = Cluster::new(3, seed_or(5));
+    let leader = cluster.wait_for_leader(&[1, 2, 3]);
+    let lagging = if leader == 3 { 2 } else { 3 };
+    cluster.put("early", "1");
+    cluster.assert_converged();
+    let lagging_last = cluster.node(lagging).storage().state().last_index;
+
+    let isolate = cluster.add_filter(Isolate(lagging));
+    for i in 0..30 {
+        cluster.put(&format!("k{i}"), &"x".repeat(100));
+    }
+    let snapshot_index = cluster.node_mut(leader).snapshot_and_compact().unwrap();
+    let leader_state = cluster.node(leader).storage().state().clone();
+    assert_eq!(leader_state.first_index(), snapshot_index + 1);
+    assert!(
+        leader_state.first_index() > lagging_last + 1,
+        "the entries it needs are gone"
+    );
+    cluster.put("after-compaction", "2");
+
+    cluster.remove_filter(isolate);
+    cluster.assert_converged();
+    let installed = cluster.events[&lagging]
+        .iter()
+        .any(|e| matches!(e, Event::SnapshotInstalled { index, .. } if *index == snapshot_index));
+    assert!(installed, "follower caught up without the snapshot?");
+    assert_eq!(cluster.kv(lagging).len(), 32);
+
+    // The follower kept the compressed blob it received, so it can serve it on.
+    let stored = cluster
+        .node(lagging)
+        .storage()
+        .stored_snapshot()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        &stored.data[..4],
+        &[0x28, 0xb5, 0x2f, 0xfd],
+        "zstd frame magic"
+    );
+    let raw = decompress_snapshot(&stored.data).unwrap();
+    assert!(
+        stored.data.len() < raw.len() / 3,
+        "{} vs {}",
+        stored.data.len(),
+        raw.len()
+    );
+}
+
+#[test]
+fn healed_minority_does_not_bump_the_majority_term_with_pre_vote() {
+    let mut cluster = Cluster::new(3, seed_or(9));
+    let leader = cluster.wait_for_leader(&[1, 2, 3]);
+    let minority = if leader == 1 { 2 } else { 1 };
+    let majority: Vec<u64> = cluster
+        .ids()
+        .into_iter()
+        .filter(|id| *id != minority)
+        .collect();
+    let term = cluster.node(leader).term();
+
+    let partition = cluster.add_filter(Partition::new(&[minority], &majority));
+    // Many election timeouts: without pre-vote the minority's term would climb each time.
+    cluster.ticks(200);
+    assert_eq!(
+        cluster.node(minority).term(),
+        term,
+        "pre-vote keeps the term"
+    );
+    assert_ne!(cluster.node(minority).role(), StateRole::Leader);
+
+    cluster.remove_filter(partition);
+    cluster.ticks(50);
+    assert_eq!(
+        cluster.leader(),
+        Some(leader),
+        "leadership was not disrupted"
+    );
+    for id in cluster.ids() {
+        assert_eq!(cluster.node(id).term(), term, "replica {id}");
+    }
+    cluster.put("still", "works");
+    cluster.assert_converged();
+}
+
+#[test]
+fn adds_a_fourth_replica_then_removes_the_leader_through_joint_consensus() {
+    let mut cluster = Cluster::new(3, seed_or(13));
+    let leader = cluster.wait_for_leader(&[1, 2, 3]);
+    for i in 0..5 {
+        cluster.put(&format!("k{i}"), "v");
+    }
+
+    // A new replica starts empty and learns the whole log from the leader.
+    cluster.start(4, &[]);
+    cluster.change_membership(&[(ConfChangeType::AddNode, 4)], false);
+    cluster.tick_until(100, "replica 4 is a voter everywhere", |c| {
+        c.ids()
+            .iter()
+            .all(|id| sorted(&c.node(*id).conf_state().voters) == [1, 2, 3, 4])
+    });
+    cluster.assert_converged();
+    assert_eq!(cluster.kv(4).len(), 5);
+
+    // Remove the leader with an explicit joint configuration that is left automatically.
+    cluster.change_membership(&[(ConfChangeType::RemoveNode, leader)], true);
+    let remaining: Vec<u64> = (1..=4).filter(|id| *id != leader).collect();
+    let entered_joint = cluster.events[&remaining[0]].iter().any(
+        |e| matches!(e, Event::ConfChanged { conf_state, .. } if !conf_state.voters_outgoing.is_empty()),
+    );
+    let expected = remaining.clone();
+    cluster.tick_until(200, "joint configuration left on all", |c| {
+        expected.iter().all(|id| {
+            let cs = c.node(*id).conf_state();
+            sorted(&cs.voters) == expected && cs.voters_outgoing.is_empty()
+        })
+    });
+    assert!(
+        entered_joint,
+        "the removal did not go through a joint configuration"
+    );
+    let new_leader = cluster.wait_for_leader(&remaining);
+    assert_ne!(new_leader, leader);
+
+    cluster.stop(leader);
+    cluster.put("after-removal", "v");
+    cluster.assert_converged();
+    assert_eq!(cluster.kv(remaining[0]).len(), 6);
+}
+
+#[test]
+fn read_index_confirms_leadership_before_answering() {
+    let mut cluster = Cluster::new(3, seed_or(17));
+    let leader = cluster.wait_for_leader(&[1, 2, 3]);
+    let written = cluster.put("k", "v");
+    let follower = if leader == 1 { 2 } else { 1 };
+    for (id, context) in [(leader, b"read-at-leader"), (follower, b"read-at-follow")] {
+        cluster.node_mut(id).read_index(context.to_vec());
+        cluster.drive();
+        let index = cluster.events[&id].iter().find_map(|e| match e {
+            Event::ReadIndexReady { context: c, index } if c == context => Some(*index),
+            _ => None,
+        });
+        let index = index.unwrap_or_else(|| panic!("no read index at replica {id}"));
+        assert!(
+            index >= written,
+            "read index {index} is behind acknowledged write {written}"
+        );
+    }
+
+    // An isolated leader cannot confirm it still leads, so it answers no read.
+    cluster.add_filter(Isolate(leader));
+    cluster.node_mut(leader).read_index(b"stale".to_vec());
+    cluster.ticks(5);
+    let answered = cluster.events[&leader]
+        .iter()
+        .any(|e| matches!(e, Event::ReadIndexReady { context, .. } if context == b"stale"));
+    assert!(!answered);
+}
+
+#[test]
+fn leadership_transfer_moves_the_leader() {
+    let mut cluster = Cluster::new(3, seed_or(19));
+    let leader = cluster.wait_for_leader(&[1, 2, 3]);
+    let target = if leader == 3 { 1 } else { 3 };
+    cluster.node_mut(leader).transfer_leader(target);
+    cluster.drive();
+    cluster.tick_until(50, "transfer done", |c| c.leader() == Some(target));
+    cluster.put("k", "v");
+    cluster.assert_converged();
+}
+
+#[test]
+fn lossy_delaying_network_loses_no_acknowledged_write() {
+    for default_seed in [21, 22, 23] {
+        let mut cluster = Cluster::new(3, seed_or(default_seed));
+        cluster.wait_for_leader(&[1, 2, 3]);
+        let (drop_seed, delay_seed) = (cluster.fork_seed(), cluster.fork_seed());
+        cluster.add_filter(DropRandomly::new(0.15, drop_seed));
+        cluster.add_filter(Delay::new(0.2, 3, delay_seed));
+        let mut acknowledged = Vec::new();
+        for i in 0..15 {
+            let key = format!("k{i}");
+            if cluster.try_put(&key, "v", 100).is_some() {
+                acknowledged.push(key);
+            }
+            if i == 7 {
+                // Crash whoever leads mid-run and bring it back from disk.
+                if let Some(leader) = cluster.leader() {
+                    cluster.restart(leader);
+                }
+            }
+        }
+        assert!(!acknowledged.is_empty(), "nothing got through at all");
+        cluster.clear_filters();
+        cluster.wait_for_leader(&[1, 2, 3]);
+        cluster.put("final", "v");
+        cluster.assert_converged();
+        let kv = cluster.kv(1);
+        for key in &acknowledged {
+            assert!(
+                kv.contains_key(key),
+                "acknowledged {key} lost; state {kv:?}"
+            );
+        }
+    }
+}
