@@ -45,6 +45,12 @@ pub struct NodeConfig {
     pub max_size_per_msg: u64,
     /// How many append messages may be in flight to one follower.
     pub max_inflight_msgs: usize,
+    /// Take a snapshot and compact the log once this many entries were applied since the last
+    /// snapshot (0: only when asked). Bounds the log on disk and the replay after a restart.
+    pub snapshot_interval_entries: u64,
+    /// Entries kept before a snapshot when compacting, so that a follower only slightly behind
+    /// catches up from the log instead of needing the whole snapshot (etcd keeps 5000).
+    pub compaction_retained_entries: u64,
 }
 
 impl NodeConfig {
@@ -61,6 +67,8 @@ impl NodeConfig {
             max_size_per_msg: 1 << 20,
             // Enough to keep a long fat pipe busy without unbounded buffering.
             max_inflight_msgs: 256,
+            snapshot_interval_entries: 10_000,
+            compaction_retained_entries: 5_000,
         }
     }
 
@@ -390,6 +398,7 @@ impl<S: StateMachine> Node<S> {
         if self.raw.store().take_snapshot_wanted() {
             self.create_snapshot()?;
         }
+        self.maybe_compact()?;
         Ok(out)
     }
 
@@ -542,6 +551,18 @@ impl<S: StateMachine> Node<S> {
     /// Removes log entries before `to` (bounded by the stored snapshot and the applied index).
     pub fn compact_log(&mut self, to: u64) -> Result<(), NodeError> {
         Ok(self.raw.mut_store().compact(to)?)
+    }
+
+    /// The automatic policy of [`NodeConfig::snapshot_interval_entries`].
+    fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        let interval = self.config.snapshot_interval_entries;
+        let state = self.raw.store().state();
+        if interval == 0 || state.applied < state.snapshot.index + interval {
+            return Ok(());
+        }
+        let index = self.create_snapshot()?;
+        let retained = self.config.compaction_retained_entries;
+        self.compact_log((index + 1).saturating_sub(retained))
     }
 
     /// Snapshots the state machine at the applied index and compacts the log up to it. Peers
