@@ -151,6 +151,7 @@ pub struct Cluster {
     pub events: BTreeMap<u64, Vec<Event>>,
     /// Virtual time, in ticks.
     pub now: u64,
+    tune: fn(&mut NodeConfig),
 }
 
 impl Drop for Cluster {
@@ -175,6 +176,11 @@ pub fn seed_or(default: u64) -> u64 {
 impl Cluster {
     /// Starts replicas `1..=n`, all founding voters.
     pub fn new(n: u64, seed: u64) -> Self {
+        Self::with_config(n, seed, |_| {})
+    }
+
+    /// Like [`Cluster::new`], with `tune` applied to every replica's config.
+    pub fn with_config(n: u64, seed: u64, tune: fn(&mut NodeConfig)) -> Self {
         let mut cluster = Self {
             seed,
             rng: StdRng::seed_from_u64(seed),
@@ -186,6 +192,7 @@ impl Cluster {
             next_request: 0,
             events: BTreeMap::new(),
             now: 0,
+            tune,
         };
         let voters: Vec<u64> = (1..=n).collect();
         for id in 1..=n {
@@ -214,11 +221,13 @@ impl Cluster {
                 }
             },
         };
-        NodeConfig {
+        let mut config = NodeConfig {
             min_election_ticks: timeout,
             max_election_ticks: timeout + 1,
             ..NodeConfig::new(id)
-        }
+        };
+        (self.tune)(&mut config);
+        config
     }
 
     /// Starts (or restarts from its directory) replica `id`.

@@ -28,14 +28,13 @@ pub enum KvCommand {
 }
 
 fn put_len_prefixed(out: &mut Vec<u8>, bytes: &[u8]) {
-    // Keys and values come from our own callers; a length over u32 would not fit a raft entry.
-    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
     out.extend_from_slice(bytes);
 }
 
 fn take_len_prefixed<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
-    let (len, rest) = input.split_first_chunk::<4>()?;
-    let len = u32::from_le_bytes(*len) as usize;
+    let (len, rest) = input.split_first_chunk::<8>()?;
+    let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
     if rest.len() < len {
         return None;
     }
@@ -142,5 +141,92 @@ impl StateMachine for KvStateMachine {
             table.insert(key, value)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redb::ReadableDatabase as _;
+
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, redb::Database) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("kv.redb")).unwrap();
+        (dir, db)
+    }
+
+    fn apply(db: &redb::Database, sm: &mut KvStateMachine, data: &[u8]) -> Vec<u8> {
+        let txn = db.begin_write().unwrap();
+        let response = sm.apply(&txn, 1, data).unwrap();
+        txn.commit().unwrap();
+        response
+    }
+
+    #[test]
+    fn commands_round_trip_and_garbage_is_refused() {
+        let put = KvCommand::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        };
+        assert_eq!(KvCommand::decode(&put.encode()), Some(put.clone()));
+        let delete = KvCommand::Delete { key: b"k".to_vec() };
+        assert_eq!(KvCommand::decode(&delete.encode()), Some(delete));
+        let mut trailing = put.encode();
+        trailing.push(0);
+        for bad in [&b""[..], b"\x09", &put.encode()[..5], &trailing] {
+            assert_eq!(KvCommand::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bad_command_is_answered_not_applied() {
+        let (_dir, db) = store();
+        let mut sm = KvStateMachine;
+        assert_eq!(apply(&db, &mut sm, b"garbage"), vec![RESPONSE_BAD_COMMAND]);
+        let put = KvCommand::Put {
+            key: b"k".to_vec(),
+            value: b"v1".to_vec(),
+        };
+        assert_eq!(apply(&db, &mut sm, &put.encode()), vec![RESPONSE_OK]);
+        let overwrite = KvCommand::Put {
+            key: b"k".to_vec(),
+            value: b"v2".to_vec(),
+        };
+        assert_eq!(apply(&db, &mut sm, &overwrite.encode()), b"\x00v1".to_vec());
+        let txn = db.begin_read().unwrap();
+        assert_eq!(
+            KvStateMachine::get(&txn, b"k").unwrap(),
+            Some(b"v2".to_vec())
+        );
+    }
+
+    #[test]
+    fn snapshot_restores_into_another_store() {
+        let (_dir, db) = store();
+        let mut sm = KvStateMachine;
+        for i in 0..10u8 {
+            let put = KvCommand::Put {
+                key: vec![i],
+                value: vec![i; 3],
+            };
+            apply(&db, &mut sm, &put.encode());
+        }
+        let snapshot = sm.snapshot(&db.begin_read().unwrap()).unwrap();
+        let (_dir2, other) = store();
+        let txn = other.begin_write().unwrap();
+        txn.open_table(STATE_MACHINE)
+            .unwrap()
+            .insert(b"stale".as_slice(), b"x".as_slice())
+            .unwrap();
+        sm.restore(&txn, &snapshot).unwrap();
+        txn.commit().unwrap();
+        let original = KvStateMachine::dump(&db.begin_read().unwrap()).unwrap();
+        assert_eq!(
+            KvStateMachine::dump(&other.begin_read().unwrap()).unwrap(),
+            original
+        );
+        let txn = other.begin_write().unwrap();
+        assert!(sm.restore(&txn, &snapshot[..snapshot.len() - 1]).is_err());
     }
 }

@@ -5,12 +5,14 @@
 //!   transaction.
 //! - [`node`]: [`Node`], a sans-IO driver around `raft::RawNode` that owns the Ready loop.
 //! - [`kv`]: [`KvStateMachine`], a small key-value state machine used by tests and examples.
+//! - [`logging`]: raft-rs's slog records, forwarded to `tracing`.
 //! - `harness` (tests only): an in-process cluster in virtual time with seeded fault filters.
 //!
 //! **Invariant:** nothing here does network I/O, reads a clock or spawns a task. Time enters as
 //! `tick()`, peers' messages as `step()`, and outgoing messages leave as values.
 
 pub mod kv;
+pub mod logging;
 pub mod node;
 pub mod storage;
 

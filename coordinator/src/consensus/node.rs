@@ -45,6 +45,12 @@ pub struct NodeConfig {
     pub max_size_per_msg: u64,
     /// How many append messages may be in flight to one follower.
     pub max_inflight_msgs: usize,
+    /// Take a snapshot and compact the log once this many entries were applied since the last
+    /// snapshot (0: only when asked). Bounds the log on disk and the replay after a restart.
+    pub snapshot_interval_entries: u64,
+    /// Entries kept before a snapshot when compacting, so that a follower only slightly behind
+    /// catches up from the log instead of needing the whole snapshot (etcd keeps 5000).
+    pub compaction_retained_entries: u64,
 }
 
 impl NodeConfig {
@@ -61,6 +67,8 @@ impl NodeConfig {
             max_size_per_msg: 1 << 20,
             // Enough to keep a long fat pipe busy without unbounded buffering.
             max_inflight_msgs: 256,
+            snapshot_interval_entries: 10_000,
+            compaction_retained_entries: 5_000,
         }
     }
 
@@ -108,6 +116,8 @@ pub enum NodeError {
         #[source]
         source: BoxError,
     },
+    #[error("a proposal must carry a command: data is empty")]
+    EmptyProposal,
     #[error("committed entry {index} holds a corrupt {what}: {source}")]
     CorruptEntry {
         index: u64,
@@ -133,8 +143,13 @@ pub enum Event {
     ReadIndexReady { context: Vec<u8>, index: u64 },
     /// The known leader changed (0: none known) or the term moved on.
     LeaderChanged { leader_id: u64, term: u64 },
-    /// A membership change was applied at `index`.
-    ConfChanged { index: u64, conf_state: ConfState },
+    /// A membership change was applied at `index`; `context` is what the proposer passed to
+    /// [`Node::propose_conf_change`] (empty for the automatic leave-joint change and snapshots).
+    ConfChanged {
+        index: u64,
+        context: Vec<u8>,
+        conf_state: ConfState,
+    },
     /// The state machine was replaced by a snapshot from the leader.
     SnapshotInstalled { index: u64, term: u64 },
 }
@@ -191,9 +206,7 @@ impl<S: StateMachine> Node<S> {
         }
         let raft_config = config.to_raft(storage.state().applied);
         raft_config.validate()?;
-        // raft-rs logs through slog; the runtime decides where logs go, so raft's own chatter
-        // is discarded here and the node reports what matters as events.
-        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let logger = super::logging::raft_logger(config.id);
         let raw = RawNode::new(&raft_config, storage, &logger)?;
         let term = raw.raft.term;
         Ok(Self {
@@ -276,8 +289,12 @@ impl<S: StateMachine> Node<S> {
     }
 
     /// Proposes a command. Fails with `ProposalDropped` when this replica is not the leader or
-    /// a leadership transfer is in progress; the caller retries at the leader.
+    /// a leadership transfer is in progress; the caller retries at the leader. `data` must not
+    /// be empty: an empty entry is the no-op a new leader appends, and is not applied.
     pub fn propose(&mut self, context: Vec<u8>, data: Vec<u8>) -> Result<(), NodeError> {
+        if data.is_empty() {
+            return Err(NodeError::EmptyProposal);
+        }
         Ok(self.raw.propose(context, data)?)
     }
 
@@ -381,6 +398,7 @@ impl<S: StateMachine> Node<S> {
         if self.raw.store().take_snapshot_wanted() {
             self.create_snapshot()?;
         }
+        self.maybe_compact()?;
         Ok(out)
     }
 
@@ -407,6 +425,7 @@ impl<S: StateMachine> Node<S> {
         });
         out.events.push(Event::ConfChanged {
             index: meta.index,
+            context: Vec::new(),
             conf_state: meta.get_conf_state().clone(),
         });
         Ok(())
@@ -448,7 +467,11 @@ impl<S: StateMachine> Node<S> {
                 EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
                     let conf_state = self.apply_conf_change(&entry)?;
                     batch.set_conf_state(&conf_state)?;
-                    out.events.push(Event::ConfChanged { index, conf_state });
+                    out.events.push(Event::ConfChanged {
+                        index,
+                        context: entry.context.to_vec(),
+                        conf_state,
+                    });
                 }
             }
             batch.set_applied(index)?;
@@ -530,11 +553,111 @@ impl<S: StateMachine> Node<S> {
         Ok(self.raw.mut_store().compact(to)?)
     }
 
+    /// The automatic policy of [`NodeConfig::snapshot_interval_entries`].
+    fn maybe_compact(&mut self) -> Result<(), NodeError> {
+        let interval = self.config.snapshot_interval_entries;
+        let state = self.raw.store().state();
+        if interval == 0 || state.applied < state.snapshot.index + interval {
+            return Ok(());
+        }
+        let index = self.create_snapshot()?;
+        let retained = self.config.compaction_retained_entries;
+        self.compact_log((index + 1).saturating_sub(retained))
+    }
+
     /// Snapshots the state machine at the applied index and compacts the log up to it. Peers
     /// that are further behind then catch up from the snapshot. Returns the snapshot index.
     pub fn snapshot_and_compact(&mut self) -> Result<u64, NodeError> {
         let index = self.create_snapshot()?;
         self.compact_log(index + 1)?;
         Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::kv::{KvCommand, KvStateMachine};
+    use super::*;
+
+    fn open(
+        dir: &tempfile::TempDir,
+        config: NodeConfig,
+    ) -> Result<Node<KvStateMachine>, NodeError> {
+        let storage = RedbStorage::open(&dir.path().join("raft.redb"))?;
+        Node::open(config, storage, KvStateMachine, &[1])
+    }
+
+    fn put(key: &str) -> Vec<u8> {
+        KvCommand::Put {
+            key: key.as_bytes().to_vec(),
+            value: b"v".to_vec(),
+        }
+        .encode()
+    }
+
+    #[test]
+    fn wan_config_follows_etcd_guidance() {
+        let lan = NodeConfig::for_rtt(1, Duration::from_micros(300));
+        assert_eq!(
+            lan,
+            NodeConfig::new(1),
+            "sub-ms RTT keeps the in-building defaults"
+        );
+        let wan = NodeConfig::for_rtt(1, Duration::from_millis(250));
+        assert_eq!(
+            wan.tick_interval * wan.heartbeat_ticks as u32,
+            Duration::from_millis(250)
+        );
+        assert!(wan.tick_interval * wan.election_ticks as u32 >= Duration::from_millis(2500));
+    }
+
+    #[test]
+    fn invalid_timing_is_refused_with_a_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = NodeConfig {
+            heartbeat_ticks: 10,
+            election_ticks: 10,
+            ..NodeConfig::new(1)
+        };
+        let err = open(&dir, config).unwrap_err();
+        assert!(err.to_string().contains("election tick"), "{err}");
+    }
+
+    #[test]
+    fn single_replica_commits_alone_and_restarts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(&dir, NodeConfig::new(1)).unwrap();
+        node.campaign().unwrap();
+        let out = node.handle_ready().unwrap();
+        assert!(node.is_leader());
+        assert!(out.events.contains(&Event::LeaderChanged {
+            leader_id: 1,
+            term: node.term()
+        }));
+        assert!(matches!(
+            node.propose(b"ctx".to_vec(), Vec::new()),
+            Err(NodeError::EmptyProposal)
+        ));
+        node.propose(b"ctx".to_vec(), put("a")).unwrap();
+        let mut applied = Vec::new();
+        while node.has_ready() {
+            applied.extend(node.handle_ready().unwrap().events);
+        }
+        let index = applied.iter().find_map(|e| match e {
+            Event::Applied { index, context, .. } if context == b"ctx" => Some(*index),
+            _ => None,
+        });
+        let index = index.expect("applied");
+        assert_eq!(node.applied_index(), index);
+        let term = node.term();
+        drop(node);
+
+        let node = open(&dir, NodeConfig::new(1)).unwrap();
+        assert_eq!((node.applied_index(), node.term()), (index, term));
+        let txn = node.storage().read().unwrap();
+        assert_eq!(
+            KvStateMachine::get(&txn, b"a").unwrap(),
+            Some(b"v".to_vec())
+        );
     }
 }

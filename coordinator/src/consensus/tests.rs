@@ -335,3 +335,37 @@ fn lossy_delaying_network_loses_no_acknowledged_write() {
         }
     }
 }
+
+#[test]
+fn automatic_snapshots_bound_the_log_on_every_replica() {
+    let mut cluster = Cluster::with_config(3, seed_or(29), |config| {
+        config.snapshot_interval_entries = 10;
+        config.compaction_retained_entries = 3;
+    });
+    cluster.wait_for_leader(&[1, 2, 3]);
+    let lagging = 3;
+    let isolate = cluster.add_filter(Isolate(lagging));
+    for i in 0..40 {
+        cluster.put(&format!("k{i}"), "v");
+    }
+    cluster.remove_filter(isolate);
+    cluster.put("last", "v");
+    cluster.assert_converged();
+    for id in cluster.ids() {
+        let state = cluster.node(id).storage().state();
+        let log_len = state.last_index + 1 - state.first_index();
+        assert!(state.snapshot.index > 0, "replica {id} never snapshotted");
+        assert!(
+            log_len <= 10 + 3 + 1,
+            "replica {id} keeps {log_len} entries"
+        );
+    }
+    assert_eq!(cluster.kv(lagging).len(), 41);
+    let installed = cluster.events[&lagging]
+        .iter()
+        .any(|e| matches!(e, Event::SnapshotInstalled { .. }));
+    assert!(
+        installed,
+        "the lagging replica should have needed a snapshot"
+    );
+}
