@@ -1,0 +1,246 @@
+//! The coordinator replica as a running server: storage, consensus loop,
+//! raft transport, and the gRPC services on one listening address
+//! (`longhaul.v1.Coordinator`, `longhaul.v1.RaftTransport`, the standard
+//! health service and server reflection).
+
+pub mod convert;
+pub mod raft_loop;
+pub mod service;
+pub mod state_machine;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use longhaul_proto::v1::coordinator_server::CoordinatorServer;
+use longhaul_proto::v1::raft_transport_server::RaftTransportServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::consensus::{Node, NodeConfig, NodeError, RedbStorage, StorageError};
+pub use raft_loop::{RaftHandle, Role, Status};
+use service::CoordinatorService;
+use state_machine::CoordinatorStateMachine;
+use transport::{Outbox, PeerBook, TransportService};
+
+/// Everything one replica needs to start.
+#[derive(Debug, Clone)]
+pub struct ReplicaConfig {
+    pub id: u64,
+    /// Directory of the replica's store (created if missing).
+    pub data_dir: PathBuf,
+    /// Where the replica listens for clients and peers.
+    pub listen: SocketAddr,
+    /// Every founding replica: id → URL (`http://host:port`). A single
+    /// replica lists only itself.
+    pub initial_cluster: HashMap<u64, String>,
+    /// Join an existing cluster (added with AddMember) instead of founding one.
+    pub join: bool,
+    /// Identity of the cluster: replicas refuse raft traffic from another one.
+    pub cluster_id: u64,
+    pub node: NodeConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the store: {0}")]
+    Storage(#[from] StorageError),
+    #[error("cannot load the state machine: {0}")]
+    StateMachine(String),
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("server reflection: {0}")]
+    Reflection(String),
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// A started replica.
+#[derive(Debug)]
+pub struct Replica {
+    pub raft: RaftHandle,
+    pub local_addr: SocketAddr,
+    consensus: tokio::task::JoinHandle<Result<(), NodeError>>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Replica {
+    /// Opens the store, starts consensus and serves gRPC.
+    pub async fn start(config: ReplicaConfig) -> Result<Self, ServerError> {
+        if config.id == 0 {
+            return Err(ServerError::Config("id: must not be 0".into()));
+        }
+        if !config.join && !config.initial_cluster.contains_key(&config.id) {
+            return Err(ServerError::Config(format!(
+                "initial_cluster: does not list this replica's id {}",
+                config.id
+            )));
+        }
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| ServerError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+        let storage = RedbStorage::open(&config.data_dir.join("store.redb"))?;
+        let state_machine = CoordinatorStateMachine::load(&storage.read()?)
+            .map_err(|e| ServerError::StateMachine(e.to_string()))?;
+        let mut voters: Vec<u64> = if config.join {
+            Vec::new()
+        } else {
+            config.initial_cluster.keys().copied().collect()
+        };
+        voters.sort_unstable();
+        let tick_interval = config.node.tick_interval;
+        let node = Node::open(config.node.clone(), storage, state_machine, &voters)?;
+
+        let peers = PeerBook::new(config.initial_cluster.clone());
+        // Members recorded in the replicated state (added at runtime) too.
+        {
+            let state = node.state_machine().shared();
+            for member in state.read().members() {
+                peers.insert(member.id, member.peer_url.clone());
+            }
+        }
+        let outbox = Outbox::new(config.cluster_id, peers.clone());
+        let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval);
+        keep_peer_book_current(&raft, &peers);
+
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| ServerError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        report_health(&raft, health_reporter);
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(longhaul_proto::v1::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+
+        let coordinator = CoordinatorServer::new(CoordinatorService::new(raft.clone(), peers))
+            .max_decoding_message_size(64 << 20);
+        let transport = RaftTransportServer::new(TransportService {
+            cluster_id: config.cluster_id,
+            id: config.id,
+            raft: raft.clone(),
+        })
+        .max_decoding_message_size(usize::MAX);
+        let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .add_service(health_service)
+                .add_service(reflection)
+                .add_service(coordinator)
+                .add_service(transport)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                    let _ = shutdown_rx.await;
+                }),
+        );
+        tracing::info!(id = config.id, %local_addr, "coordinator replica serving");
+        Ok(Self {
+            raft,
+            local_addr,
+            consensus,
+            server,
+            shutdown: Some(shutdown_tx),
+        })
+    }
+
+    /// Stops serving and waits for the server to finish.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        self.consensus.abort();
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.server).await;
+        self.server.abort();
+    }
+
+    /// Waits until the consensus loop or the server stops, and says why.
+    pub async fn wait(mut self) -> Result<(), ServerError> {
+        tokio::select! {
+            result = &mut self.consensus => match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => Err(error.into()),
+                Err(join) => Err(ServerError::Config(format!("consensus task failed: {join}"))),
+            },
+            result = &mut self.server => match result {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(error)) => Err(error.into()),
+                Err(join) => Err(ServerError::Config(format!("server task failed: {join}"))),
+            },
+        }
+    }
+}
+
+/// Health is SERVING while a leader is known, NOT_SERVING otherwise.
+fn report_health(raft: &RaftHandle, reporter: tonic_health::server::HealthReporter) {
+    let mut status = raft.watch_status();
+    tokio::spawn(async move {
+        let mut last = None;
+        loop {
+            let serving = if status.borrow_and_update().leader_id != 0 {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            if last != Some(serving) {
+                reporter.set_service_status("", serving).await;
+                reporter
+                    .set_service_status("longhaul.v1.Coordinator", serving)
+                    .await;
+                last = Some(serving);
+            }
+            if status.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Members added at runtime reach the transport through the applied state.
+fn keep_peer_book_current(raft: &RaftHandle, peers: &PeerBook) {
+    let mut events = raft.subscribe();
+    let peers = peers.clone();
+    tokio::spawn(async move {
+        use longhaul_core::state::Change;
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    if let Change::Member { member } = event.change {
+                        peers.insert(member.id, member.peer_url);
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+}

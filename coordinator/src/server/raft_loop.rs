@@ -1,0 +1,456 @@
+//! The runtime around the sans-IO [`Node`]: one tokio task owns the node,
+//! ticks it, feeds it proposals, reads and peer messages, runs the Ready loop
+//! and hands outgoing messages to the transport.
+//!
+//! Inputs are drained in batches before each Ready pass, so many concurrent
+//! proposals share one fsync (group commit). Everything that waits on the
+//! node (a proposal, a read) holds a oneshot and is answered from this task;
+//! callers bound the wait with their deadline.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use longhaul_core::state::{Event, Request};
+use raft::eraftpb::{ConfChangeV2, ConfState, Message};
+use raft::{SnapshotStatus, StateRole};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+use super::state_machine::{AppliedEvents, ApplyResponse, CoordinatorStateMachine, SharedState};
+use super::transport::Outbox;
+use crate::consensus::{Event as NodeEvent, Node, NodeError};
+
+/// Why a proposal or read could not be served.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConsensusError {
+    #[error("no leader is known; retry shortly")]
+    NoLeader,
+    #[error("this replica is not the leader (leader is {leader_id})")]
+    NotLeader { leader_id: u64 },
+    #[error(
+        "leadership changed before the write was acknowledged; it may or may not have been applied"
+    )]
+    OutcomeUnknown,
+    #[error("the consensus loop has stopped: {0}")]
+    Stopped(String),
+    #[error("{0}")]
+    Rejected(String),
+}
+
+/// A snapshot of the replica's raft status.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Status {
+    pub id: u64,
+    pub leader_id: u64,
+    pub term: u64,
+    pub role: Role,
+    pub commit_index: u64,
+    pub applied_index: u64,
+    pub conf_state: ConfState,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Role {
+    #[default]
+    Follower,
+    Candidate,
+    Leader,
+}
+
+pub(crate) enum Input {
+    Propose {
+        request: Request,
+        reply: oneshot::Sender<Result<ApplyResponse, ConsensusError>>,
+    },
+    ReadIndex {
+        reply: oneshot::Sender<Result<(), ConsensusError>>,
+    },
+    ConfChange {
+        change: ConfChangeV2,
+        reply: oneshot::Sender<Result<ConfState, ConsensusError>>,
+    },
+    TransferLeader {
+        to: u64,
+    },
+    Raft(Message),
+    Unreachable(u64),
+    SnapshotReport {
+        to: u64,
+        ok: bool,
+    },
+}
+
+/// A cheap, cloneable handle on the consensus loop.
+#[derive(Debug, Clone)]
+pub struct RaftHandle {
+    input: mpsc::Sender<Input>,
+    status: watch::Receiver<Status>,
+    state: SharedState,
+    events: broadcast::Sender<Event>,
+}
+
+impl std::fmt::Debug for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Input::Propose { .. } => "Propose",
+            Input::ReadIndex { .. } => "ReadIndex",
+            Input::ConfChange { .. } => "ConfChange",
+            Input::TransferLeader { .. } => "TransferLeader",
+            Input::Raft(_) => "Raft",
+            Input::Unreachable(_) => "Unreachable",
+            Input::SnapshotReport { .. } => "SnapshotReport",
+        })
+    }
+}
+
+impl RaftHandle {
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// A receiver that changes whenever the status does.
+    pub fn watch_status(&self) -> watch::Receiver<Status> {
+        self.status.clone()
+    }
+
+    pub fn state(&self) -> &SharedState {
+        &self.state
+    }
+
+    /// Applied events as they happen (after they are durable).
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Proposes a write at this replica, which must be the leader.
+    pub async fn propose(&self, request: Request) -> Result<ApplyResponse, ConsensusError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Input::Propose { request, reply }).await?;
+        answer
+            .await
+            .map_err(|_| ConsensusError::Stopped("proposal dropped".into()))?
+    }
+
+    /// Waits until this replica has applied everything committed when the read
+    /// was asked for (raft's ReadIndex); then reads of [`RaftHandle::state`]
+    /// are linearizable.
+    pub async fn read_index(&self) -> Result<(), ConsensusError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Input::ReadIndex { reply }).await?;
+        answer
+            .await
+            .map_err(|_| ConsensusError::Stopped("read dropped".into()))?
+    }
+
+    pub async fn change_membership(
+        &self,
+        change: ConfChangeV2,
+    ) -> Result<ConfState, ConsensusError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Input::ConfChange { change, reply }).await?;
+        answer
+            .await
+            .map_err(|_| ConsensusError::Stopped("membership change dropped".into()))?
+    }
+
+    pub async fn transfer_leader(&self, to: u64) -> Result<(), ConsensusError> {
+        self.send(Input::TransferLeader { to }).await
+    }
+
+    pub(crate) async fn step(&self, message: Message) -> Result<(), ConsensusError> {
+        self.send(Input::Raft(message)).await
+    }
+
+    pub(crate) fn report_unreachable(&self, to: u64) {
+        let _ = self.input.try_send(Input::Unreachable(to));
+    }
+
+    pub(crate) fn report_snapshot(&self, to: u64, ok: bool) {
+        let _ = self.input.try_send(Input::SnapshotReport { to, ok });
+    }
+
+    async fn send(&self, input: Input) -> Result<(), ConsensusError> {
+        self.input
+            .send(input)
+            .await
+            .map_err(|_| ConsensusError::Stopped("input channel closed".into()))
+    }
+}
+
+/// Most inputs handled before one Ready pass: bounds the latency one pass adds.
+const MAX_BATCH: usize = 4096;
+
+struct Pending {
+    proposals: HashMap<u64, oneshot::Sender<Result<ApplyResponse, ConsensusError>>>,
+    reads: HashMap<u64, oneshot::Sender<Result<(), ConsensusError>>>,
+    ready_reads: Vec<(u64, oneshot::Sender<Result<(), ConsensusError>>)>,
+    conf_changes: Vec<oneshot::Sender<Result<ConfState, ConsensusError>>>,
+}
+
+/// Context bytes that identify a request of this process: replica id, a
+/// boot nonce (so a restarted replica never matches an old entry), sequence.
+fn context(id: u64, boot: u64, seq: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24);
+    out.extend_from_slice(&id.to_le_bytes());
+    out.extend_from_slice(&boot.to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out
+}
+
+fn parse_context(bytes: &[u8], id: u64, boot: u64) -> Option<u64> {
+    let (ours, seq) = bytes.split_at_checked(16)?;
+    (*ours == context(id, boot, 0)[..16]).then_some(())?;
+    Some(u64::from_le_bytes(seq.try_into().ok()?))
+}
+
+/// Starts the consensus loop for `node` and returns its handle.
+pub fn spawn(
+    mut node: Node<CoordinatorStateMachine>,
+    outbox: Outbox,
+    tick_interval: Duration,
+) -> (RaftHandle, tokio::task::JoinHandle<Result<(), NodeError>>) {
+    let (input_tx, input_rx) = mpsc::channel(16 * 1024);
+    let (status_tx, status_rx) = watch::channel(Status::default());
+    let (events_tx, _) = broadcast::channel(16 * 1024);
+    let state = node.state_machine().shared();
+    let applied_events = node.state_machine().applied_events();
+    let handle = RaftHandle {
+        input: input_tx,
+        status: status_rx,
+        state,
+        events: events_tx.clone(),
+    };
+    let loop_handle = handle.clone();
+    let task = tokio::spawn(async move {
+        let result = run(
+            &mut node,
+            input_rx,
+            outbox,
+            tick_interval,
+            &status_tx,
+            &events_tx,
+            &applied_events,
+            &loop_handle,
+        )
+        .await;
+        if let Err(error) = &result {
+            tracing::error!(%error, "consensus loop stopped");
+        }
+        result
+    });
+    (handle, task)
+}
+
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the loop's whole environment, wired once by spawn"
+)]
+async fn run(
+    node: &mut Node<CoordinatorStateMachine>,
+    mut inputs: mpsc::Receiver<Input>,
+    outbox: Outbox,
+    tick_interval: Duration,
+    status: &watch::Sender<Status>,
+    events: &broadcast::Sender<Event>,
+    applied_events: &AppliedEvents,
+    handle: &RaftHandle,
+) -> Result<(), NodeError> {
+    let id = node.id();
+    let boot = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut seq = 0u64;
+    let mut pending = Pending {
+        proposals: HashMap::new(),
+        reads: HashMap::new(),
+        ready_reads: Vec::new(),
+        conf_changes: Vec::new(),
+    };
+    let mut ticker = tokio::time::interval(tick_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut leader_id = 0;
+    loop {
+        let mut batch = Vec::new();
+        tokio::select! {
+            _ = ticker.tick() => { node.tick(); }
+            input = inputs.recv() => match input {
+                Some(input) => batch.push(input),
+                None => return Ok(()),
+            },
+        }
+        while batch.len() < MAX_BATCH {
+            match inputs.try_recv() {
+                Ok(input) => batch.push(input),
+                Err(_) => break,
+            }
+        }
+        for input in batch {
+            match input {
+                Input::Propose { request, reply } => {
+                    if !node.is_leader() {
+                        let error = if node.leader_id() == 0 {
+                            ConsensusError::NoLeader
+                        } else {
+                            ConsensusError::NotLeader {
+                                leader_id: node.leader_id(),
+                            }
+                        };
+                        let _ = reply.send(Err(error));
+                        continue;
+                    }
+                    let data = match serde_json::to_vec(&request) {
+                        Ok(data) => data,
+                        Err(error) => {
+                            let _ = reply.send(Err(ConsensusError::Rejected(error.to_string())));
+                            continue;
+                        }
+                    };
+                    seq += 1;
+                    match node.propose(context(id, boot, seq), data) {
+                        Ok(()) => {
+                            pending.proposals.insert(seq, reply);
+                        }
+                        Err(error) => {
+                            let _ = reply.send(Err(ConsensusError::Rejected(error.to_string())));
+                        }
+                    }
+                }
+                Input::ReadIndex { reply } => {
+                    if node.leader_id() == 0 {
+                        let _ = reply.send(Err(ConsensusError::NoLeader));
+                        continue;
+                    }
+                    seq += 1;
+                    node.read_index(context(id, boot, seq));
+                    pending.reads.insert(seq, reply);
+                }
+                Input::ConfChange { change, reply } => {
+                    if !node.is_leader() {
+                        let _ = reply.send(Err(ConsensusError::NotLeader {
+                            leader_id: node.leader_id(),
+                        }));
+                        continue;
+                    }
+                    seq += 1;
+                    match node.propose_conf_change(context(id, boot, seq), change) {
+                        Ok(()) => pending.conf_changes.push(reply),
+                        Err(error) => {
+                            let _ = reply.send(Err(ConsensusError::Rejected(error.to_string())));
+                        }
+                    }
+                }
+                Input::TransferLeader { to } => node.transfer_leader(to),
+                Input::Raft(message) => {
+                    if let Err(error) = node.step(message) {
+                        tracing::debug!(%error, "dropped a raft message");
+                    }
+                }
+                Input::Unreachable(to) => node.report_unreachable(to),
+                Input::SnapshotReport { to, ok } => node.report_snapshot(
+                    to,
+                    if ok {
+                        SnapshotStatus::Finish
+                    } else {
+                        SnapshotStatus::Failure
+                    },
+                ),
+            }
+        }
+
+        while node.has_ready() {
+            let output = node.handle_ready()?;
+            outbox.send(output.messages, handle);
+            for event in output.events {
+                match event {
+                    NodeEvent::Applied {
+                        context, response, ..
+                    } => {
+                        let Some(seq) = parse_context(&context, id, boot) else {
+                            continue;
+                        };
+                        if let Some(reply) = pending.proposals.remove(&seq) {
+                            let response = serde_json::from_slice::<ApplyResponse>(&response)
+                                .map_err(|e| {
+                                    ConsensusError::Rejected(format!("undecodable response: {e}"))
+                                });
+                            let _ = reply.send(response);
+                        }
+                    }
+                    NodeEvent::ReadIndexReady { context, index } => {
+                        let Some(seq) = parse_context(&context, id, boot) else {
+                            continue;
+                        };
+                        if let Some(reply) = pending.reads.remove(&seq) {
+                            pending.ready_reads.push((index, reply));
+                        }
+                    }
+                    NodeEvent::LeaderChanged {
+                        leader_id: new_leader,
+                        term,
+                    } => {
+                        tracing::info!(leader = new_leader, term, "leader changed");
+                        if leader_id == id && new_leader != id {
+                            // Proposals in flight may still commit under the
+                            // new leader, or may be lost: their outcome is unknown.
+                            for (_, reply) in pending.proposals.drain() {
+                                let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
+                            }
+                            for reply in pending.conf_changes.drain(..) {
+                                let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
+                            }
+                        }
+                        if new_leader == 0 {
+                            for (_, reply) in pending.reads.drain() {
+                                let _ = reply.send(Err(ConsensusError::NoLeader));
+                            }
+                        }
+                        leader_id = new_leader;
+                    }
+                    NodeEvent::ConfChanged { conf_state, .. } => {
+                        for reply in pending.conf_changes.drain(..) {
+                            let _ = reply.send(Ok(conf_state.clone()));
+                        }
+                    }
+                    NodeEvent::SnapshotInstalled { index, term } => {
+                        tracing::info!(index, term, "installed a snapshot from the leader");
+                    }
+                }
+            }
+            for event in applied_events.take() {
+                // No subscriber is not an error.
+                let _ = events.send(event);
+            }
+        }
+
+        let applied = node.applied_index();
+        let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut pending.ready_reads)
+            .into_iter()
+            .partition(|(index, _)| *index <= applied);
+        pending.ready_reads = waiting;
+        for (_, reply) in done {
+            let _ = reply.send(Ok(()));
+        }
+
+        let role = match node.role() {
+            StateRole::Leader => Role::Leader,
+            StateRole::Candidate | StateRole::PreCandidate => Role::Candidate,
+            StateRole::Follower => Role::Follower,
+        };
+        let next = Status {
+            id,
+            leader_id: node.leader_id(),
+            term: node.term(),
+            role,
+            commit_index: node.commit_index(),
+            applied_index: applied,
+            conf_state: node.conf_state().clone(),
+        };
+        status.send_if_modified(|current| {
+            if *current == next {
+                false
+            } else {
+                *current = next;
+                true
+            }
+        });
+    }
+}

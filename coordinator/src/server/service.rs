@@ -1,0 +1,679 @@
+//! The public `longhaul.v1.Coordinator` service.
+//!
+//! Writes are accepted on any replica: a follower forwards them, once, to the
+//! leader it knows. Reads are linearizable (ReadIndex) unless the request
+//! sets `allow_stale`. Every wait on consensus is bounded: a request that
+//! cannot complete fails with UNAVAILABLE or DEADLINE_EXCEEDED, never hangs.
+
+use std::pin::Pin;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use longhaul_core::state::{Change, Command, Event, Member, Placement, Request as StateRequest};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use longhaul_proto::v1::coordinator_server::Coordinator;
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::convert::{self, invalid};
+use super::raft_loop::{ConsensusError, RaftHandle, Role};
+use super::state_machine::ApplyResponse;
+use super::transport::PeerBook;
+
+/// Metadata key set on forwarded requests, so a request is forwarded once.
+const FORWARDED: &str = "x-longhaul-forwarded";
+
+/// The default bound on a wait for consensus when the client sets no deadline.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct CoordinatorService {
+    raft: RaftHandle,
+    peers: PeerBook,
+    wait: Duration,
+}
+
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Bounds a wait; the message says what was waited for.
+async fn bounded<T>(
+    wait: Duration,
+    what: &str,
+    future: impl Future<Output = Result<T, ConsensusError>>,
+) -> Result<T, Status> {
+    match tokio::time::timeout(wait, future).await {
+        Ok(result) => result.map_err(Status::from),
+        Err(_) => Err(Status::deadline_exceeded(format!(
+            "{what} did not complete within {} ms (no quorum reachable?)",
+            wait.as_millis()
+        ))),
+    }
+}
+
+/// The client's deadline (`grpc-timeout`), capped by the server's bound.
+fn wait_for<T>(request: &Request<T>, default: Duration) -> Duration {
+    request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .map_or(default, |client| client.min(default))
+}
+
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (number, unit) = value.split_at(value.len().checked_sub(1)?);
+    let number: u64 = number.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(number * 3600),
+        "M" => Duration::from_secs(number * 60),
+        "S" => Duration::from_secs(number),
+        "m" => Duration::from_millis(number),
+        "u" => Duration::from_micros(number),
+        "n" => Duration::from_nanos(number),
+        _ => return None,
+    })
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+impl CoordinatorService {
+    pub fn new(raft: RaftHandle, peers: PeerBook) -> Self {
+        Self {
+            raft,
+            peers,
+            wait: DEFAULT_WAIT,
+        }
+    }
+
+    fn header(&self) -> pb::ResponseHeader {
+        let status = self.raft.status();
+        pb::ResponseHeader {
+            revision: self.raft.state().read().revision(),
+            raft_term: status.term,
+            member_id: status.id,
+        }
+    }
+
+    /// Waits for a linearizable read point unless stale reads are allowed.
+    async fn read_barrier(&self, allow_stale: bool, wait: Duration) -> Result<(), Status> {
+        if allow_stale {
+            return Ok(());
+        }
+        bounded(
+            wait,
+            "linearizable read (ReadIndex)",
+            self.raft.read_index(),
+        )
+        .await
+    }
+
+    /// A client for the leader, when this replica is not it.
+    fn leader_client<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<Option<CoordinatorClient<tonic::transport::Channel>>, Status> {
+        let status = self.raft.status();
+        if status.role == Role::Leader {
+            return Ok(None);
+        }
+        if request.metadata().contains_key(FORWARDED) {
+            return Err(Status::unavailable(
+                "this replica is not the leader and the request was already forwarded once; retry",
+            ));
+        }
+        if status.leader_id == 0 {
+            return Err(Status::unavailable(ConsensusError::NoLeader.to_string()));
+        }
+        let url = self.peers.get(status.leader_id).ok_or_else(|| {
+            Status::unavailable(format!(
+                "leader {} has no known address; retry",
+                status.leader_id
+            ))
+        })?;
+        let endpoint = tonic::transport::Endpoint::from_shared(url)
+            .map_err(|e| Status::internal(format!("leader address: {e}")))?
+            .connect_timeout(Duration::from_secs(1));
+        Ok(Some(CoordinatorClient::new(endpoint.connect_lazy())))
+    }
+
+    /// Proposes a state change at the leader and maps the outcome.
+    async fn write(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
+        match bounded(wait, "write", self.raft.propose(request)).await? {
+            ApplyResponse::Applied { revision } => Ok(revision),
+            ApplyResponse::Refused { error } => Err(convert::apply_status(error)),
+        }
+    }
+
+    fn header_at(&self, revision: u64) -> pb::ResponseHeader {
+        pb::ResponseHeader {
+            revision,
+            ..self.header()
+        }
+    }
+}
+
+/// Forwards a request to the leader, once, marking it as forwarded.
+macro_rules! forward {
+    ($self:ident, $request:ident, $method:ident) => {
+        if let Some(mut client) = $self.leader_client(&$request)? {
+            let timeout = wait_for(&$request, $self.wait);
+            let mut forwarded = Request::new($request.into_inner());
+            forwarded.set_timeout(timeout);
+            forwarded
+                .metadata_mut()
+                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+            return client.$method(forwarded).await;
+        }
+    };
+}
+
+fn expected(revision: u64) -> Option<u64> {
+    (revision != 0).then_some(revision)
+}
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn get_cluster(
+        &self,
+        request: Request<pb::GetClusterRequest>,
+    ) -> Result<Response<pb::GetClusterResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        self.read_barrier(request.get_ref().allow_stale, wait)
+            .await?;
+        let status = self.raft.status();
+        let learners = status.conf_state.learners.clone();
+        let state = self.raft.state().read();
+        let mut members: Vec<pb::Member> = state
+            .members()
+            .map(|m| convert::member(m, &learners))
+            .collect();
+        // Voters the state does not describe yet (a cluster that has not
+        // recorded its founding members) are still listed, by id.
+        for id in status.conf_state.voters.iter().chain(&learners) {
+            if !members.iter().any(|m| m.id == *id) {
+                members.push(pb::Member {
+                    id: *id,
+                    peer_url: self.peers.get(*id).unwrap_or_default(),
+                    client_url: self.peers.get(*id).unwrap_or_default(),
+                    is_learner: learners.contains(id),
+                    ..pb::Member::default()
+                });
+            }
+        }
+        members.sort_by_key(|m| m.id);
+        drop(state);
+        Ok(Response::new(pb::GetClusterResponse {
+            header: Some(self.header()),
+            leader_id: status.leader_id,
+            members,
+            applied_index: status.applied_index,
+            commit_index: status.commit_index,
+        }))
+    }
+
+    async fn add_member(
+        &self,
+        request: Request<pb::AddMemberRequest>,
+    ) -> Result<Response<pb::AddMemberResponse>, Status> {
+        forward!(self, request, add_member);
+        let wait = wait_for(&request, self.wait);
+        let body = request.into_inner();
+        if body.peer_url.is_empty() {
+            return Err(invalid("peer_url", "is required"));
+        }
+        tonic::transport::Endpoint::from_shared(body.peer_url.clone())
+            .map_err(|e| invalid("peer_url", format!("not a URL: {e}")))?;
+        let status = self.raft.status();
+        let known = self
+            .raft
+            .state()
+            .read()
+            .members()
+            .map(|m| m.id)
+            .max()
+            .unwrap_or(0);
+        let id = status
+            .conf_state
+            .voters
+            .iter()
+            .chain(&status.conf_state.learners)
+            .copied()
+            .chain([known])
+            .max()
+            .unwrap_or(0)
+            + 1;
+        let member = Member {
+            id,
+            name: if body.name.is_empty() {
+                format!("replica-{id}")
+            } else {
+                body.name
+            },
+            peer_url: body.peer_url.clone(),
+            client_url: if body.client_url.is_empty() {
+                body.peer_url.clone()
+            } else {
+                body.client_url
+            },
+        };
+        self.write(
+            StateRequest::new(Command::PutMember {
+                member: member.clone(),
+            }),
+            wait,
+        )
+        .await?;
+        self.peers.insert(id, member.peer_url.clone());
+        let change_type = if body.as_learner {
+            ConfChangeType::AddLearnerNode
+        } else {
+            ConfChangeType::AddNode
+        };
+        let conf_state = bounded(
+            wait,
+            "membership change",
+            self.raft.change_membership(single_change(change_type, id)),
+        )
+        .await?;
+        let state = self.raft.state().read();
+        let members = state
+            .members()
+            .map(|m| convert::member(m, &conf_state.learners))
+            .collect();
+        drop(state);
+        Ok(Response::new(pb::AddMemberResponse {
+            header: Some(self.header()),
+            member: Some(convert::member(&member, &conf_state.learners)),
+            members,
+        }))
+    }
+
+    async fn remove_member(
+        &self,
+        request: Request<pb::RemoveMemberRequest>,
+    ) -> Result<Response<pb::RemoveMemberResponse>, Status> {
+        forward!(self, request, remove_member);
+        let wait = wait_for(&request, self.wait);
+        let id = request.into_inner().id;
+        let status = self.raft.status();
+        let cs = &status.conf_state;
+        if !cs.voters.contains(&id) && !cs.learners.contains(&id) {
+            return Err(Status::not_found(format!(
+                "field `id`: {id} is not a member"
+            )));
+        }
+        if cs.voters == [id] {
+            return Err(Status::failed_precondition(
+                "field `id`: cannot remove the last voter",
+            ));
+        }
+        // Record the removal first: once the leader removes itself it can
+        // no longer propose.
+        if self.raft.state().read().members().any(|m| m.id == id) {
+            self.write(
+                StateRequest::new(Command::RemoveMember { member_id: id }),
+                wait,
+            )
+            .await?;
+        }
+        let conf_state = bounded(
+            wait,
+            "membership change",
+            self.raft
+                .change_membership(single_change(ConfChangeType::RemoveNode, id)),
+        )
+        .await?;
+        let state = self.raft.state().read();
+        let members = state
+            .members()
+            .map(|m| convert::member(m, &conf_state.learners))
+            .collect();
+        drop(state);
+        Ok(Response::new(pb::RemoveMemberResponse {
+            header: Some(self.header()),
+            members,
+        }))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<pb::TransferLeaderRequest>,
+    ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        forward!(self, request, transfer_leader);
+        let wait = wait_for(&request, self.wait);
+        let target = request.into_inner().target_id;
+        if !self.raft.status().conf_state.voters.contains(&target) {
+            return Err(Status::not_found(format!(
+                "field `target_id`: {target} is not a voter"
+            )));
+        }
+        bounded(
+            wait,
+            "leadership transfer",
+            self.raft.transfer_leader(target),
+        )
+        .await?;
+        let mut status = self.raft.watch_status();
+        let waited = tokio::time::timeout(wait, status.wait_for(|s| s.leader_id == target)).await;
+        match waited {
+            Ok(Ok(_)) => Ok(Response::new(pb::TransferLeaderResponse {
+                header: Some(self.header()),
+                leader_id: target,
+            })),
+            _ => Err(Status::deadline_exceeded(format!(
+                "leadership did not move to {target} within {} ms",
+                wait.as_millis()
+            ))),
+        }
+    }
+
+    async fn list_sites(
+        &self,
+        request: Request<pb::ListSitesRequest>,
+    ) -> Result<Response<pb::ListSitesResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        self.read_barrier(request.get_ref().allow_stale, wait)
+            .await?;
+        let state = self.raft.state().read();
+        let sites = state.sites().map(convert::site_status).collect();
+        let revision = state.revision();
+        drop(state);
+        Ok(Response::new(pb::ListSitesResponse {
+            header: Some(self.header_at(revision)),
+            sites,
+        }))
+    }
+
+    async fn get_site(
+        &self,
+        request: Request<pb::GetSiteRequest>,
+    ) -> Result<Response<pb::GetSiteResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        let body = request.get_ref();
+        if body.site_id.is_empty() {
+            return Err(invalid("site_id", "is required"));
+        }
+        self.read_barrier(body.allow_stale, wait).await?;
+        let state = self.raft.state().read();
+        let site = state
+            .site(&body.site_id)
+            .map(convert::site_status)
+            .ok_or_else(|| {
+                Status::not_found(format!("field `site_id`: unknown site {:?}", body.site_id))
+            })?;
+        let revision = state.revision();
+        drop(state);
+        Ok(Response::new(pb::GetSiteResponse {
+            header: Some(self.header_at(revision)),
+            site: Some(site),
+        }))
+    }
+
+    async fn list_links(
+        &self,
+        request: Request<pb::ListLinksRequest>,
+    ) -> Result<Response<pb::ListLinksResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        self.read_barrier(request.get_ref().allow_stale, wait)
+            .await?;
+        let state = self.raft.state().read();
+        let links = state.links().map(convert::link_status).collect();
+        let revision = state.revision();
+        drop(state);
+        Ok(Response::new(pb::ListLinksResponse {
+            header: Some(self.header_at(revision)),
+            links,
+        }))
+    }
+
+    async fn put_link(
+        &self,
+        request: Request<pb::PutLinkRequest>,
+    ) -> Result<Response<pb::PutLinkResponse>, Status> {
+        forward!(self, request, put_link);
+        let wait = wait_for(&request, self.wait);
+        let body = request.into_inner();
+        let link = body
+            .link
+            .as_ref()
+            .ok_or_else(|| invalid("link", "is required"))?;
+        let link = convert::link_from_wire(link, "link")?;
+        let command = StateRequest {
+            command: Command::PutLink { link },
+            expected_revision: expected(body.expected_revision),
+        };
+        let revision = self.write(command, wait).await?;
+        Ok(Response::new(pb::PutLinkResponse {
+            header: Some(self.header_at(revision)),
+        }))
+    }
+
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobResponse>, Status> {
+        forward!(self, request, submit_job);
+        let wait = wait_for(&request, self.wait);
+        let body = request.into_inner();
+        let spec = body
+            .spec
+            .as_ref()
+            .ok_or_else(|| invalid("spec", "is required"))?;
+        let spec = convert::job_from_wire(spec, "spec")?;
+        let job_id = spec.name.clone();
+        // Placement runs once the placement engine lands; until then a job is
+        // stored as pending, which is what its state says.
+        let command = StateRequest {
+            command: Command::SubmitJob {
+                job_id: job_id.clone(),
+                spec,
+                placement: Placement::Pending,
+            },
+            expected_revision: expected(body.expected_revision),
+        };
+        let revision = self.write(command, wait).await?;
+        let job = self.raft.state().read().job(&job_id).map(convert::job);
+        Ok(Response::new(pb::SubmitJobResponse {
+            header: Some(self.header_at(revision)),
+            job,
+        }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<pb::GetJobRequest>,
+    ) -> Result<Response<pb::GetJobResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        let body = request.get_ref();
+        if body.job_id.is_empty() {
+            return Err(invalid("job_id", "is required"));
+        }
+        self.read_barrier(body.allow_stale, wait).await?;
+        let state = self.raft.state().read();
+        let job = state.job(&body.job_id).map(convert::job).ok_or_else(|| {
+            Status::not_found(format!("field `job_id`: unknown job {:?}", body.job_id))
+        })?;
+        let revision = state.revision();
+        drop(state);
+        Ok(Response::new(pb::GetJobResponse {
+            header: Some(self.header_at(revision)),
+            job: Some(job),
+        }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        self.read_barrier(request.get_ref().allow_stale, wait)
+            .await?;
+        let state = self.raft.state().read();
+        let jobs = state.jobs().map(convert::job).collect();
+        let revision = state.revision();
+        drop(state);
+        Ok(Response::new(pb::ListJobsResponse {
+            header: Some(self.header_at(revision)),
+            jobs,
+        }))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<pb::CancelJobRequest>,
+    ) -> Result<Response<pb::CancelJobResponse>, Status> {
+        forward!(self, request, cancel_job);
+        let wait = wait_for(&request, self.wait);
+        let body = request.into_inner();
+        if body.job_id.is_empty() {
+            return Err(invalid("job_id", "is required"));
+        }
+        let command = StateRequest {
+            command: Command::CancelJob {
+                job_id: body.job_id,
+            },
+            expected_revision: expected(body.expected_revision),
+        };
+        let revision = self.write(command, wait).await?;
+        Ok(Response::new(pb::CancelJobResponse {
+            header: Some(self.header_at(revision)),
+        }))
+    }
+
+    async fn plan(
+        &self,
+        _request: Request<pb::PlanRequest>,
+    ) -> Result<Response<pb::PlanResponse>, Status> {
+        Err(Status::unimplemented(
+            "what-if planning needs the placement engine, which this coordinator does not have yet",
+        ))
+    }
+
+    async fn get_sync_schedule(
+        &self,
+        _request: Request<pb::GetSyncScheduleRequest>,
+    ) -> Result<Response<pb::GetSyncScheduleResponse>, Status> {
+        Err(Status::unimplemented(
+            "sync schedules need the sync planner, which this coordinator does not have yet",
+        ))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let body = request.into_inner();
+        let kinds: Vec<String> = body.kinds;
+        for (i, kind) in kinds.iter().enumerate() {
+            if !matches!(kind.as_str(), "site" | "link" | "job" | "member" | "noop") {
+                return Err(invalid(
+                    &format!("kinds[{i}]"),
+                    format!("unknown kind {kind:?}: expected site, link, job, member or noop"),
+                ));
+            }
+        }
+        // Subscribe before reading the history, so nothing falls between.
+        let mut live = self.raft.subscribe();
+        let backlog = self
+            .raft
+            .state()
+            .read()
+            .events_after(body.after_revision)
+            .map_err(|e| Status::out_of_range(format!("field `after_revision`: {e}")))?;
+        let state = self.raft.state().clone();
+        let stream = async_stream(move |tx| async move {
+            let mut last = body.after_revision;
+            let wanted =
+                |event: &Event| kinds.is_empty() || kinds.iter().any(|k| k == event.change.kind());
+            for event in backlog {
+                last = event.revision;
+                if wanted(&event) && tx.send(Ok(watch_event(&event))).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                match live.recv().await {
+                    Ok(event) => {
+                        // One event per revision: anything at or below
+                        // `last` was already sent from the history.
+                        if event.revision <= last {
+                            continue;
+                        }
+                        last = event.revision;
+                        if wanted(&event) && tx.send(Ok(watch_event(&event))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        // Fell behind the live feed: catch up from the history.
+                        let catch_up = state.read().events_after(last);
+                        match catch_up {
+                            Ok(events) => {
+                                for event in events {
+                                    last = event.revision;
+                                    if wanted(&event)
+                                        && tx.send(Ok(watch_event(&event))).await.is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                            }
+                            Err(error) => {
+                                let _ = tx.send(Err(Status::out_of_range(error.to_string()))).await;
+                                return;
+                            }
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        let _ = tx
+                            .send(Err(Status::unavailable("the replica is shutting down")))
+                            .await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn single_change(change_type: ConfChangeType, id: u64) -> ConfChangeV2 {
+    let mut single = ConfChangeSingle::default();
+    single.set_change_type(change_type);
+    single.node_id = id;
+    let mut change = ConfChangeV2::default();
+    change.set_changes(vec![single].into());
+    change
+}
+
+fn watch_event(event: &Event) -> pb::WatchEvent {
+    use pb::watch_event::Event as E;
+    let body = match &event.change {
+        Change::Site { record } => Some(E::Site(convert::site_status(record))),
+        Change::Link { record } => Some(E::Link(convert::link_status(record))),
+        Change::Job { record } => Some(E::Job(convert::job(record))),
+        Change::Member { .. } | Change::MemberRemoved { .. } | Change::Noop => None,
+    };
+    pb::WatchEvent {
+        revision: event.revision,
+        event: body,
+    }
+}
+
+/// A stream fed by a task through a bounded channel.
+fn async_stream<F, Fut>(producer: F) -> impl Stream<Item = Result<pb::WatchEvent, Status>>
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::WatchEvent, Status>>) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(producer(tx));
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}

@@ -1,0 +1,224 @@
+//! The coordinator's [`StateMachine`]: the pure [`ClusterState`] kept in
+//! memory for reads, and persisted change by change into the store's
+//! state-machine table in the same transaction as the applied index.
+//!
+//! Table layout (keys are UTF-8):
+//! - `meta/revision` → the revision, 8 bytes little-endian;
+//! - `entity/<key>` → the latest [`Change`] of an entity (JSON), e.g.
+//!   `entity/site/north`;
+//! - `history/<revision, 20 digits>/<n>` → the n-th [`Event`] of a revision
+//!   (JSON), for watches that resume after a restart.
+
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+use longhaul_core::state::{
+    ApplyError, Change, ClusterState, DEFAULT_HISTORY_LIMIT, Event, Request,
+};
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+use serde::{Deserialize, Serialize};
+
+use crate::consensus::storage::STATE_MACHINE;
+use crate::consensus::{BoxError, StateMachine};
+
+const REVISION_KEY: &[u8] = b"meta/revision";
+const ENTITY_PREFIX: &str = "entity/";
+const HISTORY_PREFIX: &str = "history/";
+
+/// What the proposer of a command learns once it is applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ApplyResponse {
+    Applied { revision: u64 },
+    Refused { error: ApplyError },
+}
+
+/// Shared, read-mostly view of the applied state.
+#[derive(Debug, Clone, Default)]
+pub struct SharedState(Arc<RwLock<ClusterState>>);
+
+impl SharedState {
+    /// A read guard. A poisoned lock means a panic mid-apply, which the node
+    /// treats as fatal anyway; readers still see the last complete state.
+    pub fn read(&self) -> RwLockReadGuard<'_, ClusterState> {
+        self.0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn replace(&self, state: ClusterState) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = state;
+    }
+
+    fn apply(&self, request: &Request) -> Result<longhaul_core::state::Applied, ApplyError> {
+        self.0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .apply(request)
+    }
+}
+
+/// Events applied since the runtime last took them, for watchers.
+#[derive(Debug, Clone, Default)]
+pub struct AppliedEvents(Arc<Mutex<Vec<Event>>>);
+
+impl AppliedEvents {
+    pub fn take(&self) -> Vec<Event> {
+        std::mem::take(
+            &mut *self
+                .0
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        )
+    }
+
+    fn extend(&self, events: Vec<Event>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .extend(events);
+    }
+}
+
+#[derive(Debug)]
+pub struct CoordinatorStateMachine {
+    state: SharedState,
+    applied_events: AppliedEvents,
+}
+
+fn history_key(revision: u64, n: usize) -> String {
+    format!("{HISTORY_PREFIX}{revision:020}/{n}")
+}
+
+impl CoordinatorStateMachine {
+    /// Loads the state persisted in the store (empty on a fresh store).
+    pub fn load(txn: &ReadTransaction) -> Result<Self, BoxError> {
+        let mut revision = 0;
+        let mut entities = Vec::new();
+        let mut history = Vec::new();
+        match txn.open_table(STATE_MACHINE) {
+            Ok(table) => {
+                for item in table.iter()? {
+                    let (key, value) = item?;
+                    let key = key.value();
+                    if key == REVISION_KEY {
+                        let bytes: [u8; 8] = value
+                            .value()
+                            .try_into()
+                            .map_err(|_| "corrupt revision in the state-machine table")?;
+                        revision = u64::from_le_bytes(bytes);
+                    } else if key.starts_with(ENTITY_PREFIX.as_bytes()) {
+                        entities.push(serde_json::from_slice::<Change>(value.value())?);
+                    } else if key.starts_with(HISTORY_PREFIX.as_bytes()) {
+                        history.push(serde_json::from_slice::<Event>(value.value())?);
+                    }
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(error) => return Err(error.into()),
+        }
+        Ok(Self {
+            state: SharedState(Arc::new(RwLock::new(ClusterState::from_parts(
+                revision,
+                entities,
+                history,
+                DEFAULT_HISTORY_LIMIT,
+            )))),
+            applied_events: AppliedEvents::default(),
+        })
+    }
+
+    pub fn shared(&self) -> SharedState {
+        self.state.clone()
+    }
+
+    /// Where applied events collect until the runtime publishes them.
+    pub fn applied_events(&self) -> AppliedEvents {
+        self.applied_events.clone()
+    }
+
+    fn persist_all(txn: &WriteTransaction, state: &ClusterState) -> Result<(), BoxError> {
+        let mut table = txn.open_table(STATE_MACHINE)?;
+        table.retain(|_, _| false)?;
+        table.insert(REVISION_KEY, state.revision().to_le_bytes().as_slice())?;
+        for change in state.entities() {
+            if let Some(key) = change.key() {
+                let key = format!("{ENTITY_PREFIX}{key}");
+                table.insert(key.as_bytes(), serde_json::to_vec(&change)?.as_slice())?;
+            }
+        }
+        let events = state.events_after(0).unwrap_or_default();
+        let mut previous = 0;
+        let mut n = 0;
+        for event in events {
+            n = if event.revision == previous { n + 1 } else { 0 };
+            previous = event.revision;
+            let key = history_key(event.revision, n);
+            table.insert(key.as_bytes(), serde_json::to_vec(&event)?.as_slice())?;
+        }
+        Ok(())
+    }
+}
+
+impl StateMachine for CoordinatorStateMachine {
+    fn apply(
+        &mut self,
+        txn: &WriteTransaction,
+        _index: u64,
+        data: &[u8],
+    ) -> Result<Vec<u8>, BoxError> {
+        let response = match serde_json::from_slice::<Request>(data) {
+            Err(error) => ApplyResponse::Refused {
+                error: ApplyError::invalid("command", format!("undecodable command: {error}")),
+            },
+            Ok(request) => match self.state.apply(&request) {
+                Err(error) => ApplyResponse::Refused { error },
+                Ok(applied) => {
+                    let mut table = txn.open_table(STATE_MACHINE)?;
+                    table.insert(REVISION_KEY, applied.revision.to_le_bytes().as_slice())?;
+                    for (n, event) in applied.events.iter().enumerate() {
+                        match (&event.change, event.change.key()) {
+                            (Change::MemberRemoved { .. }, Some(key)) => {
+                                table.remove(format!("{ENTITY_PREFIX}{key}").as_bytes())?;
+                            }
+                            (change, Some(key)) => {
+                                let key = format!("{ENTITY_PREFIX}{key}");
+                                table.insert(
+                                    key.as_bytes(),
+                                    serde_json::to_vec(change)?.as_slice(),
+                                )?;
+                            }
+                            (_, None) => {}
+                        }
+                        let key = history_key(event.revision, n);
+                        table.insert(key.as_bytes(), serde_json::to_vec(event)?.as_slice())?;
+                    }
+                    for revision in applied.evicted {
+                        let start = history_key(revision, 0);
+                        let end = history_key(revision + 1, 0);
+                        table.retain_in(start.as_bytes()..end.as_bytes(), |_, _| false)?;
+                    }
+                    self.applied_events.extend(applied.events);
+                    ApplyResponse::Applied {
+                        revision: applied.revision,
+                    }
+                }
+            },
+        };
+        Ok(serde_json::to_vec(&response)?)
+    }
+
+    fn snapshot(&self, _txn: &ReadTransaction) -> Result<Vec<u8>, BoxError> {
+        // The in-memory state is the applied state: the node snapshots right
+        // after applying, under the same single-threaded loop.
+        Ok(serde_json::to_vec(&*self.state.read())?)
+    }
+
+    fn restore(&mut self, txn: &WriteTransaction, data: &[u8]) -> Result<(), BoxError> {
+        let state: ClusterState = serde_json::from_slice(data)?;
+        Self::persist_all(txn, &state)?;
+        self.state.replace(state);
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! Raft messages between replicas over gRPC (`longhaul.v1.RaftTransport`).
+//!
+//! Each peer has one sender task with a bounded queue and one long-lived
+//! client stream; a message that cannot be queued or delivered is reported
+//! to raft as unreachable (raft retries by itself). Snapshots travel on their
+//! own call, cut into chunks with a CRC32 over the whole payload. Every
+//! envelope carries the cluster id; a replica refuses traffic from another
+//! cluster or addressed to another replica.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use longhaul_proto::v1::raft_transport_client::RaftTransportClient;
+use longhaul_proto::v1::raft_transport_server::RaftTransport;
+use longhaul_proto::v1::{RaftAck, RaftEnvelope, SnapshotChunk};
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::raft_loop::RaftHandle;
+
+/// Bytes of snapshot data per chunk.
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Messages queued for one peer before further ones count as unreachable.
+const PEER_QUEUE: usize = 4096;
+
+/// Peer id → peer URL (`http://host:port`), shared with the service so that
+/// membership changes reach the transport.
+#[derive(Debug, Clone, Default)]
+pub struct PeerBook(Arc<RwLock<HashMap<u64, String>>>);
+
+impl PeerBook {
+    pub fn new(peers: HashMap<u64, String>) -> Self {
+        Self(Arc::new(RwLock::new(peers)))
+    }
+    pub fn get(&self, id: u64) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .cloned()
+    }
+    pub fn insert(&self, id: u64, url: String) {
+        self.0
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, url);
+    }
+    pub fn all(&self) -> HashMap<u64, String> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Where the consensus loop puts outgoing messages.
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    cluster_id: u64,
+    peers: PeerBook,
+    senders: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<Message>>>>,
+}
+
+impl Outbox {
+    pub fn new(cluster_id: u64, peers: PeerBook) -> Self {
+        Self {
+            cluster_id,
+            peers,
+            senders: Arc::default(),
+        }
+    }
+
+    /// Queues messages for their peers; never blocks the consensus loop.
+    pub(crate) fn send(&self, messages: Vec<Message>, handle: &RaftHandle) {
+        let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
+        for message in messages {
+            let to = message.to;
+            let sender = senders.entry(to).or_insert_with(|| {
+                let (tx, rx) = mpsc::channel(PEER_QUEUE);
+                tokio::spawn(peer_task(
+                    self.cluster_id,
+                    to,
+                    self.peers.clone(),
+                    rx,
+                    handle.clone(),
+                ));
+                tx
+            });
+            if sender.try_send(message).is_err() {
+                handle.report_unreachable(to);
+            }
+        }
+    }
+}
+
+/// Sends one peer's messages in order over a long-lived stream, reconnecting
+/// after failures.
+async fn peer_task(
+    cluster_id: u64,
+    to: u64,
+    peers: PeerBook,
+    mut queue: mpsc::Receiver<Message>,
+    handle: RaftHandle,
+) {
+    let mut client: Option<RaftTransportClient<tonic::transport::Channel>> = None;
+    let mut stream: Option<mpsc::Sender<RaftEnvelope>> = None;
+    while let Some(message) = queue.recv().await {
+        let Some(url) = peers.get(to) else {
+            handle.report_unreachable(to);
+            continue;
+        };
+        if client.is_none() {
+            match tonic::transport::Endpoint::from_shared(url.clone()) {
+                Ok(endpoint) => {
+                    let endpoint = endpoint
+                        .connect_timeout(Duration::from_secs(1))
+                        .tcp_nodelay(true);
+                    client = Some(
+                        RaftTransportClient::new(endpoint.connect_lazy())
+                            .max_decoding_message_size(usize::MAX)
+                            .max_encoding_message_size(usize::MAX),
+                    );
+                }
+                Err(error) => {
+                    tracing::warn!(peer = to, %url, %error, "invalid peer URL");
+                    handle.report_unreachable(to);
+                    continue;
+                }
+            }
+        }
+        let Some(client_ref) = client.as_mut() else {
+            continue;
+        };
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            let ok = send_snapshot(client_ref, cluster_id, &message).await;
+            if !ok {
+                client = None;
+                stream = None;
+            }
+            handle.report_snapshot(to, ok);
+            continue;
+        }
+        let bytes = match message.write_to_bytes() {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                tracing::error!(%error, "cannot encode a raft message");
+                continue;
+            }
+        };
+        let envelope = RaftEnvelope {
+            from: message.from,
+            to,
+            message: bytes,
+            cluster_id,
+        };
+        if stream.is_none() {
+            let (tx, rx) = mpsc::channel(PEER_QUEUE);
+            let mut call_client = client_ref.clone();
+            let peer_handle = handle.clone();
+            tokio::spawn(async move {
+                if let Err(status) = call_client.send(ReceiverStream::new(rx)).await {
+                    tracing::debug!(peer = to, %status, "raft stream ended");
+                    peer_handle.report_unreachable(to);
+                }
+            });
+            stream = Some(tx);
+        }
+        let Some(tx) = stream.as_ref() else { continue };
+        if tx.send(envelope).await.is_err() {
+            // The stream's call ended (peer down); the next message reconnects.
+            stream = None;
+            client = None;
+            handle.report_unreachable(to);
+        }
+    }
+}
+
+async fn send_snapshot(
+    client: &mut RaftTransportClient<tonic::transport::Channel>,
+    cluster_id: u64,
+    message: &Message,
+) -> bool {
+    let data = message.get_snapshot().get_data().to_vec();
+    let mut header = message.clone();
+    header.mut_snapshot().clear_data();
+    let Ok(header) = header.write_to_bytes() else {
+        return false;
+    };
+    let checksum = crc32fast::hash(&data);
+    let mut chunks = Vec::new();
+    let mut offset = 0;
+    loop {
+        let end = (offset + SNAPSHOT_CHUNK_BYTES).min(data.len());
+        let last = end == data.len();
+        chunks.push(SnapshotChunk {
+            from: message.from,
+            to: message.to,
+            cluster_id,
+            message: if offset == 0 {
+                header.clone()
+            } else {
+                Vec::new()
+            },
+            offset: offset as u64,
+            data: data[offset..end].to_vec(),
+            last,
+            checksum: if last { checksum } else { 0 },
+        });
+        if last {
+            break;
+        }
+        offset = end;
+    }
+    match client.install_snapshot(tokio_stream::iter(chunks)).await {
+        Ok(_) => true,
+        Err(status) => {
+            tracing::warn!(peer = message.to, %status, "snapshot transfer failed");
+            false
+        }
+    }
+}
+
+/// The receiving side: decodes envelopes and steps them into the local node.
+#[derive(Debug, Clone)]
+pub struct TransportService {
+    pub cluster_id: u64,
+    pub id: u64,
+    pub raft: RaftHandle,
+}
+
+impl TransportService {
+    fn check(&self, cluster_id: u64, to: u64) -> Result<(), Status> {
+        if cluster_id != self.cluster_id {
+            return Err(Status::permission_denied(format!(
+                "cluster_id: message for cluster {cluster_id}, this replica belongs to cluster {}",
+                self.cluster_id
+            )));
+        }
+        if to != self.id {
+            return Err(Status::invalid_argument(format!(
+                "to: message for replica {to} arrived at replica {}",
+                self.id
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl RaftTransport for TransportService {
+    async fn send(
+        &self,
+        request: Request<Streaming<RaftEnvelope>>,
+    ) -> Result<Response<RaftAck>, Status> {
+        let mut stream = request.into_inner();
+        while let Some(envelope) = stream.next().await {
+            let envelope = envelope?;
+            self.check(envelope.cluster_id, envelope.to)?;
+            let message = Message::parse_from_bytes(&envelope.message).map_err(|e| {
+                Status::invalid_argument(format!("message: not a raft message: {e}"))
+            })?;
+            if message.to != self.id {
+                return Err(Status::invalid_argument(
+                    "message.to: does not match the envelope",
+                ));
+            }
+            self.raft
+                .step(message)
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+        }
+        Ok(Response::new(RaftAck {}))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<Streaming<SnapshotChunk>>,
+    ) -> Result<Response<RaftAck>, Status> {
+        let mut stream = request.into_inner();
+        let mut header: Option<Message> = None;
+        let mut data = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk?;
+            self.check(chunk.cluster_id, chunk.to)?;
+            if chunk.offset != data.len() as u64 {
+                return Err(Status::invalid_argument(format!(
+                    "offset: expected {}, found {}",
+                    data.len(),
+                    chunk.offset
+                )));
+            }
+            if header.is_none() {
+                let message = Message::parse_from_bytes(&chunk.message).map_err(|e| {
+                    Status::invalid_argument(format!("message: not a raft message: {e}"))
+                })?;
+                header = Some(message);
+            }
+            data.extend_from_slice(&chunk.data);
+            if chunk.last {
+                if crc32fast::hash(&data) != chunk.checksum {
+                    return Err(Status::data_loss(
+                        "checksum: snapshot data does not match its CRC32",
+                    ));
+                }
+                let Some(mut message) = header.take() else {
+                    return Err(Status::invalid_argument(
+                        "message: missing in the first chunk",
+                    ));
+                };
+                message.mut_snapshot().set_data(data.into());
+                self.raft
+                    .step(message)
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                return Ok(Response::new(RaftAck {}));
+            }
+        }
+        Err(Status::invalid_argument(
+            "last: the stream ended before the last chunk",
+        ))
+    }
+}

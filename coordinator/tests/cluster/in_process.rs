@@ -1,0 +1,222 @@
+//! Three in-process replicas over real gRPC on loopback.
+
+use std::time::Duration;
+
+use longhaul_coordinator::server::{Replica, Role};
+use longhaul_proto::v1 as pb;
+use tonic::Code;
+
+use crate::util::{client, eventually, replica_configs};
+
+fn link(a: &str, b: &str) -> pb::WanLink {
+    pb::WanLink {
+        site_a: a.into(),
+        site_b: b.into(),
+        distance_km: 80.0,
+        parallel_links: 4,
+        link_bps: 400_000_000_000,
+        ..Default::default()
+    }
+}
+
+async fn leader_of(replicas: &[Option<Replica>]) -> u64 {
+    eventually(Duration::from_secs(20), "a leader", || async {
+        // Every running replica agrees on a leader that is itself running.
+        let statuses: Vec<_> = replicas.iter().flatten().map(|r| r.raft.status()).collect();
+        let first = statuses.first()?.leader_id;
+        let agreed = statuses.iter().all(|s| s.leader_id == first);
+        let running = statuses
+            .iter()
+            .any(|s| s.id == first && s.role == Role::Leader);
+        (first != 0 && agreed && running).then_some(first)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_reads_forwarding_and_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = replica_configs(dir.path(), 3);
+    let mut replicas = Vec::new();
+    for config in &configs {
+        replicas.push(Some(Replica::start(config.clone()).await.unwrap()));
+    }
+    let leader = leader_of(&replicas).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let mut to_follower = client(configs[follower as usize - 1].listen).await;
+
+    // A write sent to a follower is forwarded to the leader; it refers to
+    // sites that are not registered, so it is refused with NOT_FOUND naming
+    // the field, and changes nothing.
+    let before = to_follower
+        .list_links(pb::ListLinksRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let refused = to_follower
+        .put_link(pb::PutLinkRequest {
+            link: Some(link("north", "south")),
+            expected_revision: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert!(refused.message().contains("link.between[0]"), "{refused:?}");
+    let after = to_follower
+        .list_links(pb::ListLinksRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        before.header.unwrap().revision,
+        after.header.unwrap().revision
+    );
+
+    // A malformed request is refused before consensus.
+    let malformed = to_follower
+        .put_link(pb::PutLinkRequest {
+            link: None,
+            expected_revision: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (malformed.code(), malformed.message()),
+        (Code::InvalidArgument, "field `link`: is required")
+    );
+
+    // A job submitted through the follower is visible on every replica with
+    // linearizable reads, at the revision the write returned.
+    let spec = pb::JobSpec {
+        name: "llama".into(),
+        model: Some(pb::ModelShape {
+            parameters: 7_000_000_000,
+            layers: 32,
+            hidden_size: 4096,
+            attention_heads: 32,
+            sequence_length: 4096,
+            vocabulary_size: 0,
+        }),
+        global_batch: 256,
+        micro_batch: 1,
+        ..Default::default()
+    };
+    let submitted = to_follower
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(spec.clone()),
+            expected_revision: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let revision = submitted.header.unwrap().revision;
+    assert!(revision > 0);
+    for config in &configs {
+        let job = client(config.listen)
+            .await
+            .get_job(pb::GetJobRequest {
+                job_id: "llama".into(),
+                allow_stale: false,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(job.header.unwrap().revision >= revision);
+        assert_eq!(job.job.unwrap().state, pb::JobState::Pending as i32);
+    }
+    // Compare-and-set with a stale revision fails and changes nothing.
+    let stale = to_follower
+        .cancel_job(pb::CancelJobRequest {
+            job_id: "llama".into(),
+            expected_revision: revision + 7,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), Code::FailedPrecondition, "{stale:?}");
+
+    // Stop the leader: the others elect a new one and keep serving writes.
+    replicas[leader as usize - 1].take().unwrap().stop().await;
+    let new_leader = leader_of(&replicas).await;
+    assert_ne!(new_leader, leader);
+    let mut survivor = client(configs[new_leader as usize - 1].listen).await;
+    survivor
+        .cancel_job(pb::CancelJobRequest {
+            job_id: "llama".into(),
+            expected_revision: 0,
+        })
+        .await
+        .unwrap();
+    // The acknowledged submit survived the failover.
+    let job = survivor
+        .get_job(pb::GetJobRequest {
+            job_id: "llama".into(),
+            allow_stale: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(job.state, pb::JobState::Cancelled as i32);
+
+    // The old leader restarts from its store alone and catches up.
+    let restarted = Replica::start(configs[leader as usize - 1].clone())
+        .await
+        .unwrap();
+    replicas[leader as usize - 1] = Some(restarted);
+    let mut old = client(configs[leader as usize - 1].listen).await;
+    let job = eventually(
+        Duration::from_secs(20),
+        "the restarted replica to catch up",
+        || {
+            let mut old = old.clone();
+            async move {
+                let job = old
+                    .get_job(pb::GetJobRequest {
+                        job_id: "llama".into(),
+                        allow_stale: false,
+                    })
+                    .await
+                    .ok()?;
+                let job = job.into_inner().job?;
+                (job.state == pb::JobState::Cancelled as i32).then_some(job)
+            }
+        },
+    )
+    .await;
+    assert_eq!(job.id, "llama");
+    let cluster = old
+        .get_cluster(pb::GetClusterRequest { allow_stale: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cluster.members.len(), 3);
+    assert_ne!(cluster.leader_id, 0);
+
+    for replica in replicas.into_iter().flatten() {
+        replica.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_quorum_requests_fail_fast_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = replica_configs(dir.path(), 3);
+    // Only one of three replicas runs: no leader can be elected.
+    let lonely = Replica::start(configs[0].clone()).await.unwrap();
+    let mut c = client(configs[0].listen).await;
+    let mut request = tonic::Request::new(pb::ListSitesRequest { allow_stale: false });
+    request.set_timeout(Duration::from_millis(500));
+    let started = std::time::Instant::now();
+    let error = c.list_sites(request).await.unwrap_err();
+    assert!(
+        matches!(error.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "{error:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    // Stale reads are still served.
+    c.list_sites(pb::ListSitesRequest { allow_stale: true })
+        .await
+        .unwrap();
+    lonely.stop().await;
+}

@@ -1,0 +1,9 @@
+//! Coordinator clusters on loopback: in-process replicas over real gRPC, and
+//! real `coordinator` processes. These live beside the binary (not in the
+//! workspace's `tests/` crate) because cargo hands `CARGO_BIN_EXE_coordinator`
+//! only to the package's own tests.
+
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+mod in_process;
+mod util;
