@@ -6,4 +6,5 @@
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
 mod in_process;
+mod processes;
 mod util;
