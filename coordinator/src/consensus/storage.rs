@@ -448,7 +448,7 @@ impl RedbStorage {
         &self.state
     }
 
-    /// Whether this store has never been given a configuration (a fresh replica).
+    /// Whether this store holds a configuration or a log (false for a fresh replica).
     pub fn is_initialized(&self) -> bool {
         self.state.conf_state != ConfState::default() || self.state.last_index > 0
     }
