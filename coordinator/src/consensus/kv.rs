@@ -146,8 +146,6 @@ impl StateMachine for KvStateMachine {
 
 #[cfg(test)]
 mod tests {
-    use redb::ReadableDatabase as _;
-
     use super::*;
 
     fn store() -> (tempfile::TempDir, redb::Database) {

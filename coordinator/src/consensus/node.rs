@@ -14,7 +14,7 @@ use raft::eraftpb::{
 };
 use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
 
-use super::storage::{RedbStorage, StorageError, compress_snapshot};
+use super::storage::{Batch, RedbStorage, StorageError, compress_snapshot};
 use super::{BoxError, StateMachine};
 
 /// Timing and flow-control settings of one replica.
@@ -345,13 +345,19 @@ impl<S: StateMachine> Node<S> {
     /// 1. note a leader change (soft state);
     /// 2. take the leader's messages: they may be sent before the leader persists its own
     ///    entries (Raft thesis §10.2.1), so they go first in the out-box;
-    /// 3. install a snapshot from the leader, if any (state machine, log, conf state, applied
-    ///    index: one transaction);
-    /// 4. append the new entries and the hard state in one fsynced transaction;
-    /// 5. apply committed entries, writing the state-machine changes, the new applied index
-    ///    (and any new conf state) in one fsynced transaction;
+    /// 3. install a snapshot from the leader, if any: state machine, log, conf state and applied
+    ///    index move to it;
+    /// 4. append the new entries (truncating a conflicting suffix) and the hard state;
+    /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
+    ///    state.
+    ///
+    ///    Steps 3, 4 and 5 are written in this order into ONE redb transaction, committed
+    ///    (fsynced) once: a crash loses all of them or none, and a Ready costs one fsync. This is
+    ///    safe because raft only hands out committed entries that an earlier Ready persisted,
+    ///    and the hard state written in step 4 always has a commit index at or past what step 5
+    ///    applies;
     /// 6. take the persisted messages (votes, append responses): they promise state that is on
-    ///    disk only after step 4;
+    ///    disk only once that transaction has committed;
     /// 7. report read states;
     /// 8. `advance`, then handle the light ready the same way: persist the new commit index with
     ///    the entries it lets us apply, take its messages, then `advance_apply`.
@@ -367,16 +373,25 @@ impl<S: StateMachine> Node<S> {
             }
             // 2.
             out.messages.extend(ready.take_messages());
-            // 3.
-            if !ready.snapshot().is_empty() {
-                self.install_snapshot(ready.snapshot(), &mut out)?;
+            // 3., 4. and 5., one transaction.
+            let committed = ready.take_committed_entries();
+            let has_snapshot = !ready.snapshot().is_empty();
+            if has_snapshot
+                || !ready.entries().is_empty()
+                || ready.hs().is_some()
+                || !committed.is_empty()
+            {
+                let mut batch = self.raw.store().begin()?;
+                if has_snapshot {
+                    self.install_snapshot(&mut batch, ready.snapshot(), &mut out)?;
+                }
+                batch.append(ready.entries())?;
+                if let Some(hard_state) = ready.hs() {
+                    batch.set_hard_state(hard_state)?;
+                }
+                self.apply_entries(&mut batch, committed, &mut out)?;
+                self.commit_applied(batch)?;
             }
-            // 4.
-            self.raw
-                .mut_store()
-                .append_and_persist(ready.entries(), ready.hs())?;
-            // 5.
-            self.apply_committed(ready.take_committed_entries(), None, &mut out)?;
             // 6.
             out.messages.extend(ready.take_persisted_messages());
             // 7.
@@ -389,8 +404,15 @@ impl<S: StateMachine> Node<S> {
             // 8.
             let mut light = self.raw.advance(ready);
             out.messages.extend(light.take_messages());
-            let commit = light.commit_index();
-            self.apply_committed(light.take_committed_entries(), commit, &mut out)?;
+            let committed = light.take_committed_entries();
+            if light.commit_index().is_some() || !committed.is_empty() {
+                let mut batch = self.raw.store().begin()?;
+                if let Some(commit) = light.commit_index() {
+                    batch.set_commit(commit)?;
+                }
+                self.apply_entries(&mut batch, committed, &mut out)?;
+                self.commit_applied(batch)?;
+            }
             self.raw.advance_apply();
         }
         // Raft asked for a snapshot that is not built yet (a peer is behind the compacted log):
@@ -411,9 +433,14 @@ impl<S: StateMachine> Node<S> {
         }
     }
 
-    fn install_snapshot(&mut self, snapshot: &Snapshot, out: &mut Output) -> Result<(), NodeError> {
+    fn install_snapshot(
+        &mut self,
+        batch: &mut Batch,
+        snapshot: &Snapshot,
+        out: &mut Output,
+    ) -> Result<(), NodeError> {
         let state_machine = &mut self.state_machine;
-        self.raw.mut_store().apply_snapshot(snapshot, |txn, data| {
+        batch.apply_snapshot(snapshot, |txn, data| {
             state_machine
                 .restore(txn, data)
                 .map_err(StorageError::StateMachine)
@@ -431,21 +458,14 @@ impl<S: StateMachine> Node<S> {
         Ok(())
     }
 
-    /// Applies committed entries in one durable batch together with the applied index, any new
-    /// conf state and (for a light ready) the new commit index.
-    fn apply_committed(
+    /// Applies committed entries into `batch`: state-machine changes, applied index and any new
+    /// conf state become durable together when the batch commits.
+    fn apply_entries(
         &mut self,
+        batch: &mut Batch,
         entries: Vec<Entry>,
-        commit: Option<u64>,
         out: &mut Output,
     ) -> Result<(), NodeError> {
-        if entries.is_empty() && commit.is_none() {
-            return Ok(());
-        }
-        let mut batch = self.raw.store().begin()?;
-        if let Some(commit) = commit {
-            batch.set_commit(commit)?;
-        }
         for entry in entries {
             let index = entry.index;
             match entry.get_entry_type() {
@@ -476,6 +496,12 @@ impl<S: StateMachine> Node<S> {
             }
             batch.set_applied(index)?;
         }
+        Ok(())
+    }
+
+    /// Commits (fsyncs) a batch that may have applied entries, then reacts to a membership
+    /// change that removed this leader.
+    fn commit_applied(&mut self, batch: Batch) -> Result<(), NodeError> {
         self.raw.mut_store().commit(batch)?;
         if self.is_removed_leader() {
             self.hand_over_leadership();

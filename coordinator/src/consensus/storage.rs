@@ -24,8 +24,7 @@ use std::path::{Path, PathBuf};
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState};
 use redb::{
-    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
-    WriteTransaction,
+    Database, Durability, ReadTransaction, ReadableTable, TableDefinition, WriteTransaction,
 };
 
 const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_log");
@@ -70,8 +69,6 @@ pub enum StorageError {
     Storage(#[from] Box<redb::StorageError>),
     #[error("raft store commit: {0}")]
     Commit(#[from] Box<redb::CommitError>),
-    #[error("raft store durability: {0}")]
-    Durability(#[from] Box<redb::SetDurabilityError>),
     #[error("corrupt {what} in raft store: {source}")]
     Decode {
         what: &'static str,
@@ -121,8 +118,7 @@ boxed_from!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError,
-    redb::SetDurabilityError
+    redb::CommitError
 );
 
 impl From<StorageError> for raft::Error {
@@ -404,7 +400,7 @@ impl RedbStorage {
         })?;
         // Create every table up front so that read transactions never meet a missing table.
         let mut txn = db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
+        txn.set_durability(Durability::Immediate);
         txn.open_table(LOG)?;
         txn.open_table(HARD_STATE)?;
         txn.open_table(CONF_STATE)?;
@@ -452,7 +448,7 @@ impl RedbStorage {
         &self.state
     }
 
-    /// Whether this store has never been given a configuration (a fresh replica).
+    /// Whether this store holds a configuration or a log (false for a fresh replica).
     pub fn is_initialized(&self) -> bool {
         self.state.conf_state != ConfState::default() || self.state.last_index > 0
     }
@@ -460,7 +456,7 @@ impl RedbStorage {
     /// Starts an atomic, durable change.
     pub fn begin(&self) -> Result<Batch> {
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate)?;
+        txn.set_durability(Durability::Immediate);
         Ok(Batch {
             txn,
             state: self.state.clone(),

@@ -2,7 +2,8 @@
 //!
 //! - election: one leader, everyone agrees, leader-change events
 //! - replication: proposals commit and apply everywhere
-//! - failures: isolated leader, crash and restart from disk, lossy and delaying network
+//! - failures: isolated leader, leader in a minority partition, crash and restart from disk,
+//!   lossy and delaying network
 //! - log compaction: a lagging follower catches up from a zstd-compressed snapshot
 //! - pre-vote: a healed minority does not bump the majority's term
 //! - membership: add a replica, remove the leader through joint consensus
@@ -94,6 +95,38 @@ fn isolated_leader_is_replaced_and_no_acknowledged_write_is_lost() {
     assert_eq!(kv.len(), 10, "{kv:?}");
     assert!(kv.values().all(|v| v == "acked"));
     assert_eq!(cluster.applied_with_context(old, b"lost"), None);
+}
+
+#[test]
+fn leader_in_minority_partition_cannot_commit_and_majority_moves_on() {
+    let mut cluster = Cluster::new(5, seed_or(31));
+    let old = cluster.wait_for_leader(&[1, 2, 3, 4, 5]);
+    cluster.put("before", "acked");
+    let buddy = if old == 1 { 2 } else { 1 };
+    let minority = [old, buddy];
+    let majority: Vec<u64> = (1..=5).filter(|id| !minority.contains(id)).collect();
+    let partition = cluster.add_filter(Partition::new(&minority, &majority));
+    cluster
+        .node_mut(old)
+        .propose(b"minority-write".to_vec(), b"x".to_vec())
+        .unwrap();
+    let new = cluster.wait_for_leader(&majority);
+    cluster.put("during", "acked");
+    cluster.ticks(30);
+    assert_eq!(cluster.applied_with_context(old, b"minority-write"), None);
+    assert!(
+        !cluster.node(old).is_leader(),
+        "check-quorum steps the old leader down"
+    );
+
+    cluster.remove_filter(partition);
+    cluster.assert_converged();
+    assert_eq!(cluster.leader(), Some(new));
+    for id in cluster.ids() {
+        let kv = cluster.kv(id);
+        assert_eq!(kv.len(), 2, "replica {id}: {kv:?}");
+        assert_eq!(cluster.applied_with_context(id, b"minority-write"), None);
+    }
 }
 
 #[test]
