@@ -225,7 +225,7 @@ impl Validate for JobSpec {
             m.sequence_length.into(),
             &mut out,
         );
-        if m.attention_heads > 0 && m.hidden_size % m.attention_heads != 0 {
+        if m.attention_heads > 0 && !m.hidden_size.is_multiple_of(m.attention_heads) {
             out.push(Violation::new(
                 model.key("hidden_size"),
                 format!(
@@ -246,7 +246,12 @@ impl Validate for JobSpec {
             self.batch.micro_batch.into(),
             &mut out,
         );
-        if self.batch.micro_batch > 0 && self.batch.global_batch % self.batch.micro_batch != 0 {
+        if self.batch.micro_batch > 0
+            && !self
+                .batch
+                .global_batch
+                .is_multiple_of(self.batch.micro_batch)
+        {
             out.push(Violation::new(
                 batch.key("global_batch"),
                 format!(
@@ -297,7 +302,7 @@ impl Validate for JobSpec {
         }
         if let Some(tp) = c.tensor_parallel
             && tp > 0
-            && m.attention_heads % tp != 0
+            && !m.attention_heads.is_multiple_of(tp)
         {
             out.push(Violation::new(
                 constraints.key("tensor_parallel"),

@@ -172,7 +172,7 @@ fn to_integer(
 /// Writes `base` in the largest unit of `units` that represents it exactly.
 fn format_exact(f: &mut fmt::Formatter<'_>, base: u64, units: &[(&str, u64)]) -> fmt::Result {
     for &(symbol, scale) in units {
-        if base != 0 && base % scale == 0 {
+        if base != 0 && base.is_multiple_of(scale) {
             return write!(f, "{} {}", base / scale, symbol);
         }
     }

@@ -68,6 +68,9 @@ struct Args {
     /// Applied entries between automatic snapshots (and log compactions). [default: 10000]
     #[arg(long)]
     snapshot_interval_entries: Option<u64>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9700).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Log filter, e.g. `info` or `longhaul_coordinator=debug`.
     #[arg(long, env = "LONGHAUL_LOG", default_value = "info")]
     log: String,
@@ -206,6 +209,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         config.data_dir.display(),
         config.initial_cluster.len()
     );
+    if let Some(addr) = args.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        eprintln!("metrics at http://{addr}/metrics");
+    }
     let replica = Replica::start(config).await?;
     tokio::select! {
         result = replica.wait() => result?,

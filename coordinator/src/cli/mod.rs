@@ -4,6 +4,7 @@
 //! definitions, file loading and the mapping of failures to exit codes
 //! (0: success, 1: the command could not run, 2: the input is invalid).
 
+mod remote;
 mod table;
 pub mod topology;
 
@@ -42,6 +43,15 @@ pub enum Command {
     /// Validate rehearsal scenario files and the files they refer to.
     #[command(subcommand)]
     Scenario(ScenarioCommand),
+    /// Query and manage a running coordinator cluster.
+    #[command(subcommand)]
+    Cluster(remote::ClusterCommand),
+    /// Sites registered with a running coordinator.
+    #[command(subcommand)]
+    Sites(remote::SitesCommand),
+    /// Jobs stored in a running coordinator.
+    #[command(subcommand)]
+    Jobs(remote::JobsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,6 +146,9 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Topology(TopologyCommand::Show(args)) => topology::show(&args, out),
         Command::Job(JobCommand::Check(args)) => check_job(&args, out),
         Command::Scenario(ScenarioCommand::Check(args)) => check_scenario(&args, out),
+        Command::Cluster(command) => remote::cluster(command, out),
+        Command::Sites(command) => remote::sites(command, out),
+        Command::Jobs(command) => remote::jobs(command, out),
     };
     // A failed write of the report itself (a closed pipe) has nowhere to go.
     match result {

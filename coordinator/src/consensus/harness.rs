@@ -438,10 +438,10 @@ impl Cluster {
         .encode();
         let mut attempt: Option<(u64, Vec<u8>, u64)> = None;
         for _ in 0..max_ticks {
-            if let Some((leader, context, _)) = &attempt {
-                if let Some(index) = self.applied_with_context(*leader, context) {
-                    return Some(index);
-                }
+            if let Some((leader, context, _)) = &attempt
+                && let Some(index) = self.applied_with_context(*leader, context)
+            {
+                return Some(index);
             }
             let stale = match &attempt {
                 None => true,

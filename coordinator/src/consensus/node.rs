@@ -571,6 +571,7 @@ impl<S: StateMachine> Node<S> {
         self.raw
             .mut_store()
             .write(|batch| batch.store_snapshot(&meta, &compressed))?;
+        metrics::counter!("longhaul_snapshots_created_total").increment(1);
         Ok(index)
     }
 

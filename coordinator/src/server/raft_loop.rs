@@ -8,7 +8,7 @@
 //! callers bound the wait with their deadline.
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use longhaul_core::state::{Event, Request};
 use raft::eraftpb::{ConfChangeV2, ConfState, Message};
@@ -180,7 +180,13 @@ impl RaftHandle {
 const MAX_BATCH: usize = 4096;
 
 struct Pending {
-    proposals: HashMap<u64, oneshot::Sender<Result<ApplyResponse, ConsensusError>>>,
+    proposals: HashMap<
+        u64,
+        (
+            Instant,
+            oneshot::Sender<Result<ApplyResponse, ConsensusError>>,
+        ),
+    >,
     reads: HashMap<u64, oneshot::Sender<Result<(), ConsensusError>>>,
     ready_reads: Vec<(u64, oneshot::Sender<Result<(), ConsensusError>>)>,
     conf_changes: Vec<oneshot::Sender<Result<ConfState, ConsensusError>>>,
@@ -307,9 +313,10 @@ async fn run(
                     seq += 1;
                     match node.propose(context(id, boot, seq), data) {
                         Ok(()) => {
-                            pending.proposals.insert(seq, reply);
+                            pending.proposals.insert(seq, (Instant::now(), reply));
                         }
                         Err(error) => {
+                            metrics::counter!("longhaul_proposals_failed_total", "reason" => "rejected").increment(1);
                             let _ = reply.send(Err(ConsensusError::Rejected(error.to_string())));
                         }
                     }
@@ -357,7 +364,9 @@ async fn run(
         }
 
         while node.has_ready() {
+            let started = Instant::now();
             let output = node.handle_ready()?;
+            metrics::histogram!("longhaul_ready_seconds").record(started.elapsed().as_secs_f64());
             outbox.send(output.messages, handle);
             for event in output.events {
                 match event {
@@ -367,7 +376,10 @@ async fn run(
                         let Some(seq) = parse_context(&context, id, boot) else {
                             continue;
                         };
-                        if let Some(reply) = pending.proposals.remove(&seq) {
+                        if let Some((proposed, reply)) = pending.proposals.remove(&seq) {
+                            metrics::histogram!("longhaul_commit_latency_seconds")
+                                .record(proposed.elapsed().as_secs_f64());
+                            metrics::counter!("longhaul_proposals_committed_total").increment(1);
                             let response = serde_json::from_slice::<ApplyResponse>(&response)
                                 .map_err(|e| {
                                     ConsensusError::Rejected(format!("undecodable response: {e}"))
@@ -388,10 +400,13 @@ async fn run(
                         term,
                     } => {
                         tracing::info!(leader = new_leader, term, "leader changed");
+                        metrics::counter!("longhaul_leader_changes_total").increment(1);
                         if leader_id == id && new_leader != id {
                             // Proposals in flight may still commit under the
                             // new leader, or may be lost: their outcome is unknown.
-                            for (_, reply) in pending.proposals.drain() {
+                            let lost = pending.proposals.len() as u64;
+                            metrics::counter!("longhaul_proposals_failed_total", "reason" => "leader_changed").increment(lost);
+                            for (_, (_, reply)) in pending.proposals.drain() {
                                 let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
                             }
                             for reply in pending.conf_changes.drain(..) {
@@ -412,6 +427,7 @@ async fn run(
                     }
                     NodeEvent::SnapshotInstalled { index, term } => {
                         tracing::info!(index, term, "installed a snapshot from the leader");
+                        metrics::counter!("longhaul_snapshots_installed_total").increment(1);
                     }
                 }
             }
@@ -444,6 +460,14 @@ async fn run(
             applied_index: applied,
             conf_state: node.conf_state().clone(),
         };
+        metrics::gauge!("longhaul_raft_term").set(next.term as f64);
+        metrics::gauge!("longhaul_raft_is_leader").set(if role == Role::Leader {
+            1.0
+        } else {
+            0.0
+        });
+        metrics::gauge!("longhaul_raft_applied_index").set(applied as f64);
+        metrics::gauge!("longhaul_raft_commit_index").set(next.commit_index as f64);
         status.send_if_modified(|current| {
             if *current == next {
                 false

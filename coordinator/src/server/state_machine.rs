@@ -168,6 +168,7 @@ impl StateMachine for CoordinatorStateMachine {
         _index: u64,
         data: &[u8],
     ) -> Result<Vec<u8>, BoxError> {
+        let started = std::time::Instant::now();
         let response = match serde_json::from_slice::<Request>(data) {
             Err(error) => ApplyResponse::Refused {
                 error: ApplyError::invalid("command", format!("undecodable command: {error}")),
@@ -206,6 +207,7 @@ impl StateMachine for CoordinatorStateMachine {
                 }
             },
         };
+        metrics::histogram!("longhaul_apply_seconds").record(started.elapsed().as_secs_f64());
         Ok(serde_json::to_vec(&response)?)
     }
 

@@ -19,6 +19,7 @@ struct Process {
     data_dir: PathBuf,
     cluster: String,
     child: Option<Child>,
+    extra_args: Vec<String>,
 }
 
 impl Process {
@@ -31,6 +32,7 @@ impl Process {
             .args(["--initial-cluster", &self.cluster])
             .args(["--tick-interval", "20ms", "--election-ticks", "10"])
             .args(["--log", "warn"])
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -71,22 +73,35 @@ fn cluster(dir: &Path, n: u64) -> Vec<Process> {
             data_dir: dir.join(format!("replica-{}", i + 1)),
             cluster: spec.clone(),
             child: None,
+            extra_args: Vec::new(),
         })
         .collect()
 }
 
 async fn leader(processes: &[Process]) -> u64 {
-    eventually(Duration::from_secs(30), "a leader among running replicas", || async {
-        for p in processes.iter().filter(|p| p.child.is_some()) {
-            let mut c = client(p.addr).await;
-            let Ok(cluster) = c.get_cluster(pb::GetClusterRequest { allow_stale: true }).await else { continue };
-            let leader = cluster.into_inner().leader_id;
-            if processes.iter().any(|q| q.id == leader && q.child.is_some()) {
-                return Some(leader);
+    eventually(
+        Duration::from_secs(30),
+        "a leader among running replicas",
+        || async {
+            for p in processes.iter().filter(|p| p.child.is_some()) {
+                let mut c = client(p.addr).await;
+                let Ok(cluster) = c
+                    .get_cluster(pb::GetClusterRequest { allow_stale: true })
+                    .await
+                else {
+                    continue;
+                };
+                let leader = cluster.into_inner().leader_id;
+                if processes
+                    .iter()
+                    .any(|q| q.id == leader && q.child.is_some())
+                {
+                    return Some(leader);
+                }
             }
-        }
-        None
-    })
+            None
+        },
+    )
     .await
 }
 
@@ -118,11 +133,18 @@ async fn submit(c: &mut CoordinatorClient<Channel>, name: &str) -> bool {
 }
 
 async fn job_names(addr: SocketAddr) -> BTreeSet<String> {
-    eventually(Duration::from_secs(30), "a linearizable job list", || async {
-        let mut c = client(addr).await;
-        let jobs = c.list_jobs(pb::ListJobsRequest { allow_stale: false }).await.ok()?;
-        Some(jobs.into_inner().jobs.into_iter().map(|j| j.id).collect())
-    })
+    eventually(
+        Duration::from_secs(30),
+        "a linearizable job list",
+        || async {
+            let mut c = client(addr).await;
+            let jobs = c
+                .list_jobs(pb::ListJobsRequest { allow_stale: false })
+                .await
+                .ok()?;
+            Some(jobs.into_inner().jobs.into_iter().map(|j| j.id).collect())
+        },
+    )
     .await
 }
 
@@ -143,7 +165,11 @@ async fn a_killed_leader_is_replaced_and_rejoins_without_losing_writes() {
             acknowledged.insert(name);
         }
     }
-    assert_eq!(acknowledged.len(), 20, "a healthy cluster acknowledges every write");
+    assert_eq!(
+        acknowledged.len(),
+        20,
+        "a healthy cluster acknowledges every write"
+    );
 
     processes[first as usize - 1].kill();
     let second = leader(&processes).await;
@@ -161,24 +187,43 @@ async fn a_killed_leader_is_replaced_and_rejoins_without_losing_writes() {
     // serves every acknowledged write.
     processes[first as usize - 1].start();
     let old = processes[first as usize - 1].addr;
-    let names = eventually(Duration::from_secs(30), "the old leader to catch up", || async {
-        let names = job_names(old).await;
-        acknowledged.is_subset(&names).then_some(names)
-    })
+    let names = eventually(
+        Duration::from_secs(30),
+        "the old leader to catch up",
+        || async {
+            let names = job_names(old).await;
+            acknowledged.is_subset(&names).then_some(names)
+        },
+    )
     .await;
     assert!(acknowledged.is_subset(&names));
     let mut c = client(old).await;
-    let cluster = c.get_cluster(pb::GetClusterRequest { allow_stale: true }).await.unwrap().into_inner();
-    assert_ne!(cluster.leader_id, first, "the old leader rejoined as a follower");
+    let cluster = c
+        .get_cluster(pb::GetClusterRequest { allow_stale: true })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(
+        cluster.leader_id, first,
+        "the old leader rejoined as a follower"
+    );
 }
 
 /// Seeded kill points; `LONGHAUL_SEED` replays one, `LONGHAUL_CRASH_ITERATIONS`
 /// runs more (CI runs a few; a longer run uses hundreds).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_kill_minus_nine_at_random_points() {
-    let seed: u64 = std::env::var("LONGHAUL_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20261129);
-    let iterations: u64 = std::env::var("LONGHAUL_CRASH_ITERATIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(4);
-    eprintln!("crash durability: seed {seed}, {iterations} iterations (replay with LONGHAUL_SEED={seed})");
+    let seed: u64 = std::env::var("LONGHAUL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261129);
+    let iterations: u64 = std::env::var("LONGHAUL_CRASH_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    eprintln!(
+        "crash durability: seed {seed}, {iterations} iterations (replay with LONGHAUL_SEED={seed})"
+    );
     let dir = tempfile::tempdir().unwrap();
     let mut processes = cluster(dir.path(), 1);
     let mut acknowledged = BTreeSet::new();
@@ -188,7 +233,9 @@ async fn acknowledged_writes_survive_kill_minus_nine_at_random_points() {
         let addr = processes[0].addr;
         leader(&processes).await;
         // Kill after a pseudo-random delay while writers are busy.
-        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let kill_after = Duration::from_millis(50 + (rng >> 33) % 400);
         let writers: Vec<_> = (0..4)
             .map(|w| {
@@ -223,5 +270,54 @@ async fn acknowledged_writes_survive_kill_minus_nine_at_random_points() {
         );
         processes[0].kill();
     }
-    assert!(!acknowledged.is_empty(), "seed {seed}: no write was acknowledged at all");
+    assert!(
+        !acknowledged.is_empty(),
+        "seed {seed}: no write was acknowledged at all"
+    );
+}
+
+/// `GET path` over plain HTTP/1.0; returns the body.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    // HTTP/1.1 with `Connection: close`, so the server ends the response.
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.lines()
+        .next()?
+        .contains(" 200 ")
+        .then(|| body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_for_prometheus() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut processes = cluster(dir.path(), 1);
+    let metrics = free_addr();
+    processes[0].extra_args = vec!["--metrics-listen".into(), metrics.to_string()];
+    processes[0].start();
+    leader(&processes).await;
+    let mut c = client(processes[0].addr).await;
+    assert!(submit(&mut c, "measured").await);
+    let body = eventually(Duration::from_secs(10), "the metrics endpoint", || {
+        http_get(metrics, "/metrics")
+    })
+    .await;
+    for name in [
+        "longhaul_raft_term",
+        "longhaul_raft_is_leader 1",
+        "longhaul_leader_changes_total",
+        "longhaul_proposals_committed_total 1",
+        "longhaul_commit_latency_seconds",
+        "longhaul_fsync_seconds",
+        "longhaul_apply_seconds",
+    ] {
+        assert!(body.contains(name), "{name} missing from\n{body}");
+    }
 }

@@ -273,14 +273,14 @@ impl Link {
             return self.drop(DropCause::Queue);
         }
         let mut marked_ecn = false;
-        if let Some(threshold) = self.config.ecn_threshold {
-            if backlog_after > threshold.bytes() {
-                if !ecn_capable {
-                    return self.drop(DropCause::Queue);
-                }
-                marked_ecn = true;
-                self.stats.ecn_marked += 1;
+        if let Some(threshold) = self.config.ecn_threshold
+            && backlog_after > threshold.bytes()
+        {
+            if !ecn_capable {
+                return self.drop(DropCause::Queue);
             }
+            marked_ecn = true;
+            self.stats.ecn_marked += 1;
         }
 
         let wire_bytes = bytes.saturating_add(self.config.per_packet_overhead.bytes());

@@ -203,10 +203,10 @@ impl ClusterState {
             self.history.push_back(event.clone());
         }
         while self.history.len() > self.history_limit {
-            if let Some(old) = self.history.pop_front() {
-                if evicted.last() != Some(&old.revision) {
-                    evicted.push(old.revision);
-                }
+            if let Some(old) = self.history.pop_front()
+                && evicted.last() != Some(&old.revision)
+            {
+                evicted.push(old.revision);
             }
         }
         // Keep every event of one revision together: a watcher resuming from
