@@ -139,7 +139,11 @@ impl fmt::Display for ConfigError {
                 writeln!(f)?;
             }
             if issue.line == 0 {
-                write!(f, "{}: field `{}`: {}", self.file, issue.path, issue.message)?;
+                write!(
+                    f,
+                    "{}: field `{}`: {}",
+                    self.file, issue.path, issue.message
+                )?;
             } else {
                 write!(
                     f,
@@ -264,9 +268,10 @@ fn locate(document: &Spanned<DeTable<'_>>, path: &FieldPath) -> Option<std::ops:
                 .iter()
                 .find(|(k, _)| k.get_ref().as_ref() == key.as_str())
                 .map(|(_, v)| v),
-            (Segment::Index(index), _, Some(value)) => {
-                value.get_ref().as_array().and_then(|array| array.get(*index))
-            }
+            (Segment::Index(index), _, Some(value)) => value
+                .get_ref()
+                .as_array()
+                .and_then(|array| array.get(*index)),
             _ => None,
         };
         let Some(next) = next else { break };
@@ -328,7 +333,12 @@ mod tests {
 
     #[test]
     fn paths_print_like_accessors() {
-        let path = FieldPath::root().key("sites").index(1).key("buildings").index(0).key("id");
+        let path = FieldPath::root()
+            .key("sites")
+            .index(1)
+            .key("buildings")
+            .index(0)
+            .key("id");
         assert_eq!(path.to_string(), "sites[1].buildings[0].id");
         assert_eq!(FieldPath::root().to_string(), "(document)");
     }

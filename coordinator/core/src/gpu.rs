@@ -24,19 +24,20 @@ pub struct GpuType {
 /// The built-in catalogue. Figures are vendor datasheet values for dense
 /// bf16 (no sparsity) and per-direction scale-up bandwidth.
 pub fn builtin_gpu_types() -> Vec<GpuType> {
-    let gpu = |name: &str, hbm_gb: u64, decimal: bool, tflops: f64, scale_up_gbytes: u64, domain: u32| {
-        GpuType {
-            name: name.to_string(),
-            hbm: if decimal {
-                ByteSize::from_bytes(hbm_gb * 1_000_000_000)
-            } else {
-                ByteSize::from_gib(hbm_gb)
-            },
-            dense_bf16: Throughput::from_tflops(tflops).unwrap_or_default(),
-            scale_up: DataRate::from_gbit_per_second(scale_up_gbytes * 8),
-            max_domain_gpus: domain,
-        }
-    };
+    let gpu =
+        |name: &str, hbm_gb: u64, decimal: bool, tflops: f64, scale_up_gbytes: u64, domain: u32| {
+            GpuType {
+                name: name.to_string(),
+                hbm: if decimal {
+                    ByteSize::from_bytes(hbm_gb * 1_000_000_000)
+                } else {
+                    ByteSize::from_gib(hbm_gb)
+                },
+                dense_bf16: Throughput::from_tflops(tflops).unwrap_or_default(),
+                scale_up: DataRate::from_gbit_per_second(scale_up_gbytes * 8),
+                max_domain_gpus: domain,
+            }
+        };
     vec![
         gpu("a100", 80, false, 312.0, 300, 8),
         gpu("h100", 80, false, 989.0, 450, 8),

@@ -160,10 +160,15 @@ impl JobSpec {
             .sites
             .iter()
             .filter(|s| {
-                self.constraints.allowed_sites.is_empty() || self.constraints.allowed_sites.contains(&s.id)
+                self.constraints.allowed_sites.is_empty()
+                    || self.constraints.allowed_sites.contains(&s.id)
             })
             .collect();
-        let largest_domain = sites.iter().map(|s| s.largest_domain_gpus()).max().unwrap_or(0);
+        let largest_domain = sites
+            .iter()
+            .map(|s| s.largest_domain_gpus())
+            .max()
+            .unwrap_or(0);
         if let Some(tp) = self.constraints.tensor_parallel
             && u64::from(tp) > largest_domain
         {
@@ -210,8 +215,16 @@ impl Validate for JobSpec {
         positive(model.key("parameters"), m.parameters, &mut out);
         positive(model.key("layers"), m.layers.into(), &mut out);
         positive(model.key("hidden_size"), m.hidden_size.into(), &mut out);
-        positive(model.key("attention_heads"), m.attention_heads.into(), &mut out);
-        positive(model.key("sequence_length"), m.sequence_length.into(), &mut out);
+        positive(
+            model.key("attention_heads"),
+            m.attention_heads.into(),
+            &mut out,
+        );
+        positive(
+            model.key("sequence_length"),
+            m.sequence_length.into(),
+            &mut out,
+        );
         if m.attention_heads > 0 && m.hidden_size % m.attention_heads != 0 {
             out.push(Violation::new(
                 model.key("hidden_size"),
@@ -223,8 +236,16 @@ impl Validate for JobSpec {
         }
 
         let batch = root.key("batch");
-        positive(batch.key("global_batch"), self.batch.global_batch.into(), &mut out);
-        positive(batch.key("micro_batch"), self.batch.micro_batch.into(), &mut out);
+        positive(
+            batch.key("global_batch"),
+            self.batch.global_batch.into(),
+            &mut out,
+        );
+        positive(
+            batch.key("micro_batch"),
+            self.batch.micro_batch.into(),
+            &mut out,
+        );
         if self.batch.micro_batch > 0 && self.batch.global_batch % self.batch.micro_batch != 0 {
             out.push(Violation::new(
                 batch.key("global_batch"),
@@ -238,7 +259,8 @@ impl Validate for JobSpec {
         let bytes = self.training.optimizer_state_bytes_per_parameter;
         if !(bytes.is_finite() && (0.0..=64.0).contains(&bytes)) {
             out.push(Violation::new(
-                root.key("training").key("optimizer_state_bytes_per_parameter"),
+                root.key("training")
+                    .key("optimizer_state_bytes_per_parameter"),
                 format!("must be within [0, 64] bytes per parameter, found {bytes}"),
             ));
         }
@@ -279,7 +301,10 @@ impl Validate for JobSpec {
         {
             out.push(Violation::new(
                 constraints.key("tensor_parallel"),
-                format!("tensor-parallel degree {tp} does not divide {} attention heads", m.attention_heads),
+                format!(
+                    "tensor-parallel degree {tp} does not divide {} attention heads",
+                    m.attention_heads
+                ),
             ));
         }
         if let Some(pp) = c.pipeline_parallel
@@ -287,11 +312,18 @@ impl Validate for JobSpec {
         {
             out.push(Violation::new(
                 constraints.key("pipeline_parallel"),
-                format!("pipeline-parallel degree {pp} exceeds the {} layers", m.layers),
+                format!(
+                    "pipeline-parallel degree {pp} exceeds the {} layers",
+                    m.layers
+                ),
             ));
         }
         if let Some(diloco) = &self.diloco {
-            positive(root.key("diloco").key("inner_steps"), diloco.inner_steps.into(), &mut out);
+            positive(
+                root.key("diloco").key("inner_steps"),
+                diloco.inner_steps.into(),
+                &mut out,
+            );
         }
         out
     }

@@ -94,7 +94,10 @@ pub enum Action {
 
 impl Action {
     fn needs_site(self) -> bool {
-        matches!(self, Self::Partition | Self::Heal | Self::KillAgent | Self::RestartAgent)
+        matches!(
+            self,
+            Self::Partition | Self::Heal | Self::KillAgent | Self::RestartAgent
+        )
     }
     fn needs_link(self) -> bool {
         matches!(self, Self::SetLoss | Self::SetRate)
@@ -144,12 +147,18 @@ impl Scenario {
             if topology.link(&link[0], &link[1]).is_none() {
                 out.push(Violation::new(
                     path,
-                    format!("topology {:?} has no link between {:?} and {:?}", topology.name, link[0], link[1]),
+                    format!(
+                        "topology {:?} has no link between {:?} and {:?}",
+                        topology.name, link[0], link[1]
+                    ),
                 ));
             }
         };
         for (i, impairment) in self.impairments.iter().enumerate() {
-            check_link(root.key("impairments").index(i).key("link"), &impairment.link);
+            check_link(
+                root.key("impairments").index(i).key("link"),
+                &impairment.link,
+            );
         }
         for (i, event) in self.timeline.iter().enumerate() {
             if let Some(link) = &event.link {
@@ -187,13 +196,20 @@ impl Validate for Scenario {
         let root = FieldPath::root();
         check_id(&root.key("name"), &self.name, &mut out);
         for key in ["topology", "job"] {
-            let value = if key == "topology" { &self.topology } else { &self.job };
+            let value = if key == "topology" {
+                &self.topology
+            } else {
+                &self.job
+            };
             if value.trim().is_empty() {
                 out.push(Violation::new(root.key(key), "must name a file"));
             }
         }
         if self.duration.as_nanos() == 0 {
-            out.push(Violation::new(root.key("duration"), "must be a positive duration, found 0"));
+            out.push(Violation::new(
+                root.key("duration"),
+                "must be a positive duration, found 0",
+            ));
         }
         let replicas = self.coordinator.replicas;
         if !matches!(replicas, 1 | 3 | 5) {
@@ -206,14 +222,19 @@ impl Validate for Scenario {
         if sites != 0 && sites != replicas as usize {
             out.push(Violation::new(
                 root.key("coordinator").key("sites"),
-                format!("lists {sites} sites for {replicas} replicas: give one site per replica or none"),
+                format!(
+                    "lists {sites} sites for {replicas} replicas: give one site per replica or none"
+                ),
             ));
         }
         for (i, impairment) in self.impairments.iter().enumerate() {
             let path = root.key("impairments").index(i);
             check_loss(path.key("loss"), impairment.loss, &mut out);
             if impairment.rate.is_some_and(|r| r.bits_per_second() == 0) {
-                out.push(Violation::new(path.key("rate"), "must be a positive data rate, found 0"));
+                out.push(Violation::new(
+                    path.key("rate"),
+                    "must be a positive data rate, found 0",
+                ));
             }
         }
         for (i, event) in self.timeline.iter().enumerate() {
@@ -222,16 +243,25 @@ impl Validate for Scenario {
             if event.at > self.duration {
                 out.push(Violation::new(
                     path.key("at"),
-                    format!("event at {} is after the scenario ends ({})", event.at, self.duration),
+                    format!(
+                        "event at {} is after the scenario ends ({})",
+                        event.at, self.duration
+                    ),
                 ));
             }
             if event.action.needs_site() {
                 match &event.site {
-                    None => out.push(Violation::new(path.clone(), format!("action {action:?} needs `site`"))),
+                    None => out.push(Violation::new(
+                        path.clone(),
+                        format!("action {action:?} needs `site`"),
+                    )),
                     Some(site) => check_id(&path.key("site"), site, &mut out),
                 }
             } else if event.site.is_some() {
-                out.push(Violation::new(path.key("site"), format!("action {action:?} takes no `site`")));
+                out.push(Violation::new(
+                    path.key("site"),
+                    format!("action {action:?} takes no `site`"),
+                ));
             }
             if event.action.needs_link() != event.link.is_some() {
                 let message = if event.link.is_some() {
@@ -243,10 +273,16 @@ impl Validate for Scenario {
             }
             match event.action {
                 Action::SetLoss if event.loss.is_none() => {
-                    out.push(Violation::new(path.clone(), "action \"set-loss\" needs `loss`"));
+                    out.push(Violation::new(
+                        path.clone(),
+                        "action \"set-loss\" needs `loss`",
+                    ));
                 }
                 Action::SetRate if event.rate.is_none() => {
-                    out.push(Violation::new(path.clone(), "action \"set-rate\" needs `rate`"));
+                    out.push(Violation::new(
+                        path.clone(),
+                        "action \"set-rate\" needs `rate`",
+                    ));
                 }
                 _ => {}
             }

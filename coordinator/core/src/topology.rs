@@ -206,7 +206,8 @@ impl WanLink {
 
     /// True when the link joins `a` and `b`, in either order.
     pub fn joins(&self, a: &str, b: &str) -> bool {
-        (self.between[0] == a && self.between[1] == b) || (self.between[0] == b && self.between[1] == a)
+        (self.between[0] == a && self.between[1] == b)
+            || (self.between[0] == b && self.between[1] == a)
     }
 }
 
@@ -380,7 +381,8 @@ impl Topology {
                         .sum(),
                     hbm_bytes: groups()
                         .map(|g| {
-                            g.gpus() as f64 * types.get(&g.gpu).map_or(0.0, |t| t.hbm.bytes() as f64)
+                            g.gpus() as f64
+                                * types.get(&g.gpu).map_or(0.0, |t| t.hbm.bytes() as f64)
                         })
                         .sum(),
                     buildings,
@@ -443,13 +445,19 @@ impl Building {
 
 fn check_rate(path: FieldPath, rate: DataRate, out: &mut Vec<Violation>) {
     if rate.bits_per_second() == 0 {
-        out.push(Violation::new(path, "must be a positive data rate, found 0"));
+        out.push(Violation::new(
+            path,
+            "must be a positive data rate, found 0",
+        ));
     }
 }
 
 fn check_count(path: FieldPath, value: u32, what: &str, out: &mut Vec<Violation>) {
     if value == 0 {
-        out.push(Violation::new(path, format!("must be at least 1 {what}, found 0")));
+        out.push(Violation::new(
+            path,
+            format!("must be at least 1 {what}, found 0"),
+        ));
     }
 }
 
@@ -469,7 +477,10 @@ impl Validate for Topology {
             if builtin.contains(&gpu.name) {
                 out.push(Violation::new(
                     path.key("name"),
-                    format!("GPU type {:?} is built in; pick another name for a custom type", gpu.name),
+                    format!(
+                        "GPU type {:?} is built in; pick another name for a custom type",
+                        gpu.name
+                    ),
                 ));
             } else if !declared.insert(gpu.name.clone()) {
                 out.push(Violation::new(
@@ -478,37 +489,60 @@ impl Validate for Topology {
                 ));
             }
             if gpu.hbm.bytes() == 0 {
-                out.push(Violation::new(path.key("hbm"), "must be a positive size, found 0"));
+                out.push(Violation::new(
+                    path.key("hbm"),
+                    "must be a positive size, found 0",
+                ));
             }
             if gpu.dense_bf16.tflops() <= 0.0 {
-                out.push(Violation::new(path.key("dense_bf16"), "must be a positive throughput"));
+                out.push(Violation::new(
+                    path.key("dense_bf16"),
+                    "must be a positive throughput",
+                ));
             }
             check_rate(path.key("scale_up"), gpu.scale_up, &mut out);
-            check_count(path.key("max_domain_gpus"), gpu.max_domain_gpus, "GPU", &mut out);
+            check_count(
+                path.key("max_domain_gpus"),
+                gpu.max_domain_gpus,
+                "GPU",
+                &mut out,
+            );
         }
 
         if self.sites.is_empty() {
-            out.push(Violation::new(root.key("sites"), "a topology needs at least one site"));
+            out.push(Violation::new(
+                root.key("sites"),
+                "a topology needs at least one site",
+            ));
         }
         let mut site_ids = BTreeSet::new();
         for (s, site) in self.sites.iter().enumerate() {
             let path = root.key("sites").index(s);
             check_id(&path.key("id"), &site.id, &mut out);
             if !site_ids.insert(site.id.as_str()) {
-                out.push(Violation::new(path.key("id"), format!("duplicate site id {:?}", site.id)));
+                out.push(Violation::new(
+                    path.key("id"),
+                    format!("duplicate site id {:?}", site.id),
+                ));
             }
             if let Some(location) = site.location {
                 let loc = path.key("location");
                 if !(-90.0..=90.0).contains(&location.latitude) {
                     out.push(Violation::new(
                         loc.key("latitude"),
-                        format!("must be within [-90, 90] degrees, found {}", location.latitude),
+                        format!(
+                            "must be within [-90, 90] degrees, found {}",
+                            location.latitude
+                        ),
                     ));
                 }
                 if !(-180.0..=180.0).contains(&location.longitude) {
                     out.push(Violation::new(
                         loc.key("longitude"),
-                        format!("must be within [-180, 180] degrees, found {}", location.longitude),
+                        format!(
+                            "must be within [-180, 180] degrees, found {}",
+                            location.longitude
+                        ),
                     ));
                 }
             }
@@ -527,7 +561,10 @@ impl Validate for Topology {
             if site.buildings.is_empty() {
                 out.push(Violation::new(
                     path.key("buildings"),
-                    format!("site {:?} has no GPUs: add at least one building with domains", site.id),
+                    format!(
+                        "site {:?} has no GPUs: add at least one building with domains",
+                        site.id
+                    ),
                 ));
             }
             let mut building_ids = BTreeSet::new();
@@ -537,15 +574,24 @@ impl Validate for Topology {
                 if !building_ids.insert(building.id.as_str()) {
                     out.push(Violation::new(
                         path.key("id"),
-                        format!("duplicate building id {:?} in site {:?}", building.id, site.id),
+                        format!(
+                            "duplicate building id {:?} in site {:?}",
+                            building.id, site.id
+                        ),
                     ));
                 }
-                check_rate(path.key("fabric").key("link_rate"), building.fabric.link_rate, &mut out);
+                check_rate(
+                    path.key("fabric").key("link_rate"),
+                    building.fabric.link_rate,
+                    &mut out,
+                );
                 let over = building.fabric.oversubscription;
                 if !(over.is_finite() && over >= 1.0) {
                     out.push(Violation::new(
                         path.key("fabric").key("oversubscription"),
-                        format!("must be a ratio of at least 1.0 (1.0 is non-blocking), found {over}"),
+                        format!(
+                            "must be a ratio of at least 1.0 (1.0 is non-blocking), found {over}"
+                        ),
                     ));
                 }
                 if building.domains.is_empty() {
@@ -561,12 +607,25 @@ impl Validate for Topology {
                     if !domain_ids.insert(group.id.as_str()) {
                         out.push(Violation::new(
                             path.key("id"),
-                            format!("duplicate domain group id {:?} in building {:?}", group.id, building.id),
+                            format!(
+                                "duplicate domain group id {:?} in building {:?}",
+                                group.id, building.id
+                            ),
                         ));
                     }
                     check_count(path.key("count"), group.count, "domain", &mut out);
-                    check_count(path.key("nodes_per_domain"), group.nodes_per_domain, "node", &mut out);
-                    check_count(path.key("gpus_per_node"), group.gpus_per_node, "GPU", &mut out);
+                    check_count(
+                        path.key("nodes_per_domain"),
+                        group.nodes_per_domain,
+                        "node",
+                        &mut out,
+                    );
+                    check_count(
+                        path.key("gpus_per_node"),
+                        group.gpus_per_node,
+                        "GPU",
+                        &mut out,
+                    );
                     match self.gpu_type(&group.gpu) {
                         None => out.push(Violation::new(
                             path.key("gpu"),
@@ -613,23 +672,38 @@ impl Validate for Topology {
                     format!("a link must join two different sites, found {a:?} twice"),
                 ));
             }
-            let pair = if a <= b { (a.clone(), b.clone()) } else { (b.clone(), a.clone()) };
+            let pair = if a <= b {
+                (a.clone(), b.clone())
+            } else {
+                (b.clone(), a.clone())
+            };
             if a != b && !pairs.insert(pair) {
                 out.push(Violation::new(
                     path.key("between"),
                     format!("duplicate link between {a:?} and {b:?}: describe parallel links with `parallel_links`"),
                 ));
             }
-            check_count(path.key("parallel_links"), link.parallel_links, "link", &mut out);
+            check_count(
+                path.key("parallel_links"),
+                link.parallel_links,
+                "link",
+                &mut out,
+            );
             check_rate(path.key("link_rate"), link.link_rate, &mut out);
             if !(link.loss.is_finite() && (0.0..1.0).contains(&link.loss)) {
                 out.push(Violation::new(
                     path.key("loss"),
-                    format!("must be a probability in [0, 1) (write 1% as 0.01), found {}", link.loss),
+                    format!(
+                        "must be a probability in [0, 1) (write 1% as 0.01), found {}",
+                        link.loss
+                    ),
                 ));
             }
             if link.buffer.is_some_and(|b| b.bytes() == 0) {
-                out.push(Violation::new(path.key("buffer"), "must be a positive size, found 0"));
+                out.push(Violation::new(
+                    path.key("buffer"),
+                    "must be a positive size, found 0",
+                ));
             }
             let locations = (
                 self.site(a).and_then(|s| s.location),

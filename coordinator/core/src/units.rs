@@ -21,7 +21,9 @@ pub enum UnitError {
         example: &'static str,
         found: String,
     },
-    #[error("expected {expected} such as {example:?}, found unit {unit:?} which measures {measures}")]
+    #[error(
+        "expected {expected} such as {example:?}, found unit {unit:?} which measures {measures}"
+    )]
     WrongKind {
         expected: &'static str,
         example: &'static str,
@@ -524,7 +526,12 @@ mod tests {
 
     #[test]
     fn parses_and_prints_canonical_forms() {
-        let cases: &[(&str, &str)] = &[("400 Gbit/s", "400 Gbit/s"), ("400Gbps", "400 Gbit/s"), ("1.6 Tbit/s", "1600 Gbit/s"), ("50 GB/s", "400 Gbit/s")];
+        let cases: &[(&str, &str)] = &[
+            ("400 Gbit/s", "400 Gbit/s"),
+            ("400Gbps", "400 Gbit/s"),
+            ("1.6 Tbit/s", "1600 Gbit/s"),
+            ("50 GB/s", "400 Gbit/s"),
+        ];
         for (input, canonical) in cases {
             let rate: DataRate = input.parse().unwrap();
             assert_eq!(rate.to_string(), *canonical, "{input}");
@@ -542,9 +549,21 @@ mod tests {
             err.to_string(),
             "expected a data rate such as \"400 Gbit/s\", found unit \"GiB\" which measures a size in bytes"
         );
-        assert!(matches!("80 km".parse::<ByteSize>(), Err(UnitError::WrongKind { .. })));
-        assert!(matches!("80".parse::<Distance>(), Err(UnitError::Malformed { .. })));
-        assert!(matches!("-3 km".parse::<Distance>(), Err(UnitError::Negative { .. })));
-        assert!(matches!("1.5 B".parse::<ByteSize>(), Err(UnitError::Fractional { .. })));
+        assert!(matches!(
+            "80 km".parse::<ByteSize>(),
+            Err(UnitError::WrongKind { .. })
+        ));
+        assert!(matches!(
+            "80".parse::<Distance>(),
+            Err(UnitError::Malformed { .. })
+        ));
+        assert!(matches!(
+            "-3 km".parse::<Distance>(),
+            Err(UnitError::Negative { .. })
+        ));
+        assert!(matches!(
+            "1.5 B".parse::<ByteSize>(),
+            Err(UnitError::Fractional { .. })
+        ));
     }
 }

@@ -1,0 +1,174 @@
+//! The placement engine: where each kind of parallel work of one job runs.
+//!
+//! [`place`] searches tensor, pipeline and data-parallel degrees, the
+//! cross-site mode (one synchronous pipeline across sites, or DiLoCo
+//! replicas per site), the site order, the replica distribution and the
+//! layer split, and returns the plan with the lowest predicted step time
+//! under [`crate::cost`]. [`brute_force_place`] enumerates the same space
+//! without the solver's shortcuts, for tiny instances; [`validate_plan`]
+//! checks every hard constraint of a plan against its inputs.
+//!
+//! Within a site, TP groups are packed by one canonical rule (fastest pools
+//! first, stage after stage); the search decides everything above it.
+
+mod assemble;
+mod model;
+mod plan;
+mod search;
+mod validate;
+
+use thiserror::Error;
+
+use crate::config::Validate;
+use crate::cost::CostParams;
+use crate::job::JobSpec;
+use crate::topology::Topology;
+
+pub use plan::{
+    Binding, CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown,
+    WanTraffic,
+};
+pub use validate::{validate_plan, validate_plan_with};
+
+/// Why a job cannot be placed, with the numbers that show by how much.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum PlacementError {
+    #[error("job is invalid: {0}")]
+    InvalidJob(String),
+    #[error("no allowed site has a usable scale-up domain")]
+    NoSites,
+    #[error(
+        "no tensor-parallel degree divides {heads} attention heads and fits a scale-up domain \
+         (largest allowed domain {largest_domain} GPUs, limit {limit:?})"
+    )]
+    TensorParallel {
+        heads: u32,
+        largest_domain: u64,
+        limit: Option<u32>,
+    },
+    #[error("pipeline-parallel degree {pipeline_parallel} exceeds the {layers} layers")]
+    PipelineTooDeep { pipeline_parallel: u32, layers: u32 },
+    #[error(
+        "global batch {global_batch} is not divisible by data-parallel degree × micro-batch \
+         ({data_parallel} × {micro_batch})"
+    )]
+    BatchIndivisible {
+        global_batch: u32,
+        micro_batch: u32,
+        data_parallel: u32,
+    },
+    #[error(
+        "the smallest admissible plan needs {needed} GPUs but the allowed sites have {available}"
+    )]
+    NotEnoughGpus { needed: u64, available: u64 },
+    #[error(
+        "memory does not fit: the closest candidate ({candidate}) needs {short_bytes:.0} more \
+         bytes per GPU than HBM minus headroom"
+    )]
+    OutOfMemory { short_bytes: f64, candidate: String },
+    #[error(
+        "not enough scale-up slots: {candidate} needs {needed_slots} TP groups, {free_slots} fit"
+    )]
+    Capacity {
+        needed_slots: u64,
+        free_slots: u64,
+        candidate: String,
+    },
+    #[error("no feasible plan: {0}")]
+    NoFeasiblePlan(String),
+    #[error("too large for brute force: {0}")]
+    TooLarge(String),
+}
+
+/// Places `job` on `topology` with the default cost assumptions.
+pub fn place(topology: &Topology, job: &JobSpec) -> Result<Plan, PlacementError> {
+    place_with(topology, job, &CostParams::default())
+}
+
+/// Places `job` on `topology`: the plan with the lowest predicted step
+/// time, ties broken towards fewer GPUs, then by enumeration order (TP,
+/// PP ascending, DP descending, interleaving, sites in topology order), so
+/// the same inputs always give the same plan.
+pub fn place_with(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+) -> Result<Plan, PlacementError> {
+    run(topology, job, params, search::Effort::Solve)
+}
+
+/// Places a tiny job by enumerating every degree, site order, stage count,
+/// replica distribution and layer split in the same cost model. Refuses
+/// instances beyond 12 GPUs, 3 sites or 12 layers.
+pub fn brute_force_place(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+) -> Result<Plan, PlacementError> {
+    let (gpus, sites, layers) = (topology.gpus(), topology.sites.len(), job.model.layers);
+    if gpus > 12 || sites > 3 || layers > 12 {
+        return Err(PlacementError::TooLarge(format!(
+            "{gpus} GPUs, {sites} sites, {layers} layers (limits 12, 3, 12)"
+        )));
+    }
+    run(topology, job, params, search::Effort::Exhaustive)
+}
+
+fn run(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+    effort: search::Effort,
+) -> Result<Plan, PlacementError> {
+    let mut problems: Vec<String> = job
+        .violations()
+        .into_iter()
+        .chain(job.violations_against(topology))
+        .map(|v| format!("{}: {}", v.path, v.message))
+        .collect();
+    if !(params.mfu > 0.0 && params.mfu <= 1.0) {
+        problems.push(format!(
+            "cost parameter mfu must be in (0, 1], found {}",
+            params.mfu
+        ));
+    }
+    if !(0.0..1.0).contains(&params.hbm_headroom) {
+        problems.push(format!(
+            "hbm_headroom must be in [0, 1), found {}",
+            params.hbm_headroom
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(PlacementError::InvalidJob(problems.join("; ")));
+    }
+    let ctx = model::Ctx::new(topology, job, params);
+    let space = search::Space::new(&ctx, effort)?;
+    let outcome = search::search(&ctx, &space, effort);
+    match &outcome.best {
+        Some(choice) => Ok(assemble::plan(&ctx, topology, choice, &outcome)),
+        None => Err(explain(outcome.failures)),
+    }
+}
+
+fn explain(f: search::Failures) -> PlacementError {
+    if let Some((short_bytes, candidate)) = f.memory {
+        return PlacementError::OutOfMemory {
+            short_bytes,
+            candidate,
+        };
+    }
+    if let Some((needed_slots, free_slots, candidate)) = f.capacity {
+        return PlacementError::Capacity {
+            needed_slots,
+            free_slots,
+            candidate,
+        };
+    }
+    if let Some((needed, available)) = f.gpus {
+        return PlacementError::NotEnoughGpus { needed, available };
+    }
+    PlacementError::NoFeasiblePlan(format!(
+        "every candidate was rejected ({} needed a WAN link that does not exist)",
+        f.no_link
+    ))
+}

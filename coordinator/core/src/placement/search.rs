@@ -1,0 +1,774 @@
+//! The search over degrees, modes, site orders, stage counts, replica
+//! distributions and layer splits. One enumeration serves both the solver
+//! and the brute-force placer: in `Effort::Exhaustive` every layer split,
+//! site sequence and replica distribution is enumerated and costed; in
+//! `Effort::Solve` the split comes from the exact min-max scan, candidates are
+//! pruned by a compute lower bound, and large site counts use heuristics.
+
+use std::collections::BTreeMap;
+
+use super::PlacementError;
+use super::model::{Ctx, GroupEval, GroupFailure, GroupModel};
+use crate::cost::{self, Link, ring_all_reduce, ring_reduce_scatter};
+use crate::placement::plan::CrossSiteMode;
+
+/// Sites up to which site orders and subsets are enumerated exactly.
+pub(crate) const EXACT_SITES: usize = 6;
+/// Stage-count compositions or replica distributions enumerated exactly
+/// by the solver before it falls back to a heuristic.
+const EXACT_DISTRIBUTIONS: u64 = 256;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effort {
+    Solve,
+    Exhaustive,
+}
+
+/// One costed group: its site layout, split and evaluation.
+#[derive(Debug, Clone)]
+pub(crate) struct CostedGroup {
+    pub model: GroupModel,
+    pub split: Vec<u32>,
+    pub eval: GroupEval,
+}
+
+/// Bytes one outer sync moves over the WAN hop between two sites.
+pub(crate) type HopBytes = ((usize, usize), f64);
+
+/// A complete candidate plan, before it is turned into a [`super::Plan`].
+#[derive(Debug, Clone)]
+pub(crate) struct Choice {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    pub v: u32,
+    pub m: u64,
+    pub mode: CrossSiteMode,
+    pub groups: Vec<CostedGroup>,
+    /// Pipeline order (pipeline mode) or outer-sync ring (DiLoCo).
+    pub site_order: Vec<usize>,
+    pub outer: f64,
+    /// Bytes per outer sync on each ring hop.
+    pub outer_hops: Vec<HopBytes>,
+    pub total: f64,
+}
+
+impl Choice {
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp)
+    }
+    /// `single-site`, `cross-site pipeline` or `diloco`.
+    pub fn kind(&self) -> &'static str {
+        match self.mode {
+            CrossSiteMode::Diloco { .. } => "diloco",
+            CrossSiteMode::Pipeline if self.site_order.len() > 1 => "cross-site pipeline",
+            CrossSiteMode::Pipeline => "single-site",
+        }
+    }
+}
+
+/// What failed along the way, to explain an infeasible job.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    pub memory: Option<(f64, String)>,
+    pub gpus: Option<(u64, u64)>,
+    pub capacity: Option<(u64, u64, String)>,
+    pub no_link: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub best: Option<Choice>,
+    /// Best total per kind of plan, to explain the mode chosen.
+    pub best_by_kind: BTreeMap<&'static str, f64>,
+    pub candidates: u64,
+    pub failures: Failures,
+}
+
+/// The degrees the job and topology admit.
+#[derive(Debug)]
+pub(crate) struct Space {
+    pub tps: Vec<u32>,
+    pub pps: Vec<u32>,
+    pub dps: Vec<u32>,
+    pub inner_steps: u32,
+}
+
+impl Space {
+    pub fn new(ctx: &Ctx<'_>, effort: Effort) -> Result<Self, PlacementError> {
+        let job = ctx.job;
+        let c = &job.constraints;
+        let model = &job.model;
+        if ctx.sites.is_empty() {
+            return Err(PlacementError::NoSites);
+        }
+        let largest = ctx
+            .sites
+            .iter()
+            .flat_map(|s| &s.pools)
+            .map(|p| p.gpus_per_domain)
+            .max()
+            .unwrap_or(0);
+        let limit = c.max_tensor_parallel.unwrap_or(u32::MAX);
+        let tps: Vec<u32> = (1..=model.attention_heads)
+            .filter(|t| model.attention_heads % t == 0)
+            .filter(|&t| t <= limit && u64::from(t) <= largest)
+            .filter(|&t| c.tensor_parallel.is_none_or(|f| f == t))
+            .collect();
+        if tps.is_empty() {
+            return Err(PlacementError::TensorParallel {
+                heads: model.attention_heads,
+                largest_domain: largest,
+                limit: c.tensor_parallel.or(c.max_tensor_parallel),
+            });
+        }
+        let layers = model.layers;
+        let pps: Vec<u32> = match c.pipeline_parallel {
+            Some(p) if p <= layers => vec![p],
+            Some(p) => {
+                return Err(PlacementError::PipelineTooDeep {
+                    pipeline_parallel: p,
+                    layers,
+                });
+            }
+            // The solver tries every depth up to 32 and every divisor of the
+            // layer count beyond; brute force (tiny models) tries all.
+            None => (1..=layers)
+                .filter(|&p| effort == Effort::Exhaustive || p <= 32 || layers % p == 0)
+                .collect(),
+        };
+        let sequences = job.batch.global_batch / job.batch.micro_batch.max(1);
+        let dps: Vec<u32> = (1..=sequences)
+            .filter(|d| job.batch.global_batch % (d * job.batch.micro_batch.max(1)) == 0)
+            .filter(|&d| c.data_parallel.is_none_or(|f| f == d))
+            .collect();
+        if dps.is_empty() {
+            return Err(PlacementError::BatchIndivisible {
+                global_batch: job.batch.global_batch,
+                micro_batch: job.batch.micro_batch,
+                data_parallel: c.data_parallel.unwrap_or(0),
+            });
+        }
+        let inner_steps = job
+            .diloco
+            .as_ref()
+            .map_or(ctx.params.default_inner_steps, |d| d.inner_steps)
+            .max(1);
+        Ok(Self {
+            tps,
+            pps,
+            dps,
+            inner_steps,
+        })
+    }
+}
+
+/// Runs the search.
+pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
+    let mut out = Outcome {
+        best: None,
+        best_by_kind: BTreeMap::new(),
+        candidates: 0,
+        failures: Failures::default(),
+    };
+    let available: u64 = ctx.sites.iter().map(|s| s.gpus()).sum();
+    let layers = ctx.job.model.layers;
+    let micro = u64::from(ctx.job.batch.micro_batch.max(1));
+    let max_v = ctx.params.max_virtual_stages.max(1);
+    for &tp in &space.tps {
+        let fastest_layer = fastest_layer_seconds(ctx, tp);
+        for &pp in &space.pps {
+            for &dp in space.dps.iter().rev() {
+                let gpus = u64::from(tp) * u64::from(pp) * u64::from(dp);
+                if gpus > available {
+                    let better = out.failures.gpus.is_none_or(|(needed, _)| gpus < needed);
+                    if better {
+                        out.failures.gpus = Some((gpus, available));
+                    }
+                    continue;
+                }
+                let m = u64::from(ctx.job.batch.global_batch) / (u64::from(dp) * micro);
+                if effort == Effort::Solve
+                    && let Some(best) = &out.best
+                {
+                    let per_stage = f64::from(layers.div_ceil(pp)) * fastest_layer;
+                    let bound = (m as f64 + f64::from(pp - 1) / f64::from(max_v)) * per_stage;
+                    if bound > best.total {
+                        continue;
+                    }
+                }
+                for v in 1..=max_v {
+                    // Interleaving needs whole chunks per stage, m divisible
+                    // by p (Megatron's schedule), and stays inside one site:
+                    // its wrap-around would cross the WAN v−1 extra times.
+                    if v > 1 && (pp < 2 || layers % (pp * v) != 0 || m % u64::from(pp) != 0) {
+                        continue;
+                    }
+                    pipeline_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);
+                    diloco_candidates(ctx, space, effort, tp, pp, dp, v, m, &mut out);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn fastest_layer_seconds(ctx: &Ctx<'_>, tp: u32) -> f64 {
+    ctx.sites
+        .iter()
+        .flat_map(|s| &s.pools)
+        .filter(|p| p.gpus_per_domain >= u64::from(tp))
+        .map(|p| {
+            let link = Link::new(ctx.params.scale_up_latency_seconds, p.scale_up_bytes);
+            ctx.layer_flops / (f64::from(tp) * p.flops * ctx.params.mfu)
+                + cost::tp_seconds_per_layer(ctx.job, tp, link)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The total a candidate must beat to matter.
+fn cutoff(out: &Outcome) -> f64 {
+    out.best.as_ref().map_or(f64::INFINITY, |b| b.total)
+}
+
+fn offer(out: &mut Outcome, choice: Choice) {
+    out.candidates += 1;
+    let kind = choice.kind();
+    let entry = out.best_by_kind.entry(kind).or_insert(f64::INFINITY);
+    *entry = entry.min(choice.total);
+    let better = match &out.best {
+        None => true,
+        Some(best) => {
+            choice.total < best.total || (choice.total == best.total && choice.gpus() < best.gpus())
+        }
+    };
+    if better {
+        out.best = Some(choice);
+    }
+}
+
+fn note(out: &mut Outcome, failure: GroupFailure, what: impl FnOnce() -> String) {
+    match failure {
+        GroupFailure::Memory { short_bytes } => {
+            if out
+                .failures
+                .memory
+                .as_ref()
+                .is_none_or(|(s, _)| short_bytes < *s)
+            {
+                out.failures.memory = Some((short_bytes, what()));
+            }
+        }
+        GroupFailure::Capacity {
+            needed_slots,
+            free_slots,
+        } => {
+            if out.failures.capacity.is_none() {
+                out.failures.capacity = Some((needed_slots, free_slots, what()));
+            }
+        }
+        GroupFailure::NoLink => out.failures.no_link += 1,
+        GroupFailure::Pruned => {}
+    }
+}
+
+/// Builds and splits one group.
+fn cost_group(
+    ctx: &Ctx<'_>,
+    effort: Effort,
+    (tp, v, m, replicas): (u32, u32, u64, u64),
+    sites: &[(usize, u32)],
+    extra_state: f64,
+    cutoff: f64,
+) -> Result<CostedGroup, GroupFailure> {
+    let model = GroupModel::build(ctx, tp, v, m, replicas, sites, extra_state)?;
+    let layers = ctx.job.model.layers;
+    if effort == Effort::Solve && model.lower_bound(layers) > cutoff {
+        return Err(GroupFailure::Pruned);
+    }
+    let (split, eval) = match effort {
+        Effort::Solve => model.best_split(layers)?,
+        Effort::Exhaustive => exhaustive_split(&model, layers)?,
+    };
+    Ok(CostedGroup { model, split, eval })
+}
+
+/// Every split into contiguous ranges of whole chunks, costed.
+fn exhaustive_split(
+    model: &GroupModel,
+    layers: u32,
+) -> Result<(Vec<u32>, GroupEval), GroupFailure> {
+    let v = model.v.max(1);
+    let p = model.p();
+    let mut best: Option<(Vec<u32>, GroupEval)> = None;
+    let mut least_short = f64::INFINITY;
+    for units in compositions(layers / v, p, &vec![u32::MAX; p as usize]) {
+        let split: Vec<u32> = units.iter().map(|u| u * v).collect();
+        match model.evaluate(&split) {
+            Ok(eval) => {
+                if best.as_ref().is_none_or(|(_, e)| eval.total < e.total) {
+                    best = Some((split, eval));
+                }
+            }
+            Err(GroupFailure::Memory { short_bytes }) => least_short = least_short.min(short_bytes),
+            Err(other) => return Err(other),
+        }
+    }
+    best.ok_or(GroupFailure::Memory {
+        short_bytes: least_short,
+    })
+}
+
+/// All ways to write `total` as `parts` positive integers with part i at
+/// most `caps[i]`, in lexicographic order.
+pub(crate) fn compositions(total: u32, parts: u32, caps: &[u32]) -> Vec<Vec<u32>> {
+    fn go(left: u32, i: usize, caps: &[u32], cur: &mut Vec<u32>, out: &mut Vec<Vec<u32>>) {
+        let remaining = caps.len() - i;
+        if remaining == 1 {
+            if left >= 1 && left <= caps[i] {
+                cur.push(left);
+                out.push(cur.clone());
+                cur.pop();
+            }
+            return;
+        }
+        let max_here = caps[i].min(left.saturating_sub(remaining as u32 - 1));
+        for c in 1..=max_here {
+            cur.push(c);
+            go(left - c, i + 1, caps, cur, out);
+            cur.pop();
+        }
+    }
+    let mut out = Vec::new();
+    if parts == 0 || total < parts || caps.len() != parts as usize {
+        return out;
+    }
+    go(total, 0, caps, &mut Vec::new(), &mut out);
+    out
+}
+
+/// C(n, k), saturating.
+fn binomial(n: u64, k: u64) -> u64 {
+    let k = k.min(n.saturating_sub(k));
+    (0..k).fold(1u64, |acc, i| acc.saturating_mul(n - i) / (i + 1))
+}
+
+/// Splits `total` into parts proportional to `weights` (largest remainder,
+/// each at least 1 and at most its cap); `None` when the caps do not allow.
+fn proportional(total: u32, weights: &[f64], caps: &[u32]) -> Option<Vec<u32>> {
+    let sum: f64 = weights.iter().sum();
+    let n = weights.len() as u32;
+    if total < n || caps.iter().map(|&c| u64::from(c)).sum::<u64>() < u64::from(total) {
+        return None;
+    }
+    let spare = f64::from(total - n);
+    let mut parts: Vec<u32> = weights
+        .iter()
+        .zip(caps)
+        .map(|(w, &c)| (1 + (spare * w / sum).floor() as u32).min(c))
+        .collect();
+    let mut given: u32 = parts.iter().sum();
+    let mut i = 0usize;
+    while given < total && i < 64 * parts.len() {
+        let j = i % parts.len();
+        if parts[j] < caps[j] {
+            parts[j] += 1;
+            given += 1;
+        }
+        i += 1;
+    }
+    (given == total).then_some(parts)
+}
+
+/// Ordered sequences of distinct, WAN-linked sites a pipeline may follow.
+fn site_sequences(ctx: &Ctx<'_>, effort: Effort, max_len: usize) -> Vec<Vec<usize>> {
+    let n = ctx.sites.len();
+    let mut out: Vec<Vec<usize>> = (0..n).map(|s| vec![s]).collect();
+    if effort == Effort::Exhaustive || n <= EXACT_SITES {
+        let mut frontier = out.clone();
+        for _ in 1..max_len.min(n) {
+            let mut next = Vec::new();
+            for seq in &frontier {
+                let last = seq[seq.len() - 1];
+                for s in 0..n {
+                    if !seq.contains(&s) && ctx.link(last, s).is_some() {
+                        let mut longer = seq.clone();
+                        longer.push(s);
+                        next.push(longer);
+                    }
+                }
+            }
+            out.extend(next.iter().cloned());
+            frontier = next;
+        }
+    } else {
+        // Beyond six sites: from each start, extend to the nearest linked
+        // site (lowest RTT), keeping every prefix up to four sites.
+        for start in 0..n {
+            let mut seq = vec![start];
+            while seq.len() < max_len.min(4) {
+                let last = seq[seq.len() - 1];
+                let next = (0..n)
+                    .filter(|s| !seq.contains(s))
+                    .filter_map(|s| ctx.link(last, s).map(|l| (s, l.rtt_seconds())))
+                    .min_by(|a, b| a.1.total_cmp(&b.1));
+                let Some((s, _)) = next else { break };
+                seq.push(s);
+                out.push(seq.clone());
+            }
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)] // reason: the degrees of one candidate.
+fn pipeline_candidates(
+    ctx: &Ctx<'_>,
+    effort: Effort,
+    tp: u32,
+    pp: u32,
+    dp: u32,
+    v: u32,
+    m: u64,
+    out: &mut Outcome,
+) {
+    let replicas = u64::from(dp);
+    for seq in site_sequences(ctx, effort, pp as usize) {
+        if v > 1 && seq.len() > 1 {
+            continue;
+        }
+        let caps: Vec<u32> = seq
+            .iter()
+            .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / replicas).unwrap_or(u32::MAX))
+            .collect();
+        let k = seq.len() as u64;
+        let counts = if effort == Effort::Exhaustive
+            || binomial(u64::from(pp) - 1, k - 1) <= EXACT_DISTRIBUTIONS
+        {
+            compositions(pp, seq.len() as u32, &caps)
+        } else {
+            let weights: Vec<f64> = seq.iter().map(|&s| ctx.sites[s].slots(tp) as f64).collect();
+            proportional(pp, &weights, &caps).into_iter().collect()
+        };
+        if counts.is_empty() {
+            note(
+                out,
+                GroupFailure::Capacity {
+                    needed_slots: u64::from(pp) * replicas,
+                    free_slots: caps.iter().map(|&c| u64::from(c) * replicas).sum(),
+                },
+                || format!("tp={tp} pp={pp} dp={dp} on {}", names(ctx, &seq)),
+            );
+        }
+        for count in counts {
+            let sites: Vec<(usize, u32)> = seq.iter().copied().zip(count).collect();
+            match cost_group(ctx, effort, (tp, v, m, replicas), &sites, 0.0, cutoff(out)) {
+                Ok(group) => offer(
+                    out,
+                    Choice {
+                        tp,
+                        pp,
+                        dp,
+                        v,
+                        m,
+                        mode: CrossSiteMode::Pipeline,
+                        total: group.eval.total,
+                        groups: vec![group],
+                        site_order: seq.clone(),
+                        outer: 0.0,
+                        outer_hops: Vec::new(),
+                    },
+                ),
+                Err(failure) => note(out, failure, || {
+                    format!(
+                        "tp={tp} pp={pp} dp={dp} v={v} pipeline over {}",
+                        names(ctx, &seq)
+                    )
+                }),
+            }
+        }
+    }
+}
+
+fn names(ctx: &Ctx<'_>, sites: &[usize]) -> String {
+    sites
+        .iter()
+        .map(|&s| ctx.sites[s].id.as_str())
+        .collect::<Vec<_>>()
+        .join("→")
+}
+
+/// Rings through `subset` whose consecutive sites are linked: every ring
+/// for up to six sites (one per rotation and direction), else the
+/// nearest-neighbour tour.
+fn rings(ctx: &Ctx<'_>, subset: &[usize], effort: Effort) -> Vec<Vec<usize>> {
+    let closes = |ring: &[usize]| {
+        (0..ring.len()).all(|i| ctx.link(ring[i], ring[(i + 1) % ring.len()]).is_some())
+    };
+    if subset.len() <= 3 {
+        return if closes(subset) {
+            vec![subset.to_vec()]
+        } else {
+            Vec::new()
+        };
+    }
+    if effort == Effort::Exhaustive || subset.len() <= EXACT_SITES {
+        let mut out = Vec::new();
+        let rest: Vec<usize> = subset[1..].to_vec();
+        permute(&rest, &mut Vec::new(), &mut |perm| {
+            if perm[0] < perm[perm.len() - 1] {
+                let mut ring = vec![subset[0]];
+                ring.extend_from_slice(perm);
+                if closes(&ring) {
+                    out.push(ring);
+                }
+            }
+        });
+        return out;
+    }
+    let mut ring = vec![subset[0]];
+    while ring.len() < subset.len() {
+        let last = ring[ring.len() - 1];
+        let next = subset
+            .iter()
+            .copied()
+            .filter(|s| !ring.contains(s))
+            .min_by(|&a, &b| {
+                let rtt = |s| ctx.link(last, s).map_or(f64::INFINITY, |l| l.rtt_seconds());
+                rtt(a).total_cmp(&rtt(b))
+            });
+        match next {
+            Some(s) => ring.push(s),
+            None => break,
+        }
+    }
+    if closes(&ring) {
+        vec![ring]
+    } else {
+        Vec::new()
+    }
+}
+
+fn permute(rest: &[usize], cur: &mut Vec<usize>, f: &mut impl FnMut(&[usize])) {
+    if cur.len() == rest.len() {
+        f(cur);
+        return;
+    }
+    for &s in rest {
+        if !cur.contains(&s) {
+            cur.push(s);
+            permute(rest, cur, f);
+            cur.pop();
+        }
+    }
+}
+
+/// The DiLoCo outer sync for replicas `ks` at the sites of `ring`: a
+/// hierarchical all-reduce of the pseudo-gradient (P elements at the
+/// training precision): reduce-scatter among a site's replicas on its
+/// fabric, ring all-reduce across sites paced by the slowest hop (each of
+/// the tp·pp·k shard holders opens its streams), all-gather locally.
+/// Returns the time and bytes per hop (both directions).
+pub(crate) fn outer_sync(
+    ctx: &Ctx<'_>,
+    tp: u32,
+    pp: u32,
+    ring: &[usize],
+    ks: &[u64],
+) -> Option<(f64, Vec<HopBytes>)> {
+    let job = ctx.job;
+    let bytes = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
+    let shard_holders = u64::from(tp) * u64::from(pp);
+    let mut local = 0.0f64;
+    for (&s, &k) in ring.iter().zip(ks) {
+        let fabric = ctx.sites[s]
+            .pools
+            .iter()
+            .map(|p| p.nic_bytes / p.oversubscription)
+            .fold(f64::INFINITY, f64::min);
+        let link = Link::new(ctx.params.fabric_latency_seconds, fabric);
+        local = local.max(2.0 * ring_reduce_scatter(k, bytes / shard_holders as f64, link));
+    }
+    let n = ring.len();
+    let streams = shard_holders
+        * ks.iter().copied().min().unwrap_or(1)
+        * u64::from(ctx.params.wan_streams_per_gpu);
+    let hops: Vec<(usize, usize)> = if n == 2 {
+        vec![(ring[0], ring[1])]
+    } else {
+        (0..n).map(|i| (ring[i], ring[(i + 1) % n])).collect()
+    };
+    let mut slowest = Link::new(0.0, f64::INFINITY);
+    for &(a, b) in &hops {
+        let link = cost::wan_link(ctx.link(a, b)?, streams, 1);
+        slowest.latency_seconds = slowest.latency_seconds.max(link.latency_seconds);
+        slowest.bytes_per_second = slowest.bytes_per_second.min(link.bytes_per_second);
+    }
+    let wan = ring_all_reduce(n as u64, bytes, slowest);
+    let per_node = 2.0 * (n as f64 - 1.0) / n as f64 * bytes;
+    let per_hop = if n == 2 { 2.0 * per_node } else { per_node };
+    Some((
+        local + wan,
+        hops.into_iter().map(|h| (h, per_hop)).collect(),
+    ))
+}
+
+/// Site subsets of at least two sites that DiLoCo may use.
+fn subsets(ctx: &Ctx<'_>, effort: Effort, tp: u32) -> Vec<Vec<usize>> {
+    let n = ctx.sites.len();
+    if effort == Effort::Exhaustive || n <= EXACT_SITES {
+        return (1u32..(1 << n))
+            .filter(|mask| mask.count_ones() >= 2)
+            .map(|mask| (0..n).filter(|&s| mask & (1 << s) != 0).collect())
+            .collect();
+    }
+    // Beyond six sites: the largest sites first, every prefix.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| ctx.sites[b].slots(tp).cmp(&ctx.sites[a].slots(tp)));
+    (2..=n)
+        .map(|k| {
+            let mut s = order[..k].to_vec();
+            s.sort_unstable();
+            s
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)] // reason: the degrees of one candidate.
+fn diloco_candidates(
+    ctx: &Ctx<'_>,
+    space: &Space,
+    effort: Effort,
+    tp: u32,
+    pp: u32,
+    dp: u32,
+    v: u32,
+    m: u64,
+    out: &mut Outcome,
+) {
+    if ctx.sites.len() < 2 || dp < 2 {
+        return;
+    }
+    let extra = ctx.params.diloco_state_bytes_per_parameter;
+    let h = space.inner_steps;
+    // Each site's inner step for k replicas, memoised: it depends only on
+    // the site and k once the degrees are fixed.
+    let mut memo: BTreeMap<(usize, u64), Option<CostedGroup>> = BTreeMap::new();
+    let mut site_group = |s: usize, k: u64, out: &mut Outcome| -> Option<CostedGroup> {
+        let limit = cutoff(out);
+        memo.entry((s, k))
+            .or_insert_with(|| {
+                match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
+                    Ok(g) => Some(g),
+                    Err(f) => {
+                        note(out, f, || {
+                            format!(
+                                "tp={tp} pp={pp} dp={dp} v={v} diloco, {k} replicas at {}",
+                                ctx.sites[s].id
+                            )
+                        });
+                        None
+                    }
+                }
+            })
+            .clone()
+    };
+    for subset in subsets(ctx, effort, tp) {
+        if (subset.len() as u32) > dp {
+            continue;
+        }
+        let ring_orders = rings(ctx, &subset, effort);
+        if ring_orders.is_empty() {
+            out.failures.no_link += 1;
+            continue;
+        }
+        let caps: Vec<u32> = subset
+            .iter()
+            .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / u64::from(pp)).unwrap_or(u32::MAX))
+            .collect();
+        let exact = effort == Effort::Exhaustive
+            || binomial(u64::from(dp) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
+        let distributions = if exact {
+            compositions(dp, subset.len() as u32, &caps)
+        } else {
+            greedy_distribution(dp, &subset, &caps, &mut |s, k| {
+                site_group(s, k, out).map(|g| g.eval.total)
+            })
+            .into_iter()
+            .collect()
+        };
+        for ks in distributions {
+            let ks: Vec<u64> = ks.into_iter().map(u64::from).collect();
+            let mut groups = Vec::with_capacity(subset.len());
+            for (&s, &k) in subset.iter().zip(&ks) {
+                match site_group(s, k, out) {
+                    Some(g) => groups.push(g),
+                    None => break,
+                }
+            }
+            if groups.len() != subset.len() {
+                continue;
+            }
+            let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
+            for ring in &ring_orders {
+                let ring_ks: Vec<u64> = ring
+                    .iter()
+                    .map(|s| subset.iter().position(|x| x == s).map_or(1, |i| ks[i]))
+                    .collect();
+                let Some((outer, hops)) = outer_sync(ctx, tp, pp, ring, &ring_ks) else {
+                    continue;
+                };
+                offer(
+                    out,
+                    Choice {
+                        tp,
+                        pp,
+                        dp,
+                        v,
+                        m,
+                        mode: CrossSiteMode::Diloco { inner_steps: h },
+                        groups: groups.clone(),
+                        site_order: ring.clone(),
+                        outer,
+                        outer_hops: hops,
+                        total: inner + outer / f64::from(h),
+                    },
+                );
+            }
+        }
+    }
+}
+
+/// Replicas per site minimising the slowest site's inner step: start every
+/// site at one replica and give each further replica to the site whose
+/// step stays shortest (a min-max of non-decreasing functions), or split by
+/// capacity when there are too many replicas to hand out one by one.
+fn greedy_distribution(
+    dp: u32,
+    subset: &[usize],
+    caps: &[u32],
+    step: &mut impl FnMut(usize, u64) -> Option<f64>,
+) -> Option<Vec<u32>> {
+    if dp > 512 {
+        let weights: Vec<f64> = caps.iter().map(|&c| f64::from(c)).collect();
+        return proportional(dp, &weights, caps);
+    }
+    let mut ks = vec![1u32; subset.len()];
+    if caps.contains(&0) {
+        return None;
+    }
+    for _ in subset.len() as u32..dp {
+        let mut pick: Option<(usize, f64)> = None;
+        for (i, &s) in subset.iter().enumerate() {
+            if ks[i] < caps[i]
+                && let Some(t) = step(s, u64::from(ks[i]) + 1)
+                && pick.is_none_or(|(_, best)| t < best)
+            {
+                pick = Some((i, t));
+            }
+        }
+        let (i, _) = pick?;
+        ks[i] += 1;
+    }
+    Some(ks)
+}
