@@ -462,9 +462,20 @@ impl GroupModel {
             .fold(0.0, f64::max);
         let latency: f64 = self.boundaries.iter().map(|b| b.latency_seconds).sum();
         let scale = self.m as f64 + (p as f64 - 1.0) / f64::from(v);
-        let mut candidates: Vec<f64> = (0..p)
-            .flat_map(|j| (1..=memory_cap[j]).map(move |u| (j, u)))
+        // Stages with the same time per unit yield the same candidates, and
+        // no X below the continuous balance can hold every layer.
+        let mut per_unit: Vec<(f64, usize, u32)> = (0..p)
+            .map(|j| (self.stage_seconds(j, 1), j, memory_cap[j]))
+            .collect();
+        per_unit.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.2.cmp(&a.2)));
+        per_unit.dedup_by(|later, earlier| later.0 == earlier.0);
+        let speed: f64 = (0..p).map(|j| 1.0 / self.stage_seconds(j, v)).sum();
+        let x_floor = f64::from(units) / speed * (1.0 - 1e-9);
+        let mut candidates: Vec<f64> = per_unit
+            .iter()
+            .flat_map(|&(_, j, cap)| (1..=cap).map(move |u| (j, u)))
             .map(|(j, u)| self.stage_seconds(j, u * v))
+            .filter(|&x| x >= x_floor)
             .collect();
         candidates.sort_by(f64::total_cmp);
         candidates.dedup();
@@ -497,27 +508,16 @@ impl GroupModel {
         best.ok_or(GroupFailure::Memory { short_bytes: 0.0 })
     }
 
-    /// How much more memory per GPU the least-bad split would need: a greedy
-    /// min-max fill of the per-stage overflow.
+    /// How much more memory per GPU the most loaded stage of an even split
+    /// would need: the figure an infeasible job is reported with. (Cheap on
+    /// purpose; it runs for every rejected candidate.)
     fn memory_shortfall(&self, units: u32) -> f64 {
-        let p = self.stages.len();
+        let p = self.stages.len() as u32;
         let v = self.v.max(1);
-        let over = |j: usize, u: u32| self.memory(j, u * v) - self.stages[j].usable_hbm;
-        let mut split = vec![1u32; p];
-        for _ in 0..(units as usize).saturating_sub(p) {
-            let j = (0..p).fold(0, |b, j| {
-                if over(j, split[j] + 1) < over(b, split[b] + 1) {
-                    j
-                } else {
-                    b
-                }
-            });
-            split[j] += 1;
-        }
-        (0..p)
-            .map(|j| over(j, split[j]))
-            .fold(f64::NEG_INFINITY, f64::max)
-            .max(0.0)
+        let even = units.div_ceil(p.max(1)) * v;
+        (0..self.stages.len())
+            .map(|j| self.memory(j, even) - self.stages[j].usable_hbm)
+            .fold(0.0, f64::max)
     }
 }
 

@@ -6,6 +6,7 @@
 //! pruned by a compute lower bound, and large site counts use heuristics.
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use super::PlacementError;
 use super::model::{Ctx, GroupEval, GroupFailure, GroupModel};
@@ -231,19 +232,25 @@ fn cutoff(out: &Outcome) -> f64 {
     out.best.as_ref().map_or(f64::INFINITY, |b| b.total)
 }
 
-fn offer(out: &mut Outcome, choice: Choice) {
+/// Records a candidate's total and keeps it if it beats the best so far
+/// (ties go to fewer GPUs, then to the earlier candidate). The choice is
+/// only built when kept: most candidates lose.
+fn offer(
+    out: &mut Outcome,
+    kind: &'static str,
+    total: f64,
+    gpus: u64,
+    build: impl FnOnce() -> Choice,
+) {
     out.candidates += 1;
-    let kind = choice.kind();
     let entry = out.best_by_kind.entry(kind).or_insert(f64::INFINITY);
-    *entry = entry.min(choice.total);
+    *entry = entry.min(total);
     let better = match &out.best {
         None => true,
-        Some(best) => {
-            choice.total < best.total || (choice.total == best.total && choice.gpus() < best.gpus())
-        }
+        Some(best) => total < best.total || (total == best.total && gpus < best.gpus()),
     };
     if better {
-        out.best = Some(choice);
+        out.best = Some(build());
     }
 }
 
@@ -465,7 +472,14 @@ fn pipeline_candidates(
             match cost_group(ctx, effort, (tp, v, m, replicas), &sites, 0.0, cutoff(out)) {
                 Ok(group) => offer(
                     out,
-                    Choice {
+                    if seq.len() > 1 {
+                        "cross-site pipeline"
+                    } else {
+                        "single-site"
+                    },
+                    group.eval.total,
+                    u64::from(tp) * u64::from(pp) * u64::from(dp),
+                    || Choice {
                         tp,
                         pp,
                         dp,
@@ -653,13 +667,13 @@ fn diloco_candidates(
     let h = space.inner_steps;
     // Each site's inner step for k replicas, memoised: it depends only on
     // the site and k once the degrees are fixed.
-    let mut memo: BTreeMap<(usize, u64), Option<CostedGroup>> = BTreeMap::new();
-    let mut site_group = |s: usize, k: u64, out: &mut Outcome| -> Option<CostedGroup> {
+    let mut memo: BTreeMap<(usize, u64), Option<Rc<CostedGroup>>> = BTreeMap::new();
+    let mut site_group = |s: usize, k: u64, out: &mut Outcome| -> Option<Rc<CostedGroup>> {
         let limit = cutoff(out);
         memo.entry((s, k))
             .or_insert_with(|| {
                 match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
-                    Ok(g) => Some(g),
+                    Ok(g) => Some(Rc::new(g)),
                     Err(f) => {
                         note(out, f, || {
                             format!(
@@ -720,14 +734,17 @@ fn diloco_candidates(
                 };
                 offer(
                     out,
-                    Choice {
+                    "diloco",
+                    inner + outer / f64::from(h),
+                    u64::from(tp) * u64::from(pp) * u64::from(dp),
+                    || Choice {
                         tp,
                         pp,
                         dp,
                         v,
                         m,
                         mode: CrossSiteMode::Diloco { inner_steps: h },
-                        groups: groups.clone(),
+                        groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
                         site_order: ring.clone(),
                         outer,
                         outer_hops: hops,
