@@ -10,14 +10,15 @@ use longhaul_core::placement::{place, validate_plan};
 use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Site, Topology, WanLink};
 use longhaul_core::units::{DataRate, Distance, Duration};
 
-/// `sites` sites on a line 100 km apart, fully meshed, alternating an NVL72
-/// (gb200) site and an HGX (h100) site with about `gpus_per_site` GPUs each.
-fn topology(sites: usize, gpus_per_site: u32) -> Topology {
+/// `sites` sites on a line 100 km apart, fully meshed, alternating a
+/// newer and an older site with about `gpus_per_site` GPUs each: B200 and
+/// H100 HGX boards, or (with `nvl72`) GB200 NVL72 racks and H100 boards.
+fn topology(sites: usize, gpus_per_site: u32, nvl72: bool) -> Topology {
     let site = |i: usize| {
-        let (group, nodes, per_node, gpu, count) = if i % 2 == 0 {
-            ("nvl72", 18, 4, "gb200", gpus_per_site.div_ceil(72))
-        } else {
-            ("hgx", 1, 8, "h100", gpus_per_site.div_ceil(8))
+        let (group, nodes, per_node, gpu, count) = match (i % 2, nvl72) {
+            (0, true) => ("nvl72", 18, 4, "gb200", gpus_per_site.div_ceil(72)),
+            (0, false) => ("hgx", 1, 8, "b200", gpus_per_site.div_ceil(8)),
+            _ => ("hgx", 1, 8, "h100", gpus_per_site.div_ceil(8)),
         };
         Site {
             id: format!("site{i}"),
@@ -95,9 +96,9 @@ fn main() {
         "dense-400b.job.toml",
     );
     let cases = [
-        ("1,024 GPUs / 4 sites", topology(4, 256), &llama),
-        ("32,768 GPUs / 8 sites", topology(8, 4096), &dense),
-        ("~100,000 GPUs / 16 sites", topology(16, 6250), &dense),
+        ("1,024 GPUs / 4 sites", topology(4, 256, false), &llama),
+        ("32,768 GPUs / 8 sites", topology(8, 4096, false), &dense),
+        ("~100,000 GPUs / 16 sites", topology(16, 6250, true), &dense),
     ];
     for (name, topology, job) in cases {
         let start = Instant::now();

@@ -56,6 +56,13 @@ fn llama_70b_on_two_campuses_80km() {
     let plan = place(&topology, &job).expect("feasible");
     println!("{}", summary(&plan));
     check_common(&topology, &job, &plan);
+    // At 80 km (0.9 ms RTT, 6.4 Tbit/s) the model prefers one synchronous
+    // pipeline whose GB200 stages sit north and H100 stages south over
+    // DiLoCo; the reason names the alternatives it beat.
+    assert_eq!(plan.mode, CrossSiteMode::Pipeline);
+    let mode = plan.reason("mode").expect("mode reason");
+    assert!(mode.reason.contains("best"), "{}", mode.reason);
+    assert_eq!(plan.step.outer_sync_amortised, 0.0);
 }
 
 #[test]

@@ -636,9 +636,16 @@ fn subsets(ctx: &Ctx<'_>, effort: Effort, tp: u32) -> Vec<Vec<usize>> {
             .map(|mask| (0..n).filter(|&s| mask & (1 << s) != 0).collect())
             .collect();
     }
-    // Beyond six sites: the largest sites first, every prefix.
+    // Beyond six sites: every prefix of the sites ordered fastest GPU first
+    // (replicas hold equal batches, so the slowest site paces the rest),
+    // then most TP slots, then topology order.
+    let fastest = |s: usize| ctx.sites[s].pools.first().map_or(0.0, |p| p.flops);
     let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| ctx.sites[b].slots(tp).cmp(&ctx.sites[a].slots(tp)));
+    order.sort_by(|&a, &b| {
+        fastest(b)
+            .total_cmp(&fastest(a))
+            .then(ctx.sites[b].slots(tp).cmp(&ctx.sites[a].slots(tp)))
+    });
     (2..=n)
         .map(|k| {
             let mut s = order[..k].to_vec();
