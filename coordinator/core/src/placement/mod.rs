@@ -12,6 +12,7 @@
 //! first, stage after stage); the search decides everything above it.
 
 mod assemble;
+mod enumerate;
 mod model;
 mod plan;
 mod search;
