@@ -28,6 +28,8 @@ fn small_gpu(hbm_gib: u64, tflops: f64) -> GpuType {
 struct SiteShape {
     groups: Vec<(u32, u32, &'static str)>,
     oversubscription: f64,
+    /// Put each domain group in its own building behind a campus link.
+    split_buildings: bool,
 }
 
 fn topology(
@@ -41,31 +43,46 @@ fn topology(
         sites: sites
             .iter()
             .enumerate()
-            .map(|(i, shape)| Site {
-                id: format!("s{i}"),
-                name: None,
-                location: None,
-                campus_interconnect: None,
-                buildings: vec![Building {
-                    id: "b".to_string(),
-                    fabric: Fabric {
-                        kind: FabricKind::LeafSpine,
-                        link_rate: DataRate::from_gbit_per_second(400),
-                        oversubscription: shape.oversubscription,
+            .map(|(i, shape)| {
+                let building =
+                    |id: String, groups: &[(u32, u32, &'static str)], first: usize| Building {
+                        id,
+                        fabric: Fabric {
+                            kind: FabricKind::LeafSpine,
+                            link_rate: DataRate::from_gbit_per_second(400),
+                            oversubscription: shape.oversubscription,
+                        },
+                        domains: groups
+                            .iter()
+                            .enumerate()
+                            .map(|(g, &(count, gpus, gpu))| DomainGroup {
+                                id: format!("g{}", first + g),
+                                count,
+                                nodes_per_domain: 1,
+                                gpus_per_node: gpus,
+                                gpu: gpu.to_string(),
+                            })
+                            .collect(),
+                    };
+                let split = shape.split_buildings && shape.groups.len() > 1;
+                Site {
+                    id: format!("s{i}"),
+                    name: None,
+                    location: None,
+                    campus_interconnect: split.then(|| DataRate::from_gbit_per_second(200)),
+                    buildings: if split {
+                        shape
+                            .groups
+                            .iter()
+                            .enumerate()
+                            .map(|(g, group)| {
+                                building(format!("b{g}"), std::slice::from_ref(group), g)
+                            })
+                            .collect()
+                    } else {
+                        vec![building("b".to_string(), &shape.groups, 0)]
                     },
-                    domains: shape
-                        .groups
-                        .iter()
-                        .enumerate()
-                        .map(|(g, &(count, gpus, gpu))| DomainGroup {
-                            id: format!("g{g}"),
-                            count,
-                            nodes_per_domain: 1,
-                            gpus_per_node: gpus,
-                            gpu: gpu.to_string(),
-                        })
-                        .collect(),
-                }],
+                }
             })
             .collect(),
         links: links
@@ -129,10 +146,12 @@ fn site_shape() -> impl Strategy<Value = SiteShape> {
             1..=2,
         ),
         prop::sample::select(vec![1.0, 2.0]),
+        any::<bool>(),
     )
-        .prop_map(|(groups, oversubscription)| SiteShape {
+        .prop_map(|(groups, oversubscription, split_buildings)| SiteShape {
             groups,
             oversubscription,
+            split_buildings,
         })
 }
 
@@ -258,6 +277,7 @@ fn multi_site_instance() -> impl Strategy<Value = Instance> {
                 .map(|g| SiteShape {
                     groups: vec![g],
                     oversubscription: 1.0,
+                    split_buildings: false,
                 })
                 .collect();
             let links = [
@@ -297,10 +317,12 @@ fn same_inputs_give_the_same_plan() {
         SiteShape {
             groups: vec![(2, 4, "h100")],
             oversubscription: 1.0,
+            split_buildings: false,
         },
         SiteShape {
             groups: vec![(1, 4, "b200")],
             oversubscription: 2.0,
+            split_buildings: false,
         },
     ];
     let topology = topology(&sites, &[(0, 1, 80.0, 400, 0.0)], 80);
@@ -316,6 +338,7 @@ fn memory_that_cannot_fit_is_reported_with_the_shortfall() {
     let sites = [SiteShape {
         groups: vec![(1, 2, "small")],
         oversubscription: 1.0,
+        split_buildings: false,
     }];
     let topology = topology(&sites, &[], 16);
     let job = job(30.0, 4, 2, 128, 4, 1, Constraints::default(), None);
@@ -336,6 +359,7 @@ fn fixed_degrees_larger_than_the_topology_are_rejected_with_the_count() {
     let sites = [SiteShape {
         groups: vec![(1, 4, "h100")],
         oversubscription: 1.0,
+        split_buildings: false,
     }];
     let topology = topology(&sites, &[], 80);
     let constraints = Constraints {
@@ -354,6 +378,7 @@ fn tensor_parallelism_wider_than_every_domain_is_rejected() {
     let sites = [SiteShape {
         groups: vec![(4, 2, "h100")],
         oversubscription: 1.0,
+        split_buildings: false,
     }];
     let topology = topology(&sites, &[], 80);
     let constraints = Constraints {
@@ -376,6 +401,7 @@ fn a_tampered_plan_is_caught_by_the_checker() {
     let sites = [SiteShape {
         groups: vec![(2, 4, "h100")],
         oversubscription: 1.0,
+        split_buildings: false,
     }];
     let topology = topology(&sites, &[], 80);
     let job = job(3.0, 8, 8, 128, 8, 1, Constraints::default(), None);

@@ -190,7 +190,7 @@ pub(crate) struct StageModel {
     pub state_per_layer: f64,
     pub activation_per_layer: f64,
     pub in_flight: u64,
-    pub dp_link: Link,
+    pub dp: DpCollective,
     pub grad_bytes_per_layer: f64,
 }
 
@@ -307,11 +307,7 @@ impl GroupModel {
 
     pub fn dp_seconds(&self, j: usize, layers: u32) -> f64 {
         let s = &self.stages[j];
-        ring_all_reduce(
-            self.replicas,
-            f64::from(layers) * s.grad_bytes_per_layer,
-            s.dp_link,
-        )
+        s.dp.all_reduce(self.replicas, f64::from(layers) * s.grad_bytes_per_layer)
     }
 
     pub fn memory(&self, j: usize, layers: u32) -> f64 {
@@ -552,7 +548,7 @@ fn stage_model(
         state_per_layer: cost::state_bytes_per_layer(job, tp, replicas, extra_state),
         activation_per_layer: cost::activation_bytes_per_layer(job, tp),
         in_flight: in_flight_chunks(index, p, m, v),
-        dp_link: dp_link(ctx, site, &slices, tp, tp_link),
+        dp: dp_collective(ctx, site, &slices, tp, tp_link),
         grad_bytes_per_layer: job.model.parameters as f64
             / f64::from(job.model.layers)
             / f64::from(tp)
@@ -561,11 +557,49 @@ fn stage_model(
     }
 }
 
-/// The link a stage's data-parallel ring runs on: NVLink when all its TP
-/// groups share one domain, the building fabric (per-GPU NIC divided by
-/// oversubscription) within a building, else the campus interconnect
-/// shared by the tp parallel rings, each crossing the cut twice.
-fn dp_link(ctx: &Ctx<'_>, site: usize, slices: &[SliceRef], tp: u32, scale_up: Link) -> Link {
+/// How a stage's data-parallel gradients are all-reduced.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum DpCollective {
+    /// One ring on one link class.
+    Ring(Link),
+    /// Across buildings: reduce-scatter among the `local` replicas of each
+    /// building on its fabric, all-reduce of S/local among `buildings` on
+    /// the campus interconnect, all-gather locally.
+    Hierarchical {
+        local: u64,
+        local_link: Link,
+        buildings: u64,
+        cross_link: Link,
+    },
+}
+
+impl DpCollective {
+    pub fn all_reduce(&self, replicas: u64, bytes: f64) -> f64 {
+        match *self {
+            Self::Ring(link) => ring_all_reduce(replicas, bytes, link),
+            Self::Hierarchical {
+                local,
+                local_link,
+                buildings,
+                cross_link,
+            } => cost::hierarchical_all_reduce(bytes, local, local_link, buildings, cross_link),
+        }
+    }
+}
+
+/// The collective a stage's data-parallel group runs: NVLink when all its
+/// TP groups share one domain, the building fabric (per-GPU NIC divided by
+/// oversubscription) within a building, else hierarchical across the
+/// buildings, the campus interconnect shared by the tp · local concurrent
+/// cross-building rings, each crossing the cut twice. Uneven buildings are
+/// costed at the most loaded one.
+fn dp_collective(
+    ctx: &Ctx<'_>,
+    site: usize,
+    slices: &[SliceRef],
+    tp: u32,
+    scale_up: Link,
+) -> DpCollective {
     let pools = &ctx.sites[site].pools;
     let params = ctx.params;
     let one_domain = match slices {
@@ -576,21 +610,33 @@ fn dp_link(ctx: &Ctx<'_>, site: usize, slices: &[SliceRef], tp: u32, scale_up: L
         _ => false,
     };
     if one_domain {
-        return scale_up;
+        return DpCollective::Ring(scale_up);
     }
     let fabric = slices
         .iter()
         .map(|s| pools[s.pool].nic_bytes / pools[s.pool].oversubscription)
         .fold(f64::INFINITY, f64::min);
-    let first_building = slices.first().map(|s| pools[s.pool].building);
-    if slices
-        .iter()
-        .all(|s| Some(pools[s.pool].building) == first_building)
-    {
-        return Link::new(params.fabric_latency_seconds, fabric);
+    let fabric_link = Link::new(params.fabric_latency_seconds, fabric);
+    let mut per_building: Vec<(usize, u64)> = Vec::new();
+    for s in slices {
+        let b = pools[s.pool].building;
+        match per_building.iter_mut().find(|(id, _)| *id == b) {
+            Some((_, n)) => *n += s.count,
+            None => per_building.push((b, s.count)),
+        }
     }
-    let campus = ctx.sites[site].campus_bytes.unwrap_or(fabric) / (2.0 * f64::from(tp));
-    Link::new(params.campus_latency_seconds, fabric.min(campus))
+    if per_building.len() <= 1 {
+        return DpCollective::Ring(fabric_link);
+    }
+    let local = per_building.iter().map(|&(_, n)| n).max().unwrap_or(1);
+    let campus =
+        ctx.sites[site].campus_bytes.unwrap_or(fabric) / (2.0 * f64::from(tp) * local as f64);
+    DpCollective::Hierarchical {
+        local,
+        local_link: fabric_link,
+        buildings: per_building.len() as u64,
+        cross_link: Link::new(params.campus_latency_seconds, fabric.min(campus)),
+    }
 }
 
 /// Point-to-point between two stages of one site: each replica's tp GPUs
