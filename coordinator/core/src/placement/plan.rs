@@ -148,6 +148,10 @@ impl Plan {
     pub fn binding(&self, rank: u64) -> Option<Binding> {
         let tp = u64::from(self.degrees.tensor_parallel);
         let pp = u64::from(self.degrees.pipeline_parallel);
+        if tp == 0 || pp == 0 {
+            // A plan read from outside may be malformed; it has no ranks.
+            return None;
+        }
         let tp_rank = rank % tp;
         let stage = usize::try_from((rank / tp) % pp).ok()?;
         let replica = rank / (tp * pp);
