@@ -6,6 +6,14 @@
 //! exactly. The assumptions are written next to each formula; the placement
 //! solver, the brute-force placer and the plan checker all call these same
 //! functions, which is what makes "solver == brute force" meaningful.
+//!
+//! Deliberately conservative or absent: the data-parallel all-reduce is not
+//! overlapped with the backward pass; every pipeline stage is paced by the
+//! slowest one; embeddings and the LM head are spread evenly over the layers
+//! (`vocabulary_size` is unused); no activation recomputation; DiLoCo
+//! pseudo-gradients travel at the training precision, uncompressed and not
+//! streamed (the sync planner refines that); NVLink, fabric and campus
+//! latencies are single α values from [`CostParams`].
 
 use serde::{Deserialize, Serialize};
 

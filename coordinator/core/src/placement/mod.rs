@@ -1,16 +1,48 @@
 //! The placement engine: where each kind of parallel work of one job runs.
 //!
 //! [`place`] searches tensor, pipeline and data-parallel degrees, the
-//! cross-site mode (one synchronous pipeline across sites, or DiLoCo
-//! replicas per site), the site order, the replica distribution and the
-//! layer split, and returns the plan with the lowest predicted step time
-//! under [`crate::cost`]. [`brute_force_place`] enumerates the same space
-//! without the solver's shortcuts, for tiny instances; [`validate_plan`]
-//! checks every hard constraint of a plan against its inputs.
+//! interleaving degree, the cross-site mode (one synchronous pipeline
+//! across sites, or DiLoCo replicas per site with an outer sync every H
+//! steps), the site order, the replica distribution and the layer split,
+//! and returns the plan with the lowest predicted step time under
+//! [`crate::cost`]. [`brute_force_place`] enumerates the same space without
+//! the solver's shortcuts, for tiny instances; [`validate_plan`] checks
+//! every hard constraint of a plan against its inputs.
 //!
-//! Within a site, TP groups are packed by one canonical rule (fastest pools
-//! first, stage after stage); the search decides everything above it.
-
+//! # Model
+//!
+//! - All replicas share TP and PP. Micro-batches per replica
+//!   m = global batch / (DP · micro-batch); in DiLoCo mode the global batch
+//!   is split evenly over all replicas of all sites, so the slowest site
+//!   paces the inner step.
+//! - Pipeline mode: every replica follows the same stage → site map, so a
+//!   stage's DP group never leaves its site and only activations cross the
+//!   WAN; consecutive sites need a direct link. Interleaving is considered
+//!   only inside one site (its wrap-around would cross the WAN v−1 times).
+//! - DiLoCo mode: each site of a subset of at least two runs k_s whole
+//!   replicas with its own layer split; step = slowest site's inner step +
+//!   outer sync / H (H from `job.diloco.inner_steps`, else
+//!   `CostParams::default_inner_steps`).
+//! - Within a site, TP groups are packed by one canonical rule: pools
+//!   ordered fastest GPU first (then larger HBM, then declaration order),
+//!   slots of tp GPUs inside a domain, stage after stage from one cursor.
+//!   The search decides everything above this rule; the brute force does
+//!   not enumerate alternative packings either.
+//!
+//! # Search
+//!
+//! Degrees are enumerated (TP: divisors of the head count within the
+//! domain size and constraints; PP: 1..=32 and divisors of the layer
+//! count, every value for brute force; DP: every divisor the batch allows).
+//! Site sequences, DiLoCo site subsets and outer-sync rings are enumerated
+//! exactly up to six sites, heuristically beyond (nearest-neighbour chains,
+//! fastest-site-first prefixes, nearest-neighbour rings). Stage counts per
+//! site and replica distributions are enumerated exactly up to 256
+//! possibilities, then split by capacity or handed out greedily. The layer
+//! split is exact (a scan over the slowest stage time with a min-max fill,
+//! see `GroupModel::best_split`). Candidates are pruned only by lower
+//! bounds, which never discard an optimum.
+//!
 mod assemble;
 mod enumerate;
 mod model;
