@@ -1,6 +1,6 @@
 //! Placement on the shipped example topologies and jobs.
 
-use longhaul_core::placement::{CrossSiteMode, Plan, place, validate_plan};
+use longhaul_core::placement::{CrossSiteMode, PlacementError, Plan, place, validate_plan};
 use longhaul_core::{JobSpec, Topology};
 
 fn load(topology: &str, topology_text: &str, job: &str, job_text: &str) -> (Topology, JobSpec) {
@@ -80,4 +80,29 @@ fn dense_400b_on_two_continents_uses_diloco() {
         plan.mode,
         CrossSiteMode::Diloco { inner_steps: 100 }
     ));
+}
+
+#[test]
+fn llama_70b_without_model_parallelism_is_rejected_with_the_memory_shortfall() {
+    let (topology, mut job) = load(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+        "llama-70b.job.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    );
+    job.constraints.tensor_parallel = Some(1);
+    job.constraints.pipeline_parallel = Some(1);
+    let error = place(&topology, &job).expect_err("70B of state cannot fit one GPU");
+    match &error {
+        PlacementError::OutOfMemory {
+            short_bytes,
+            candidate,
+        } => {
+            // Weights and gradients alone are 4 bytes × 70.6e9 parameters.
+            assert!(*short_bytes > 200e9, "{error}");
+            assert!(candidate.contains("tp=1 pp=1"), "{error}");
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    println!("{error}");
 }

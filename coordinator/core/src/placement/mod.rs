@@ -95,8 +95,9 @@ pub enum PlacementError {
     )]
     NotEnoughGpus { needed: u64, available: u64 },
     #[error(
-        "memory does not fit: the closest candidate ({candidate}) needs {short_bytes:.0} more \
-         bytes per GPU than HBM minus headroom"
+        "memory does not fit: the closest candidate ({candidate}) needs {gib:.1} GiB \
+         ({short_bytes:.0} bytes) more per GPU than HBM minus headroom",
+        gib = .short_bytes / 1_073_741_824.0
     )]
     OutOfMemory { short_bytes: f64, candidate: String },
     #[error(
