@@ -61,7 +61,8 @@ fn llama_70b_on_two_campuses_80km() {
     // DiLoCo; the reason names the alternatives it beat.
     assert_eq!(plan.mode, CrossSiteMode::Pipeline);
     let mode = plan.reason("mode").expect("mode reason");
-    assert!(mode.reason.contains("best"), "{}", mode.reason);
+    assert!(mode.reason.contains("best single-site"), "{}", mode.reason);
+    assert!(mode.reason.contains("diloco"), "{}", mode.reason);
     assert_eq!(plan.step.outer_sync_amortised, 0.0);
 }
 

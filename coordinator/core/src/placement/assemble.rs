@@ -168,8 +168,23 @@ fn reasons(
         .filter(|(k, _)| **k != kind)
         .map(|(k, t)| format!("best {k} plan {}", human_seconds(*t)))
         .collect();
+    // Kinds the search considered but never costed were infeasible or cut
+    // by a lower bound that already lost to the chosen plan.
+    let multi_site = ctx.sites.len() >= 2;
+    let mut alternatives = alternatives;
+    for (considered, other) in [
+        (true, "single-site"),
+        (multi_site, "cross-site pipeline"),
+        (multi_site && choice.dp >= 2, "diloco"),
+    ] {
+        if considered && other != kind && !outcome.best_by_kind.contains_key(other) {
+            alternatives.push(format!(
+                "every {other} candidate was infeasible or provably slower"
+            ));
+        }
+    }
     let alternatives = if alternatives.is_empty() {
-        "no other kind of plan was feasible".to_string()
+        "no other kind of plan applies".to_string()
     } else {
         alternatives.join(", ")
     };
@@ -202,12 +217,20 @@ fn reasons(
         .iter()
         .map(|g| {
             let layers: Vec<String> = g.stages.iter().map(|s| s.layers.to_string()).collect();
-            format!(
-                "{} replica(s) at {}: [{}]",
-                g.replicas,
-                g.stages.first().map_or("", |s| s.site.as_str()),
-                layers.join(", ")
-            )
+            {
+                let mut sites: Vec<&str> = Vec::new();
+                for stage in &g.stages {
+                    if sites.last() != Some(&stage.site.as_str()) {
+                        sites.push(&stage.site);
+                    }
+                }
+                format!(
+                    "{} replica(s) on {}: [{}]",
+                    g.replicas,
+                    sites.join("→"),
+                    layers.join(", ")
+                )
+            }
         })
         .collect();
     vec![
