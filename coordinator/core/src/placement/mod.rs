@@ -120,8 +120,8 @@ pub fn place(topology: &Topology, job: &JobSpec) -> Result<Plan, PlacementError>
 }
 
 /// Places `job` on `topology`: the plan with the lowest predicted step
-/// time, ties broken towards fewer GPUs, then by enumeration order (TP,
-/// PP ascending, DP descending, interleaving, sites in topology order), so
+/// time, ties broken towards fewer GPUs, then by enumeration order (TP
+/// descending, PP ascending, DP descending, interleaving, sites in topology order), so
 /// the same inputs always give the same plan.
 pub fn place_with(
     topology: &Topology,

@@ -175,7 +175,9 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
     let layers = ctx.job.model.layers;
     let micro = u64::from(ctx.job.batch.micro_batch.max(1));
     let max_v = ctx.params.max_virtual_stages.max(1);
-    for &tp in &space.tps {
+    // Widest TP and DP first: they usually fit and run fast, so the
+    // incumbent is good early and the lower bounds prune the rest.
+    for &tp in space.tps.iter().rev() {
         let fastest_layer = fastest_layer_seconds(ctx, tp);
         let largest_hbm = ctx
             .sites
