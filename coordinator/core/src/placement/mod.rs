@@ -32,15 +32,15 @@
 //! # Search
 //!
 //! Degrees are enumerated (TP: divisors of the head count within the
-//! domain size and constraints; PP: 1..=32 and divisors of the layer
-//! count, every value for brute force; DP: every divisor the batch allows).
-//! Site sequences, DiLoCo site subsets and outer-sync rings are enumerated
-//! exactly up to six sites, heuristically beyond (nearest-neighbour chains,
-//! fastest-site-first prefixes, nearest-neighbour rings). Stage counts per
-//! site and replica distributions are enumerated exactly up to 256
-//! possibilities, then split by capacity or handed out greedily. The layer
-//! split is exact (a scan over the slowest stage time with a min-max fill,
-//! see `GroupModel::best_split`). Candidates are pruned only by lower
+//! domain size and constraints; PP: every depth up to the layer count; DP:
+//! every divisor the batch allows). Site sequences, DiLoCo site subsets and
+//! outer-sync rings are enumerated exactly up to six sites, heuristically
+//! beyond (nearest-neighbour chains of up to four sites, fastest-site-first
+//! prefixes, nearest-neighbour rings). Stage counts per site and replica
+//! distributions are enumerated exactly up to 4,096 possibilities, then
+//! split by capacity or handed out greedily. The layer split is exact (a
+//! scan over the slowest stage time with a min-max fill, see
+//! `GroupModel::best_split`). Candidates are pruned only by lower
 //! bounds, which never discard an optimum.
 //!
 mod assemble;
@@ -176,7 +176,7 @@ fn run(
         return Err(PlacementError::InvalidJob(problems.join("; ")));
     }
     let ctx = model::Ctx::new(topology, job, params);
-    let space = search::Space::new(&ctx, effort)?;
+    let space = search::Space::new(&ctx)?;
     let outcome = search::search(&ctx, &space, effort);
     match &outcome.best {
         Some(choice) => Ok(assemble::plan(&ctx, topology, choice, &outcome)),

@@ -16,7 +16,7 @@ use crate::placement::plan::CrossSiteMode;
 
 /// Stage-count compositions or replica distributions enumerated exactly
 /// by the solver before it falls back to a heuristic.
-const EXACT_DISTRIBUTIONS: u64 = 256;
+const EXACT_DISTRIBUTIONS: u64 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Effort {
@@ -95,7 +95,7 @@ pub(crate) struct Space {
 }
 
 impl Space {
-    pub fn new(ctx: &Ctx<'_>, effort: Effort) -> Result<Self, PlacementError> {
+    pub fn new(ctx: &Ctx<'_>) -> Result<Self, PlacementError> {
         let job = ctx.job;
         let c = &job.constraints;
         let model = &job.model;
@@ -131,11 +131,8 @@ impl Space {
                     layers,
                 });
             }
-            // The solver tries every depth up to 32 and every divisor of the
-            // layer count beyond; brute force (tiny models) tries all.
-            None => (1..=layers)
-                .filter(|&p| effort == Effort::Exhaustive || p <= 32 || layers % p == 0)
-                .collect(),
+            // Every depth; lower bounds prune the deep ones cheaply.
+            None => (1..=layers).collect(),
         };
         let sequences = job.batch.global_batch / job.batch.micro_batch.max(1);
         let dps: Vec<u32> = (1..=sequences)
