@@ -418,3 +418,38 @@ fn a_tampered_plan_is_caught_by_the_checker() {
     short.groups[0].stages[0].layers += 1;
     assert!(validate_plan(&topology, &job, &short).is_err());
 }
+
+/// Beyond six sites the solver switches to heuristic site orders and
+/// subsets; its plans must still pass every hard constraint.
+#[test]
+fn heuristic_site_search_beyond_six_sites_emits_valid_plans() {
+    let shapes: Vec<SiteShape> = (0..8)
+        .map(|i| SiteShape {
+            groups: vec![(2, 4, if i % 2 == 0 { "b200" } else { "h100" })],
+            oversubscription: 1.0,
+            split_buildings: false,
+        })
+        .collect();
+    let mut links = Vec::new();
+    for a in 0..8 {
+        for b in a + 1..8 {
+            links.push((a, b, 100.0 * (b - a) as f64, 100, 1e-5));
+        }
+    }
+    let topology = topology(&shapes, &links, 80);
+    for (params_billions, inner_steps) in [(3.0, None), (40.0, Some(20))] {
+        let job = job(
+            params_billions,
+            12,
+            8,
+            128,
+            64,
+            1,
+            Constraints::default(),
+            inner_steps,
+        );
+        let plan = place(&topology, &job).expect("feasible");
+        assert_eq!(validate_plan(&topology, &job, &plan), Ok(()));
+        assert_eq!(plan.bindings().count() as u64, plan.gpus());
+    }
+}
