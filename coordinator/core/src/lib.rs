@@ -7,8 +7,10 @@
 //! the coordinator share one model, and what lets tests run without a runtime.
 
 pub mod config;
+pub mod cost;
 pub mod gpu;
 pub mod job;
+pub mod placement;
 pub mod scenario;
 pub mod state;
 pub mod topology;

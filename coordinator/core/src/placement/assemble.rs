@@ -1,0 +1,306 @@
+//! Turns the search's best choice into a [`Plan`] with its reasons.
+
+use std::collections::BTreeMap;
+
+use super::model::Ctx;
+use super::plan::{
+    CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown, WanTraffic,
+};
+use super::search::{Choice, Outcome};
+use crate::topology::Topology;
+use crate::units::{human_bytes, human_seconds};
+
+pub(crate) fn plan(ctx: &Ctx<'_>, topology: &Topology, choice: &Choice, outcome: &Outcome) -> Plan {
+    let job = ctx.job;
+    let mut groups = Vec::with_capacity(choice.groups.len());
+    let mut first_replica = 0u32;
+    let mut min_slack = f64::INFINITY;
+    for group in &choice.groups {
+        let mut stages = Vec::with_capacity(group.split.len());
+        let mut first_layer = 0u32;
+        for (j, stage) in group.model.stages.iter().enumerate() {
+            let site = &ctx.sites[stage.site];
+            let slices = stage
+                .slices
+                .iter()
+                .map(|s| {
+                    let pool = &site.pools[s.pool];
+                    Slice {
+                        building: pool.building_id.clone(),
+                        domain_group: pool.group_id.clone(),
+                        first_slot: s.first,
+                        tp_groups: s.count,
+                        slots_per_domain: pool.slots_per_domain(choice.tp),
+                        gpus_per_node: pool.gpus_per_node,
+                    }
+                })
+                .collect();
+            let memory = group.eval.memory[j];
+            let slack = stage.usable_hbm - memory;
+            min_slack = min_slack.min(slack);
+            stages.push(Stage {
+                first_layer,
+                layers: group.split[j],
+                site: site.id.clone(),
+                slices,
+                memory_bytes_per_gpu: memory,
+                memory_slack_bytes: slack,
+            });
+            first_layer += group.split[j];
+        }
+        let replicas = u32::try_from(group.model.replicas).unwrap_or(u32::MAX);
+        groups.push(PipelineGroup {
+            first_replica,
+            replicas,
+            stages,
+            step_seconds: group.eval.total,
+        });
+        first_replica += replicas;
+    }
+
+    // The slowest group sets the inner step; its breakdown is the plan's.
+    let slowest = choice
+        .groups
+        .iter()
+        .max_by(|a, b| a.eval.total.total_cmp(&b.eval.total))
+        .map(|g| &g.eval);
+    let inner_steps = match choice.mode {
+        CrossSiteMode::Diloco { inner_steps } => inner_steps,
+        CrossSiteMode::Pipeline => 1,
+    };
+    let amortised = if choice.outer > 0.0 {
+        choice.outer / f64::from(inner_steps)
+    } else {
+        0.0
+    };
+    let step = slowest.map_or(StepBreakdown::default(), |e| StepBreakdown {
+        compute: e.compute,
+        tensor_parallel: e.tensor_parallel,
+        exposed_pipeline: e.pipeline.exposed_p2p,
+        bubble: e.pipeline.bubble,
+        exposed_data_parallel: e.exposed_dp,
+        outer_sync_amortised: amortised,
+        total: choice.total,
+    });
+    // `ideal` = compute + TP of the slowest stage, m times; keep the parts
+    // summing to the total the search optimised.
+    let wan = wan_traffic(ctx, choice, inner_steps);
+    let site_names: Vec<String> = choice
+        .site_order
+        .iter()
+        .map(|&s| ctx.sites[s].id.clone())
+        .collect();
+    let reasons = reasons(ctx, choice, outcome, &site_names, &groups, min_slack);
+    Plan {
+        job: job.name.clone(),
+        topology: topology.name.clone(),
+        mode: choice.mode,
+        degrees: Degrees {
+            tensor_parallel: choice.tp,
+            pipeline_parallel: choice.pp,
+            data_parallel: choice.dp,
+            virtual_stages: choice.v,
+            micro_batches: choice.m,
+            micro_batch_size: job.batch.micro_batch,
+        },
+        parallel_order: "tp-pp-dp".to_string(),
+        site_order: site_names,
+        groups,
+        step,
+        outer_sync_seconds: choice.outer,
+        wan,
+        min_memory_slack_bytes: min_slack,
+        reasons,
+    }
+}
+
+fn wan_traffic(ctx: &Ctx<'_>, choice: &Choice, inner_steps: u32) -> Vec<WanTraffic> {
+    let mut by_pair: BTreeMap<(usize, usize), (f64, &'static str)> = BTreeMap::new();
+    let key = |a: usize, b: usize| if a <= b { (a, b) } else { (b, a) };
+    for group in &choice.groups {
+        for &(a, b) in &group.model.wan_boundaries {
+            // Activations forward and gradients backward, per micro-batch
+            // and replica.
+            let bytes = 2.0 * ctx.activation_bytes * choice.m as f64 * group.model.replicas as f64;
+            by_pair
+                .entry(key(a, b))
+                .or_insert((0.0, "pipeline activations and gradients"))
+                .0 += bytes;
+        }
+    }
+    for &((a, b), bytes) in &choice.outer_hops {
+        by_pair
+            .entry(key(a, b))
+            .or_insert((0.0, "DiLoCo outer sync, amortised"))
+            .0 += bytes / f64::from(inner_steps);
+    }
+    by_pair
+        .into_iter()
+        .map(|((a, b), (bytes, what))| WanTraffic {
+            between: [ctx.sites[a].id.clone(), ctx.sites[b].id.clone()],
+            bytes_per_step: bytes,
+            what: what.to_string(),
+        })
+        .collect()
+}
+
+fn reason(decision: &str, choice: String, reason: String) -> Reason {
+    Reason {
+        decision: decision.to_string(),
+        choice,
+        reason,
+    }
+}
+
+fn reasons(
+    ctx: &Ctx<'_>,
+    choice: &Choice,
+    outcome: &Outcome,
+    sites: &[String],
+    groups: &[PipelineGroup],
+    min_slack: f64,
+) -> Vec<Reason> {
+    let job = ctx.job;
+    let kind = choice.kind();
+    let alternatives: Vec<String> = outcome
+        .best_by_kind
+        .iter()
+        .filter(|(k, _)| **k != kind)
+        .map(|(k, t)| format!("best {k} plan {}", human_seconds(*t)))
+        .collect();
+    // Kinds the search considered but never costed were infeasible or cut
+    // by a lower bound that already lost to the chosen plan.
+    let multi_site = ctx.sites.len() >= 2;
+    let mut alternatives = alternatives;
+    for (considered, other) in [
+        (true, "single-site"),
+        (multi_site, "cross-site pipeline"),
+        (multi_site && choice.dp >= 2, "diloco"),
+    ] {
+        if considered && other != kind && !outcome.best_by_kind.contains_key(other) {
+            alternatives.push(format!(
+                "every {other} candidate was infeasible or provably slower"
+            ));
+        }
+    }
+    let alternatives = if alternatives.is_empty() {
+        "no other kind of plan applies".to_string()
+    } else {
+        alternatives.join(", ")
+    };
+    let mode_reason = match choice.mode {
+        CrossSiteMode::Diloco { inner_steps } => format!(
+            "replicas train per site and sync every {inner_steps} steps: the outer sync takes {} \
+             ({} per step amortised), cheaper than crossing the WAN every step; {alternatives}",
+            human_seconds(choice.outer),
+            human_seconds(choice.outer / f64::from(inner_steps))
+        ),
+        CrossSiteMode::Pipeline if sites.len() > 1 => format!(
+            "stages span {} with only activations crossing the WAN each micro-batch, each \
+             stage's data-parallel group stays in its site; {alternatives}",
+            sites.join("→")
+        ),
+        CrossSiteMode::Pipeline => format!(
+            "the whole job fits in {} and no cross-site plan predicts a shorter step; \
+             {alternatives}",
+            sites.join("")
+        ),
+    };
+    let largest_domain = ctx
+        .sites
+        .iter()
+        .flat_map(|s| &s.pools)
+        .map(|p| p.gpus_per_domain)
+        .max()
+        .unwrap_or(0);
+    let splits: Vec<String> = groups
+        .iter()
+        .map(|g| {
+            let layers: Vec<String> = g.stages.iter().map(|s| s.layers.to_string()).collect();
+            {
+                let mut sites: Vec<&str> = Vec::new();
+                for stage in &g.stages {
+                    if sites.last() != Some(&stage.site.as_str()) {
+                        sites.push(&stage.site);
+                    }
+                }
+                format!(
+                    "{} replica(s) on {}: [{}]",
+                    g.replicas,
+                    sites.join("→"),
+                    layers.join(", ")
+                )
+            }
+        })
+        .collect();
+    vec![
+        reason("mode", kind.to_string(), mode_reason),
+        reason(
+            "degrees",
+            format!("tp={} pp={} dp={}", choice.tp, choice.pp, choice.dp),
+            format!(
+                "lowest predicted step ({}) of {} feasible candidates; TP {} divides {} heads and \
+                 stays inside one scale-up domain (largest {} GPUs) so its collectives ride NVLink",
+                human_seconds(choice.total),
+                outcome.candidates,
+                choice.tp,
+                job.model.attention_heads,
+                largest_domain
+            ),
+        ),
+        reason(
+            "micro-batches",
+            format!("{} of {}", choice.m, job.batch.micro_batch),
+            format!(
+                "global batch {} / (dp {} × micro-batch {}); bubble (p−1)/(v·m) = {:.3}",
+                job.batch.global_batch,
+                choice.dp,
+                job.batch.micro_batch,
+                f64::from(choice.pp - 1) / (f64::from(choice.v) * choice.m as f64)
+            ),
+        ),
+        reason(
+            "interleaving",
+            format!("v={}", choice.v),
+            if choice.v > 1 {
+                "interleaved stages shrink the bubble more than they add memory and p2p".to_string()
+            } else {
+                "plain 1F1B: interleaving did not predict a shorter step, needs m divisible by p, \
+                 or the pipeline crosses sites"
+                    .to_string()
+            },
+        ),
+        reason(
+            "layer split",
+            splits.join("; "),
+            "contiguous layer ranges minimising the slowest stage (compute + TP) and the slowest \
+             DP all-reduce, within each stage's memory"
+                .to_string(),
+        ),
+        reason(
+            "site order",
+            sites.join("→"),
+            match choice.mode {
+                CrossSiteMode::Diloco { .. } => {
+                    "ring for the outer all-reduce with the fastest slowest-hop among all rings"
+                        .to_string()
+                }
+                CrossSiteMode::Pipeline => {
+                    "pipeline order with consecutive sites linked, chosen by predicted step time"
+                        .to_string()
+                }
+            },
+        ),
+        reason(
+            "packing",
+            "fastest pools first, stage after stage".to_string(),
+            format!(
+                "each TP group takes {} GPUs of one scale-up domain, never two; a stage's replicas \
+                 sit together to keep its DP ring short and neighbouring stages are adjacent; min \
+                 memory slack {} per GPU",
+                choice.tp,
+                human_bytes(min_slack)
+            ),
+        ),
+    ]
+}

@@ -1,0 +1,208 @@
+//! The placement engine: where each kind of parallel work of one job runs.
+//!
+//! [`place`] searches tensor, pipeline and data-parallel degrees, the
+//! interleaving degree, the cross-site mode (one synchronous pipeline
+//! across sites, or DiLoCo replicas per site with an outer sync every H
+//! steps), the site order, the replica distribution and the layer split,
+//! and returns the plan with the lowest predicted step time under
+//! [`crate::cost`]. [`brute_force_place`] enumerates the same space without
+//! the solver's shortcuts, for tiny instances; [`validate_plan`] checks
+//! every hard constraint of a plan against its inputs.
+//!
+//! # Model
+//!
+//! - All replicas share TP and PP. Micro-batches per replica
+//!   m = global batch / (DP · micro-batch); in DiLoCo mode the global batch
+//!   is split evenly over all replicas of all sites, so the slowest site
+//!   paces the inner step.
+//! - Pipeline mode: every replica follows the same stage → site map, so a
+//!   stage's DP group never leaves its site and only activations cross the
+//!   WAN; consecutive sites need a direct link. Interleaving is considered
+//!   only inside one site (its wrap-around would cross the WAN v−1 times).
+//! - DiLoCo mode: each site of a subset of at least two runs k_s whole
+//!   replicas with its own layer split; step = slowest site's inner step +
+//!   outer sync / H (H from `job.diloco.inner_steps`, else
+//!   `CostParams::default_inner_steps`).
+//! - Within a site, TP groups are packed by one canonical rule: pools
+//!   ordered fastest GPU first (then larger HBM, then declaration order),
+//!   slots of tp GPUs inside a domain, stage after stage from one cursor.
+//!   The search decides everything above this rule; the brute force does
+//!   not enumerate alternative packings either.
+//!
+//! # Search
+//!
+//! Degrees are enumerated (TP: divisors of the head count within the
+//! domain size and constraints; PP: every depth up to the layer count; DP:
+//! every divisor the batch allows). Site sequences, DiLoCo site subsets and
+//! outer-sync rings are enumerated exactly up to six sites, heuristically
+//! beyond (nearest-neighbour chains of up to four sites, fastest-site-first
+//! prefixes, nearest-neighbour rings). Stage counts per site and replica
+//! distributions are enumerated exactly up to 4,096 possibilities, then
+//! split by capacity or handed out greedily. The layer split is exact (a
+//! scan over the slowest stage time with a min-max fill, see
+//! `GroupModel::best_split`). Candidates are pruned only by lower
+//! bounds, which never discard an optimum.
+//!
+mod assemble;
+mod enumerate;
+mod model;
+mod plan;
+mod search;
+mod validate;
+
+use thiserror::Error;
+
+use crate::config::Validate;
+use crate::cost::CostParams;
+use crate::job::JobSpec;
+use crate::topology::Topology;
+
+pub use plan::{
+    Binding, CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown,
+    WanTraffic,
+};
+pub use validate::{validate_plan, validate_plan_with};
+
+/// Why a job cannot be placed, with the numbers that show by how much.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum PlacementError {
+    #[error("job is invalid: {0}")]
+    InvalidJob(String),
+    #[error("no allowed site has a usable scale-up domain")]
+    NoSites,
+    #[error(
+        "no tensor-parallel degree divides {heads} attention heads and fits a scale-up domain \
+         (largest allowed domain {largest_domain} GPUs, limit {limit:?})"
+    )]
+    TensorParallel {
+        heads: u32,
+        largest_domain: u64,
+        limit: Option<u32>,
+    },
+    #[error("pipeline-parallel degree {pipeline_parallel} exceeds the {layers} layers")]
+    PipelineTooDeep { pipeline_parallel: u32, layers: u32 },
+    #[error(
+        "global batch {global_batch} is not divisible by data-parallel degree × micro-batch \
+         ({data_parallel} × {micro_batch})"
+    )]
+    BatchIndivisible {
+        global_batch: u32,
+        micro_batch: u32,
+        data_parallel: u32,
+    },
+    #[error(
+        "the smallest admissible plan needs {needed} GPUs but the allowed sites have {available}"
+    )]
+    NotEnoughGpus { needed: u64, available: u64 },
+    #[error(
+        "memory does not fit: the closest candidate ({candidate}) needs {gib:.1} GiB \
+         ({short_bytes:.0} bytes) more per GPU than HBM minus headroom",
+        gib = .short_bytes / 1_073_741_824.0
+    )]
+    OutOfMemory { short_bytes: f64, candidate: String },
+    #[error(
+        "not enough scale-up slots: {candidate} needs {needed_slots} TP groups, {free_slots} fit"
+    )]
+    Capacity {
+        needed_slots: u64,
+        free_slots: u64,
+        candidate: String,
+    },
+    #[error("no feasible plan: {0}")]
+    NoFeasiblePlan(String),
+    #[error("too large for brute force: {0}")]
+    TooLarge(String),
+}
+
+/// Places `job` on `topology` with the default cost assumptions.
+pub fn place(topology: &Topology, job: &JobSpec) -> Result<Plan, PlacementError> {
+    place_with(topology, job, &CostParams::default())
+}
+
+/// Places `job` on `topology`: the plan with the lowest predicted step
+/// time, ties broken towards fewer GPUs, then by enumeration order (TP
+/// descending, PP ascending, DP descending, interleaving, sites in topology order), so
+/// the same inputs always give the same plan.
+pub fn place_with(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+) -> Result<Plan, PlacementError> {
+    run(topology, job, params, search::Effort::Solve)
+}
+
+/// Places a tiny job by enumerating every degree, site order, stage count,
+/// replica distribution and layer split in the same cost model. Refuses
+/// instances beyond 12 GPUs, 3 sites or 12 layers.
+pub fn brute_force_place(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+) -> Result<Plan, PlacementError> {
+    let (gpus, sites, layers) = (topology.gpus(), topology.sites.len(), job.model.layers);
+    if gpus > 12 || sites > 3 || layers > 12 {
+        return Err(PlacementError::TooLarge(format!(
+            "{gpus} GPUs, {sites} sites, {layers} layers (limits 12, 3, 12)"
+        )));
+    }
+    run(topology, job, params, search::Effort::Exhaustive)
+}
+
+fn run(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+    effort: search::Effort,
+) -> Result<Plan, PlacementError> {
+    let mut problems: Vec<String> = job
+        .violations()
+        .into_iter()
+        .chain(job.violations_against(topology))
+        .map(|v| format!("{}: {}", v.path, v.message))
+        .collect();
+    if !(params.mfu > 0.0 && params.mfu <= 1.0) {
+        problems.push(format!(
+            "cost parameter mfu must be in (0, 1], found {}",
+            params.mfu
+        ));
+    }
+    if !(0.0..1.0).contains(&params.hbm_headroom) {
+        problems.push(format!(
+            "hbm_headroom must be in [0, 1), found {}",
+            params.hbm_headroom
+        ));
+    }
+    if !problems.is_empty() {
+        return Err(PlacementError::InvalidJob(problems.join("; ")));
+    }
+    let ctx = model::Ctx::new(topology, job, params);
+    let space = search::Space::new(&ctx)?;
+    let outcome = search::search(&ctx, &space, effort);
+    match &outcome.best {
+        Some(choice) => Ok(assemble::plan(&ctx, topology, choice, &outcome)),
+        None => Err(explain(outcome.failures)),
+    }
+}
+
+fn explain(f: search::Failures) -> PlacementError {
+    if let Some((short_bytes, candidate)) = f.memory {
+        return PlacementError::OutOfMemory {
+            short_bytes,
+            candidate,
+        };
+    }
+    if let Some((needed_slots, free_slots, candidate)) = f.capacity {
+        return PlacementError::Capacity {
+            needed_slots,
+            free_slots,
+            candidate,
+        };
+    }
+    if let Some((needed, available)) = f.gpus {
+        return PlacementError::NotEnoughGpus { needed, available };
+    }
+    PlacementError::NoFeasiblePlan(format!(
+        "every candidate was rejected ({} needed a WAN link that does not exist)",
+        f.no_link
+    ))
+}

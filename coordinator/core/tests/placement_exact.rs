@@ -1,0 +1,455 @@
+//! The solver against brute force on tiny instances, and the plan checker
+//! on everything either emits.
+
+use longhaul_core::JobSpec;
+use longhaul_core::cost::CostParams;
+use longhaul_core::gpu::GpuType;
+use longhaul_core::job::{Batch, Constraints, Diloco, ModelShape, Precision, Training};
+use longhaul_core::placement::{
+    PlacementError, brute_force_place, place, place_with, validate_plan, validate_plan_with,
+};
+use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Site, Topology, WanLink};
+use longhaul_core::units::{ByteSize, DataRate, Distance, Duration, Throughput};
+use proptest::prelude::*;
+
+/// A small custom GPU so that memory actually binds on tiny instances.
+fn small_gpu(hbm_gib: u64, tflops: f64) -> GpuType {
+    GpuType {
+        name: "small".to_string(),
+        hbm: ByteSize::from_gib(hbm_gib),
+        dense_bf16: Throughput::from_tflops(tflops).unwrap_or_default(),
+        scale_up: DataRate::from_gbit_per_second(800),
+        max_domain_gpus: 8,
+    }
+}
+
+/// One site: (domain groups of (count, gpus per domain, gpu type name)).
+#[derive(Debug, Clone)]
+struct SiteShape {
+    groups: Vec<(u32, u32, &'static str)>,
+    oversubscription: f64,
+    /// Put each domain group in its own building behind a campus link.
+    split_buildings: bool,
+}
+
+fn topology(
+    sites: &[SiteShape],
+    links: &[(usize, usize, f64, u32, f64)],
+    hbm_gib: u64,
+) -> Topology {
+    Topology {
+        name: "tiny".to_string(),
+        gpu_types: vec![small_gpu(hbm_gib, 200.0)],
+        sites: sites
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| {
+                let building =
+                    |id: String, groups: &[(u32, u32, &'static str)], first: usize| Building {
+                        id,
+                        fabric: Fabric {
+                            kind: FabricKind::LeafSpine,
+                            link_rate: DataRate::from_gbit_per_second(400),
+                            oversubscription: shape.oversubscription,
+                        },
+                        domains: groups
+                            .iter()
+                            .enumerate()
+                            .map(|(g, &(count, gpus, gpu))| DomainGroup {
+                                id: format!("g{}", first + g),
+                                count,
+                                nodes_per_domain: 1,
+                                gpus_per_node: gpus,
+                                gpu: gpu.to_string(),
+                            })
+                            .collect(),
+                    };
+                let split = shape.split_buildings && shape.groups.len() > 1;
+                Site {
+                    id: format!("s{i}"),
+                    name: None,
+                    location: None,
+                    campus_interconnect: split.then(|| DataRate::from_gbit_per_second(200)),
+                    buildings: if split {
+                        shape
+                            .groups
+                            .iter()
+                            .enumerate()
+                            .map(|(g, group)| {
+                                building(format!("b{g}"), std::slice::from_ref(group), g)
+                            })
+                            .collect()
+                    } else {
+                        vec![building("b".to_string(), &shape.groups, 0)]
+                    },
+                }
+            })
+            .collect(),
+        links: links
+            .iter()
+            .filter(|&&(a, b, ..)| a != b && a < sites.len() && b < sites.len())
+            .map(|&(a, b, km, gbit, loss)| WanLink {
+                between: [format!("s{a}"), format!("s{b}")],
+                distance: Distance::from_km(km).unwrap_or_default(),
+                overhead: Duration::from_micros(20),
+                parallel_links: 1,
+                link_rate: DataRate::from_gbit_per_second(u64::from(gbit)),
+                loss,
+                buffer: None,
+            })
+            .collect(),
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // reason: a job is many small numbers.
+fn job(
+    params_billions: f64,
+    layers: u32,
+    heads: u32,
+    hidden_per_head: u32,
+    global_batch: u32,
+    micro_batch: u32,
+    constraints: Constraints,
+    inner_steps: Option<u32>,
+) -> JobSpec {
+    JobSpec {
+        name: "tiny-job".to_string(),
+        model: ModelShape {
+            parameters: (params_billions * 1e9) as u64,
+            layers,
+            hidden_size: heads * hidden_per_head,
+            attention_heads: heads,
+            sequence_length: 2048,
+            vocabulary_size: None,
+        },
+        batch: Batch {
+            global_batch,
+            micro_batch,
+        },
+        training: Training {
+            precision: Precision::Bf16,
+            optimizer_state_bytes_per_parameter: 12.0,
+        },
+        constraints,
+        diloco: inner_steps.map(|inner_steps| Diloco { inner_steps }),
+    }
+}
+
+fn site_shape() -> impl Strategy<Value = SiteShape> {
+    (
+        prop::collection::vec(
+            (
+                1u32..=2,
+                prop::sample::select(vec![1u32, 2, 4]),
+                prop::sample::select(vec!["small", "h100", "b200"]),
+            ),
+            1..=2,
+        ),
+        prop::sample::select(vec![1.0, 2.0]),
+        any::<bool>(),
+    )
+        .prop_map(|(groups, oversubscription, split_buildings)| SiteShape {
+            groups,
+            oversubscription,
+            split_buildings,
+        })
+}
+
+fn gpus(sites: &[SiteShape]) -> u32 {
+    sites
+        .iter()
+        .flat_map(|s| &s.groups)
+        .map(|&(c, g, _)| c * g)
+        .sum()
+}
+
+type Instance = (Topology, JobSpec);
+
+fn instance() -> impl Strategy<Value = Instance> {
+    (
+        prop::collection::vec(site_shape(), 1..=3),
+        prop::collection::vec(
+            (
+                any::<bool>(),
+                any::<bool>(),
+                prop::sample::select(vec![1.0, 80.0, 2000.0]),
+                prop::sample::select(vec![10u32, 100, 400]),
+                prop::sample::select(vec![0.0, 1e-4]),
+            ),
+            3,
+        ),
+        prop::sample::select(vec![16u64, 40, 80]),
+        (
+            0.5f64..30.0,
+            1u32..=12,
+            prop::sample::select(vec![1u32, 2, 4, 8]),
+            prop::sample::select(vec![64u32, 128]),
+        ),
+        (
+            prop::sample::select(vec![1u32, 2, 4, 6, 8, 12, 16]),
+            prop::sample::select(vec![1u32, 2]),
+        ),
+        (
+            prop::option::of(prop::sample::select(vec![1u32, 2, 4])),
+            prop::option::of(prop::sample::select(vec![1u32, 2, 3])),
+            prop::option::of(prop::sample::select(vec![2u32, 10, 100])),
+        ),
+    )
+        .prop_filter("at most 12 GPUs", |(sites, ..)| gpus(sites) <= 12)
+        .prop_map(
+            |(sites, links, hbm, (p, layers, heads, hph), (gb, mb), (max_tp, fixed_pp, h))| {
+                let gb = if gb % mb == 0 { gb } else { gb * mb };
+                let constraints = Constraints {
+                    max_tensor_parallel: max_tp,
+                    pipeline_parallel: fixed_pp.filter(|&pp| pp <= layers),
+                    ..Constraints::default()
+                };
+                // Each site pair is linked with probability 3/4.
+                let pairs = [(0, 1), (0, 2), (1, 2)];
+                let links: Vec<_> = pairs
+                    .iter()
+                    .zip(links)
+                    .filter(|(_, (a, b, ..))| *a || *b)
+                    .map(|(&(x, y), (_, _, km, gbit, loss))| (x, y, km, gbit, loss))
+                    .collect();
+                (
+                    topology(&sites, &links, hbm),
+                    job(p, layers, heads, hph, gb, mb, constraints, h),
+                )
+            },
+        )
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, max_shrink_iters: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn solver_matches_brute_force_and_plans_are_valid((topology, job) in instance()) {
+        let params = CostParams::default();
+        let solved = place_with(&topology, &job, &params);
+        let brute = brute_force_place(&topology, &job, &params);
+        match (&solved, &brute) {
+            (Ok(s), Ok(b)) => {
+                prop_assert!(close(s.step.total, b.step.total), "solver {} vs brute force {}", s.step.total, b.step.total);
+                prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
+                prop_assert_eq!(validate_plan_with(&topology, &job, b, &params), Ok(()));
+                let parts = s.step.compute + s.step.tensor_parallel + s.step.exposed_pipeline + s.step.bubble + s.step.exposed_data_parallel + s.step.outer_sync_amortised;
+                prop_assert!(close(parts, s.step.total), "breakdown {} sums to total {}", parts, s.step.total);
+                prop_assert_eq!(s.bindings().count() as u64, s.gpus());
+            }
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "solver {:?} but brute force {:?}", solved.as_ref().map(|p| p.step.total), brute.as_ref().map(|p| p.step.total)),
+        }
+    }
+}
+
+/// Sites too small for the job alone, all linked: the solver must place
+/// across sites, so cross-site pipelines and DiLoCo get exercised.
+fn multi_site_instance() -> impl Strategy<Value = Instance> {
+    (
+        prop::collection::vec(
+            (
+                1u32..=2,
+                prop::sample::select(vec![2u32, 4]),
+                prop::sample::select(vec!["small", "h100"]),
+            ),
+            2..=3,
+        ),
+        prop::sample::select(vec![1.0, 80.0, 2000.0]),
+        prop::sample::select(vec![0.0, 1e-4]),
+        (
+            4.0f64..20.0,
+            2u32..=12,
+            prop::sample::select(vec![8u32, 12, 16]),
+        ),
+        prop::option::of(prop::sample::select(vec![2u32, 10])),
+    )
+        .prop_filter("at most 12 GPUs", |(sites, ..)| {
+            sites.iter().map(|&(c, g, _)| c * g).sum::<u32>() <= 12
+        })
+        .prop_map(|(sites, km, loss, (p, layers, gb), h)| {
+            let shapes: Vec<SiteShape> = sites
+                .into_iter()
+                .map(|g| SiteShape {
+                    groups: vec![g],
+                    oversubscription: 1.0,
+                    split_buildings: false,
+                })
+                .collect();
+            let links = [
+                (0, 1, km, 100, loss),
+                (0, 2, km * 2.0, 100, loss),
+                (1, 2, km, 100, loss),
+            ];
+            (
+                topology(&shapes, &links, 24),
+                job(p, layers, 4, 128, gb, 1, Constraints::default(), h),
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 150, max_shrink_iters: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn solver_matches_brute_force_across_sites((topology, job) in multi_site_instance()) {
+        let params = CostParams::default();
+        let solved = place_with(&topology, &job, &params);
+        let brute = brute_force_place(&topology, &job, &params);
+        match (&solved, &brute) {
+            (Ok(s), Ok(b)) => {
+                prop_assert!(close(s.step.total, b.step.total), "solver {} vs brute force {}", s.step.total, b.step.total);
+                prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
+            }
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "solver {:?} but brute force {:?}", solved.as_ref().map(|p| p.step.total), brute.as_ref().map(|p| p.step.total)),
+        }
+    }
+}
+
+#[test]
+fn same_inputs_give_the_same_plan() {
+    let sites = [
+        SiteShape {
+            groups: vec![(2, 4, "h100")],
+            oversubscription: 1.0,
+            split_buildings: false,
+        },
+        SiteShape {
+            groups: vec![(1, 4, "b200")],
+            oversubscription: 2.0,
+            split_buildings: false,
+        },
+    ];
+    let topology = topology(&sites, &[(0, 1, 80.0, 400, 0.0)], 80);
+    let job = job(7.0, 8, 8, 128, 16, 1, Constraints::default(), None);
+    let first = place(&topology, &job).expect("feasible");
+    let second = place(&topology, &job).expect("feasible");
+    assert_eq!(first, second);
+    assert_eq!(validate_plan(&topology, &job, &first), Ok(()));
+}
+
+#[test]
+fn memory_that_cannot_fit_is_reported_with_the_shortfall() {
+    let sites = [SiteShape {
+        groups: vec![(1, 2, "small")],
+        oversubscription: 1.0,
+        split_buildings: false,
+    }];
+    let topology = topology(&sites, &[], 16);
+    let job = job(30.0, 4, 2, 128, 4, 1, Constraints::default(), None);
+    match place(&topology, &job) {
+        Err(PlacementError::OutOfMemory {
+            short_bytes,
+            candidate,
+        }) => {
+            assert!(short_bytes > 0.0);
+            assert!(!candidate.is_empty());
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+}
+
+#[test]
+fn fixed_degrees_larger_than_the_topology_are_rejected_with_the_count() {
+    let sites = [SiteShape {
+        groups: vec![(1, 4, "h100")],
+        oversubscription: 1.0,
+        split_buildings: false,
+    }];
+    let topology = topology(&sites, &[], 80);
+    let constraints = Constraints {
+        tensor_parallel: Some(2),
+        pipeline_parallel: Some(2),
+        data_parallel: Some(2),
+        ..Constraints::default()
+    };
+    let job = job(1.0, 4, 2, 128, 4, 1, constraints, None);
+    let error = place(&topology, &job).expect_err("8 GPUs do not exist");
+    assert!(error.to_string().contains('8'), "{error}");
+}
+
+#[test]
+fn tensor_parallelism_wider_than_every_domain_is_rejected() {
+    let sites = [SiteShape {
+        groups: vec![(4, 2, "h100")],
+        oversubscription: 1.0,
+        split_buildings: false,
+    }];
+    let topology = topology(&sites, &[], 80);
+    let constraints = Constraints {
+        tensor_parallel: Some(4),
+        ..Constraints::default()
+    };
+    let job = job(1.0, 4, 4, 128, 4, 1, constraints, None);
+    let error = place(&topology, &job).expect_err("TP 4 cannot fit 2-GPU domains");
+    assert!(
+        matches!(
+            error,
+            PlacementError::InvalidJob(_) | PlacementError::TensorParallel { .. }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_tampered_plan_is_caught_by_the_checker() {
+    let sites = [SiteShape {
+        groups: vec![(2, 4, "h100")],
+        oversubscription: 1.0,
+        split_buildings: false,
+    }];
+    let topology = topology(&sites, &[], 80);
+    let job = job(3.0, 8, 8, 128, 8, 1, Constraints::default(), None);
+    let plan = place(&topology, &job).expect("feasible");
+    let mut wide = plan.clone();
+    wide.degrees.tensor_parallel = 8;
+    assert!(validate_plan(&topology, &job, &wide).is_err());
+    let mut doubled = plan.clone();
+    if let Some(stage) = doubled.groups[0].stages.get_mut(0) {
+        stage.slices.extend(stage.slices.clone());
+    }
+    assert!(validate_plan(&topology, &job, &doubled).is_err());
+    let mut short = plan;
+    short.groups[0].stages[0].layers += 1;
+    assert!(validate_plan(&topology, &job, &short).is_err());
+}
+
+/// Beyond six sites the solver switches to heuristic site orders and
+/// subsets; its plans must still pass every hard constraint.
+#[test]
+fn heuristic_site_search_beyond_six_sites_emits_valid_plans() {
+    let shapes: Vec<SiteShape> = (0..8)
+        .map(|i| SiteShape {
+            groups: vec![(2, 4, if i % 2 == 0 { "b200" } else { "h100" })],
+            oversubscription: 1.0,
+            split_buildings: false,
+        })
+        .collect();
+    let mut links = Vec::new();
+    for a in 0..8 {
+        for b in a + 1..8 {
+            links.push((a, b, 100.0 * (b - a) as f64, 100, 1e-5));
+        }
+    }
+    let topology = topology(&shapes, &links, 80);
+    for (params_billions, inner_steps) in [(3.0, None), (40.0, Some(20))] {
+        let job = job(
+            params_billions,
+            12,
+            8,
+            128,
+            64,
+            1,
+            Constraints::default(),
+            inner_steps,
+        );
+        let plan = place(&topology, &job).expect("feasible");
+        assert_eq!(validate_plan(&topology, &job, &plan), Ok(()));
+        assert_eq!(plan.bindings().count() as u64, plan.gpus());
+    }
+}

@@ -1,0 +1,109 @@
+//! Placement on the shipped example topologies and jobs.
+
+use longhaul_core::placement::{CrossSiteMode, PlacementError, Plan, place, validate_plan};
+use longhaul_core::{JobSpec, Topology};
+
+fn load(topology: &str, topology_text: &str, job: &str, job_text: &str) -> (Topology, JobSpec) {
+    let t = Topology::from_toml(topology, topology_text).expect("example topology parses");
+    let j = JobSpec::from_toml(job, job_text).expect("example job parses");
+    (t, j)
+}
+
+fn summary(plan: &Plan) -> String {
+    serde_json::to_string_pretty(&(
+        &plan.mode,
+        &plan.degrees,
+        &plan.site_order,
+        &plan.step,
+        &plan.wan,
+        plan.min_memory_slack_bytes,
+        &plan.reasons,
+    ))
+    .expect("plan serialises")
+}
+
+fn check_common(topology: &Topology, job: &JobSpec, plan: &Plan) {
+    validate_plan(topology, job, plan).expect("plan is valid");
+    assert!(plan.reasons.len() >= 5);
+    assert!(
+        plan.reasons
+            .iter()
+            .all(|r| !r.reason.is_empty() && !r.choice.is_empty())
+    );
+    // Every TP group sits in one domain: all tp ranks of a group share it.
+    let tp = u64::from(plan.degrees.tensor_parallel);
+    let bindings: Vec<_> = plan.bindings().take(4096).collect();
+    for group in bindings.chunks(tp as usize) {
+        let first = &group[0];
+        assert!(group.iter().all(|b| b.site == first.site
+            && b.building == first.building
+            && b.domain_group == first.domain_group
+            && b.domain == first.domain));
+    }
+    let json = serde_json::to_string(plan).expect("plan serialises");
+    let back: Plan = serde_json::from_str(&json).expect("plan parses back");
+    assert_eq!(&back, plan);
+}
+
+#[test]
+fn llama_70b_on_two_campuses_80km() {
+    let (topology, job) = load(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+        "llama-70b.job.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    );
+    let plan = place(&topology, &job).expect("feasible");
+    println!("{}", summary(&plan));
+    check_common(&topology, &job, &plan);
+    // At 80 km (0.9 ms RTT, 6.4 Tbit/s) the model prefers one synchronous
+    // pipeline whose GB200 stages sit north and H100 stages south over
+    // DiLoCo; the reason names the alternatives it beat.
+    assert_eq!(plan.mode, CrossSiteMode::Pipeline);
+    let mode = plan.reason("mode").expect("mode reason");
+    assert!(mode.reason.contains("best single-site"), "{}", mode.reason);
+    assert!(mode.reason.contains("diloco"), "{}", mode.reason);
+    assert_eq!(plan.step.outer_sync_amortised, 0.0);
+}
+
+#[test]
+fn dense_400b_on_two_continents_uses_diloco() {
+    let (topology, job) = load(
+        "three-sites-two-continents.toml",
+        include_str!("../../../deploy/examples/three-sites-two-continents.toml"),
+        "dense-400b.job.toml",
+        include_str!("../../../deploy/examples/dense-400b.job.toml"),
+    );
+    let plan = place(&topology, &job).expect("feasible");
+    println!("{}", summary(&plan));
+    check_common(&topology, &job, &plan);
+    assert!(matches!(
+        plan.mode,
+        CrossSiteMode::Diloco { inner_steps: 100 }
+    ));
+}
+
+#[test]
+fn llama_70b_without_model_parallelism_is_rejected_with_the_memory_shortfall() {
+    let (topology, mut job) = load(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+        "llama-70b.job.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    );
+    job.constraints.tensor_parallel = Some(1);
+    job.constraints.pipeline_parallel = Some(1);
+    let error = place(&topology, &job).expect_err("70B of state cannot fit one GPU");
+    match &error {
+        PlacementError::OutOfMemory {
+            short_bytes,
+            candidate,
+        } => {
+            // Weights and gradients alone are 4 bytes × 70.6e9 parameters.
+            assert!(*short_bytes > 200e9, "{error}");
+            assert!(candidate.contains("tp=1 pp=1"), "{error}");
+        }
+        other => panic!("expected OutOfMemory, got {other}"),
+    }
+    println!("{error}");
+}
