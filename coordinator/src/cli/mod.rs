@@ -4,6 +4,7 @@
 //! definitions, file loading and the mapping of failures to exit codes
 //! (0: success, 1: the command could not run, 2: the input is invalid).
 
+pub mod emulate;
 mod table;
 pub mod topology;
 
@@ -42,6 +43,12 @@ pub enum Command {
     /// Validate rehearsal scenario files and the files they refer to.
     #[command(subcommand)]
     Scenario(ScenarioCommand),
+    /// Run the network emulator for a scenario: loopback proxies behind
+    /// emulated WAN links, and a control API. Runs until Ctrl-C.
+    Emulate(emulate::EmulateArgs),
+    /// Talk to a running `emulate`: list links, change, cut and heal them.
+    #[command(subcommand)]
+    Emulator(emulate::EmulatorCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -136,6 +143,8 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Topology(TopologyCommand::Show(args)) => topology::show(&args, out),
         Command::Job(JobCommand::Check(args)) => check_job(&args, out),
         Command::Scenario(ScenarioCommand::Check(args)) => check_scenario(&args, out),
+        Command::Emulate(args) => emulate::emulate(&args, out),
+        Command::Emulator(command) => emulate::emulator(&command, out),
     };
     // A failed write of the report itself (a closed pipe) has nowhere to go.
     match result {
