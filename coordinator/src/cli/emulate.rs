@@ -199,6 +199,7 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
             ("link", false),
             ("rate", true),
             ("one-way", true),
+            ("jitter", true),
             ("loss", true),
             ("buffer", true),
             ("seed", true),
@@ -208,6 +209,7 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 status.id(),
                 human_rate(status.rate_bits_per_second as f64),
                 human_ns(status.one_way_ns),
+                status.jitter_ns.map_or("-".to_string(), human_ns),
                 format!("{}", status.loss),
                 longhaul_core::units::human_bytes(status.buffer_bytes as f64),
                 status.seed.to_string(),
@@ -389,6 +391,7 @@ fn print_links(
                     "id": l.id, "from": l.from_site, "to": l.to_site, "seed": l.seed,
                     "rate_bits_per_second": l.rate_bits_per_second,
                     "one_way_delay_ns": l.one_way_delay_ns, "extra_delay_ns": l.extra_delay_ns,
+                    "jitter_max_ns": l.jitter_max_ns,
                     "loss": l.loss, "buffer_bytes": l.buffer_bytes, "down": l.down,
                     "packets_in": l.packets_in, "bytes_in": l.bytes_in,
                     "packets_delivered": l.packets_delivered, "bytes_delivered": l.bytes_delivered,
@@ -409,6 +412,7 @@ fn print_links(
         ("state", false),
         ("rate", true),
         ("one-way", true),
+        ("jitter", true),
         ("loss", true),
         ("packets in", true),
         ("delivered", true),
@@ -425,6 +429,11 @@ fn print_links(
             if l.down { "cut" } else { "up" }.to_string(),
             human_rate(l.rate_bits_per_second as f64),
             human_ns(l.one_way_delay_ns),
+            if l.jitter_max_ns == 0 {
+                "-".to_string()
+            } else {
+                human_ns(l.jitter_max_ns)
+            },
             format!("{}", l.loss),
             thousands(l.packets_in),
             thousands(l.packets_delivered),
@@ -445,4 +454,103 @@ fn print_links(
     }
     write!(out, "{}", table.render(2))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, run};
+
+    fn longhaul(args: &[&str]) -> (u8, String, String) {
+        let cli = Cli::try_parse_from(std::iter::once("longhaul").chain(args.iter().copied()))
+            .expect("arguments parse");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let status = run(cli, &mut out, &mut err);
+        (
+            status,
+            String::from_utf8(out).expect("utf-8"),
+            String::from_utf8(err).expect("utf-8"),
+        )
+    }
+
+    fn scenario() -> String {
+        format!(
+            "{}/../deploy/scenarios/two-campuses-80km.toml",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    #[test]
+    fn help_explains_the_address_map() {
+        let help = Cli::try_parse_from(["longhaul", "emulate", "--help"])
+            .expect_err("help is an early exit")
+            .to_string();
+        for needle in [
+            "--expose",
+            "--seed",
+            "--control",
+            "How addresses map",
+            "retransmitted",
+        ] {
+            assert!(help.contains(needle), "{needle}: {help}");
+        }
+        let help = Cli::try_parse_from(["longhaul", "emulator", "--help"])
+            .expect_err("help is an early exit")
+            .to_string();
+        for needle in ["links", "set", "cut", "heal"] {
+            assert!(help.contains(needle), "{needle}: {help}");
+        }
+    }
+
+    #[test]
+    fn expose_must_be_site_equals_address() {
+        assert_eq!(
+            parse_expose("south=127.0.0.1:50051"),
+            Ok((
+                "south".to_string(),
+                "127.0.0.1:50051".parse().expect("address")
+            ))
+        );
+        assert!(parse_expose("south").is_err());
+        let error = parse_expose("south=localhost").expect_err("not an IP address");
+        assert!(error.contains("\"localhost\""), "{error}");
+    }
+
+    #[test]
+    fn emulate_prints_the_seed_and_address_map_and_stops_after_its_duration() {
+        let (status, out, err) = longhaul(&[
+            "emulate",
+            &scenario(),
+            "--control",
+            "127.0.0.1:0",
+            "--seed",
+            "99",
+            "--expose",
+            "south=127.0.0.1:9",
+            "--duration",
+            "200 ms",
+        ]);
+        assert_eq!(status, 0, "{err}");
+        assert!(out.contains("seed 99 (from --seed)"), "{out}");
+        assert!(out.contains("north->south"), "{out}");
+        assert!(out.contains("address map:"), "{out}");
+        assert!(out.contains("south 127.0.0.1:9"), "{out}");
+        assert!(out.trim_end().ends_with("stopped"), "{out}");
+    }
+
+    #[test]
+    fn exposing_an_unknown_site_is_refused() {
+        let (status, _, err) = longhaul(&[
+            "emulate",
+            &scenario(),
+            "--control",
+            "127.0.0.1:0",
+            "--expose",
+            "mars=127.0.0.1:9",
+        ]);
+        assert_eq!(status, 1);
+        assert!(err.contains("no site \"mars\""), "{err}");
+    }
 }

@@ -84,6 +84,7 @@ pub fn status_message(status: &PipeStatus) -> pb::EmulatorLinkDirectionStatus {
         rate_bits_per_second: status.rate_bits_per_second,
         one_way_delay_ns: status.one_way_ns,
         extra_delay_ns: status.extra_delay_ns,
+        jitter_max_ns: status.jitter_ns.unwrap_or(0),
         loss: status.loss,
         buffer_bytes: status.buffer_bytes,
         down: status.down,

@@ -301,6 +301,12 @@ impl Emulator {
         one_way: bool,
         change: &LinkChange,
     ) -> Result<Vec<PipeStatus>, EmulatorError> {
+        if site_a.is_empty() {
+            return Err(EmulatorError::InvalidArgument {
+                field: "site_a",
+                message: "is required: name one end of the link".to_string(),
+            });
+        }
         if site_b.is_empty() {
             return Err(EmulatorError::InvalidArgument {
                 field: "site_b",

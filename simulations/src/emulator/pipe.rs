@@ -130,6 +130,8 @@ pub struct PipeStatus {
     pub one_way_ns: u64,
     pub extra_delay_ns: u64,
     pub loss: f64,
+    /// Maximum jitter, if any.
+    pub jitter_ns: Option<u64>,
     pub buffer_bytes: u64,
     pub down: bool,
     pub stats: LinkStats,
@@ -317,6 +319,24 @@ impl Pipe {
         fate
     }
 
+    /// Offers several packets now under one lock, with at most one wake-up
+    /// of the release thread: how the proxies pass on what one read gave.
+    pub fn send_batch(&self, payloads: impl IntoIterator<Item = Payload>) {
+        let now = self.clock.now_ns();
+        let mut state = self.lock();
+        let mut earliest = u64::MAX;
+        for payload in payloads {
+            if let (_, Some(due)) = state.offer(now, payload, 0) {
+                earliest = earliest.min(due);
+            }
+        }
+        let wake = earliest < state.sleeping_until;
+        drop(state);
+        if wake {
+            self.wake();
+        }
+    }
+
     /// Bytes a TCP connection may have offered but not yet delivered: the
     /// buffer plus one bandwidth-delay product, at least 256 KiB, so that a
     /// single connection can fill the link without overflowing its buffer.
@@ -399,6 +419,7 @@ impl Pipe {
             one_way_ns: state.link.one_way_ns(),
             extra_delay_ns: state.extra_delay_ns,
             loss: state.link.config().loss.stationary_loss().unwrap_or(0.0),
+            jitter_ns: state.link.config().jitter.map(|j| j.max.as_nanos()),
             buffer_bytes: state.link.buffer_bytes(),
             down: state.link.is_down(),
             stats: state.link.stats(),

@@ -130,24 +130,27 @@ where
     let writing = tokio::spawn(write_in_order(receiver, writer, Arc::clone(&window)));
     let mut buffer = vec![0u8; 16 * TCP_CHUNK_BYTES];
     let mut sequence = 0u64;
-    'read: loop {
+    loop {
         let len = match reader.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(len) => len,
         };
-        for chunk in buffer[..len].chunks(TCP_CHUNK_BYTES) {
-            // Closed when the writer gave up: stop reading.
-            let Ok(permit) = window.acquire_many(chunk.len() as u32).await else {
-                break 'read;
-            };
-            permit.forget();
-            pipe.send(Payload::Chunk {
+        // One window reservation and one batch per read: a wake-up of the
+        // release thread per read, not per segment.
+        let Ok(permit) = window.acquire_many(len as u32).await else {
+            break; // Closed when the writer gave up: stop reading.
+        };
+        permit.forget();
+        let chunks = buffer[..len].chunks(TCP_CHUNK_BYTES).map(|chunk| {
+            let payload = Payload::Chunk {
                 writer: sender.clone(),
                 sequence,
                 data: chunk.to_vec(),
-            });
+            };
             sequence += 1;
-        }
+            payload
+        });
+        pipe.send_batch(chunks);
     }
     // The writer finishes once every chunk in flight has been delivered and
     // the last sender (held by those chunks) is gone.

@@ -81,6 +81,27 @@ fn bind(
     Ok((socket, Arc::new(sender)))
 }
 
+/// Most datagrams passed to the link in one batch: those already waiting
+/// after a wake-up are read without waiting, so a burst costs one lock and
+/// one wake-up of the release thread.
+const MAX_BATCH: usize = 32;
+
+/// The next datagram: waits for the first of a batch, then only takes what
+/// is already there (`None` when nothing is).
+async fn receive(
+    socket: &UdpSocket,
+    buffer: &mut [u8],
+    first: bool,
+) -> Option<std::io::Result<(usize, SocketAddr)>> {
+    if first {
+        return Some(socket.recv_from(buffer).await);
+    }
+    match socket.try_recv_from(buffer) {
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => None,
+        received => Some(received),
+    }
+}
+
 async fn run(
     socket: UdpSocket,
     sender: Arc<std::net::UdpSocket>,
@@ -92,47 +113,58 @@ async fn run(
     // Dropping the set (when this task is aborted) aborts the reply tasks.
     let mut replies = JoinSet::new();
     let mut buffer = vec![0u8; MAX_DATAGRAM];
+    let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
-        let (len, client) = match socket.recv_from(&mut buffer).await {
-            Ok(received) => received,
-            Err(error) => {
-                // ICMP errors from earlier sends surface here on some systems.
-                tracing::debug!(%error, "UDP proxy receive failed");
-                continue;
-            }
-        };
-        let upstream = match sessions.get(&client) {
-            Some(upstream) => Arc::clone(upstream),
-            None => {
-                let any = match target.ip() {
-                    IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
-                    IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                    IpAddr::V6(ip) if ip.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
-                    IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                };
-                let (receiver, upstream) = match bind(SocketAddr::new(any, 0), Some(target)) {
-                    Ok(bound) => bound,
-                    Err(error) => {
-                        tracing::warn!(%error, %client, "cannot open a UDP session");
-                        continue;
-                    }
-                };
-                replies.spawn(relay_replies(
-                    receiver,
-                    Arc::clone(&sender),
-                    client,
-                    Arc::clone(&backward),
-                ));
-                sessions.insert(client, Arc::clone(&upstream));
-                upstream
-            }
-        };
-        forward.send(Payload::Datagram {
-            socket: upstream,
-            to: None,
-            data: buffer[..len].to_vec(),
-        });
+        for index in 0..MAX_BATCH {
+            let (len, client) = match receive(&socket, &mut buffer, index == 0).await {
+                None => break,
+                Some(Ok(received)) => received,
+                Some(Err(error)) => {
+                    // ICMP errors from earlier sends surface here on some systems.
+                    tracing::debug!(%error, "UDP proxy receive failed");
+                    continue;
+                }
+            };
+            let upstream = match sessions.get(&client) {
+                Some(upstream) => Arc::clone(upstream),
+                None => {
+                    let (receiver, upstream) = match bind(local_for(target), Some(target)) {
+                        Ok(bound) => bound,
+                        Err(error) => {
+                            tracing::warn!(%error, %client, "cannot open a UDP session");
+                            continue;
+                        }
+                    };
+                    replies.spawn(relay_replies(
+                        receiver,
+                        Arc::clone(&sender),
+                        client,
+                        Arc::clone(&backward),
+                    ));
+                    sessions.insert(client, Arc::clone(&upstream));
+                    upstream
+                }
+            };
+            batch.push(Payload::Datagram {
+                socket: upstream,
+                to: None,
+                data: buffer[..len].to_vec(),
+            });
+        }
+        forward.send_batch(batch.drain(..));
     }
+}
+
+/// Where a session's upstream socket binds: loopback for a loopback target,
+/// any address otherwise.
+fn local_for(target: SocketAddr) -> SocketAddr {
+    let ip = match target.ip() {
+        IpAddr::V4(ip) if ip.is_loopback() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(ip) if ip.is_loopback() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(ip, 0)
 }
 
 /// Sends the target's replies on one session back to `client`.
@@ -143,17 +175,27 @@ async fn relay_replies(
     backward: Arc<Pipe>,
 ) {
     let mut buffer = vec![0u8; MAX_DATAGRAM];
+    let mut batch = Vec::with_capacity(MAX_BATCH);
     loop {
-        match receiver.recv(&mut buffer).await {
-            Ok(len) => {
-                backward.send(Payload::Datagram {
+        for index in 0..MAX_BATCH {
+            let len = if index == 0 {
+                receiver.recv(&mut buffer).await
+            } else {
+                match receiver.try_recv(&mut buffer) {
+                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                    received => received,
+                }
+            };
+            match len {
+                Ok(len) => batch.push(Payload::Datagram {
                     socket: Arc::clone(&sender),
                     to: Some(client),
                     data: buffer[..len].to_vec(),
-                });
+                }),
+                // "Connection refused" when the target is not listening yet.
+                Err(error) => tracing::debug!(%error, %client, "UDP reply receive failed"),
             }
-            // "Connection refused" when the target is not listening yet.
-            Err(error) => tracing::debug!(%error, %client, "UDP reply receive failed"),
         }
+        backward.send_batch(batch.drain(..));
     }
 }

@@ -6,7 +6,8 @@
 //!   through loss, reordering and duplication;
 //! - `protocols`: a QUIC connection (quinn) through the UDP proxy and a gRPC
 //!   call (tonic) through the TCP proxy;
-//! - `control`: the gRPC control API: cut, heal, set loss, validation.
+//! - `control`: the gRPC control API: cut, heal, set loss, validation;
+//! - `scenario`: links, impairments and seeds from a scenario.
 //!
 //! Timing checks have a hard lower bound (the emulated delay) and a generous
 //! upper bound for a slow shared machine; the tests that measure time take
@@ -18,6 +19,7 @@
 
 mod control;
 mod protocols;
+mod scenario;
 mod tcp;
 mod udp;
 
