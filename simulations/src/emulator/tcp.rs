@@ -158,6 +158,10 @@ where
     let _ = writing.await;
 }
 
+/// Most chunks gathered into one write: what has already arrived is written
+/// with one system call instead of one per segment.
+const MAX_GATHER: usize = 64;
+
 /// Writes chunks in sequence order, returning window credit as it goes, and
 /// half-closes the stream once every sender is gone.
 async fn write_in_order<W: AsyncWrite + Unpin>(
@@ -167,19 +171,37 @@ async fn write_in_order<W: AsyncWrite + Unpin>(
 ) {
     let mut next = 0u64;
     let mut waiting: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
-    while let Some((sequence, data)) = receiver.recv().await {
-        if sequence < next {
-            continue; // A duplicate of a chunk already written.
-        }
-        waiting.insert(sequence, data);
-        while let Some(data) = waiting.remove(&next) {
-            if writer.write_all(&data).await.is_err() {
-                window.close();
-                return;
+    let mut gathered = Vec::with_capacity(MAX_GATHER * TCP_CHUNK_BYTES);
+    while let Some(first) = receiver.recv().await {
+        let mut item = Some(first);
+        for _ in 0..MAX_GATHER {
+            let Some((sequence, data)) = item.take() else {
+                break;
+            };
+            // A sequence below `next` is a duplicate of a chunk already written.
+            if sequence >= next {
+                waiting.insert(sequence, data);
             }
-            window.add_permits(data.len());
+            item = receiver.try_recv().ok();
+        }
+        if let Some((sequence, data)) = item {
+            if sequence >= next {
+                waiting.insert(sequence, data);
+            }
+        }
+        while let Some(data) = waiting.remove(&next) {
+            gathered.extend_from_slice(&data);
             next += 1;
         }
+        if gathered.is_empty() {
+            continue;
+        }
+        if writer.write_all(&gathered).await.is_err() {
+            window.close();
+            return;
+        }
+        window.add_permits(gathered.len());
+        gathered.clear();
     }
     let _ = writer.shutdown().await;
 }
