@@ -184,6 +184,7 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let specs = emulator::scenario_links(&topology, Some(&scenario));
     let runtime = runtime()?;
