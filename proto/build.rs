@@ -9,6 +9,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/longhaul/v1/coordinator.proto",
         "proto/longhaul/v1/agent.proto",
         "proto/longhaul/v1/raft.proto",
+        "proto/longhaul/v1/emulator.proto",
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={file}");

@@ -2,8 +2,11 @@
 //!
 //! [`link`] is the sans-IO link model: one direction of a WAN link as a state
 //! machine in virtual time with a seeded RNG, to be driven by a real-time
-//! proxy or a discrete-event simulator.
+//! proxy or a discrete-event simulator. [`emulator`] is that real-time
+//! driver: UDP and TCP proxies on loopback whose packets go through the link
+//! model, with a gRPC control API.
 
+pub mod emulator;
 pub mod link;
 
 pub use link::{Delivery, DropCause, Fate, Link, LinkConfig, LinkConfigError};

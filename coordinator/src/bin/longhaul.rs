@@ -6,10 +6,12 @@ use clap::Parser;
 use longhaul_coordinator::cli::{Cli, run};
 
 fn main() -> ExitCode {
+    // stderr is not locked for the whole run: `emulate` logs to it from
+    // other threads, which would wait for the lock forever.
     let status = run(
         Cli::parse(),
         &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
+        &mut std::io::stderr(),
     );
     ExitCode::from(status)
 }

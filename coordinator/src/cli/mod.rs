@@ -4,6 +4,7 @@
 //! definitions, file loading and the mapping of failures to exit codes
 //! (0: success, 1: the command could not run, 2: the input is invalid).
 
+pub mod emulate;
 mod remote;
 mod table;
 pub mod topology;
@@ -52,6 +53,12 @@ pub enum Command {
     /// Jobs stored in a running coordinator.
     #[command(subcommand)]
     Jobs(remote::JobsCommand),
+    /// Run the network emulator for a scenario: loopback proxies behind
+    /// emulated WAN links, and a control API. Runs until Ctrl-C.
+    Emulate(emulate::EmulateArgs),
+    /// Talk to a running `emulate`: list links, change, cut and heal them.
+    #[command(subcommand)]
+    Emulator(emulate::EmulatorCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -149,6 +156,8 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Cluster(command) => remote::cluster(command, out),
         Command::Sites(command) => remote::sites(command, out),
         Command::Jobs(command) => remote::jobs(command, out),
+        Command::Emulate(args) => emulate::emulate(&args, out),
+        Command::Emulator(command) => emulate::emulator(&command, out),
     };
     // A failed write of the report itself (a closed pipe) has nowhere to go.
     match result {

@@ -231,6 +231,24 @@ impl Link {
         true
     }
 
+    /// Changes the fixed one-way overhead (added to propagation) from `now_ns`
+    /// on, as a route change would: packets already on their way keep their
+    /// arrival time, so lowering the delay lets later packets overtake them.
+    /// The buffer size in force does not change.
+    pub fn set_overhead(
+        &mut self,
+        now_ns: u64,
+        overhead: longhaul_core::units::Duration,
+    ) -> Result<(), LinkConfigError> {
+        self.advance(now_ns);
+        let mut candidate = self.config.clone();
+        candidate.overhead = overhead;
+        candidate.validate()?;
+        self.one_way_ns = candidate.one_way_ns();
+        self.config = candidate;
+        Ok(())
+    }
+
     /// Replaces the loss model from now on; the loss RNG stream continues.
     pub fn set_loss(&mut self, model: LossModel) -> Result<(), LinkConfigError> {
         let mut candidate = self.config.clone();

@@ -134,3 +134,27 @@ proptest! {
         prop_assert_eq!(stats.packets_delivered + stats.drops.total(), stats.packets_in);
     }
 }
+
+#[test]
+fn set_overhead_applies_to_later_packets_only() {
+    // 1 Gbit/s, no fibre: 1000 bytes serialise in 8 µs; overhead 1 ms.
+    let mut config = unbounded(config(1_000_000_000, 0.0));
+    config.overhead = Duration::from_millis(1);
+    let mut link = Link::new(config, 7).unwrap();
+    let first = link.handle_send(0, 0, 1000, false);
+    link.set_overhead(100_000, Duration::from_micros(10))
+        .unwrap();
+    let second = link.handle_send(100_000, 1, 1000, false);
+    assert_eq!(delivered_at(&first), Some(8_000 + 1_000_000));
+    assert_eq!(delivered_at(&second), Some(100_000 + 8_000 + 10_000));
+    assert_eq!(link.one_way_ns(), 10_000);
+    // The later packet overtakes: deliveries come out in arrival order.
+    assert_eq!(link.poll_delivery(2_000_000).map(|d| d.packet_id), Some(1));
+    assert_eq!(link.poll_delivery(2_000_000).map(|d| d.packet_id), Some(0));
+    // A day-long overhead is refused and changes nothing.
+    assert!(
+        link.set_overhead(2_000_000, Duration::from_secs(90_000))
+            .is_err()
+    );
+    assert_eq!(link.one_way_ns(), 10_000);
+}

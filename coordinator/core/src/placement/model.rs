@@ -407,7 +407,7 @@ impl GroupModel {
     pub fn best_split(&self, total_layers: u32) -> Result<(Vec<u32>, GroupEval), GroupFailure> {
         let p = self.stages.len();
         let v = self.v.max(1);
-        if p == 0 || total_layers % v != 0 || ((total_layers / v) as usize) < p {
+        if p == 0 || !total_layers.is_multiple_of(v) || ((total_layers / v) as usize) < p {
             return Err(GroupFailure::Memory {
                 short_bytes: f64::INFINITY,
             });

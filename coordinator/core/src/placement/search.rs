@@ -111,7 +111,7 @@ impl Space {
             .unwrap_or(0);
         let limit = c.max_tensor_parallel.unwrap_or(u32::MAX);
         let tps: Vec<u32> = (1..=model.attention_heads)
-            .filter(|t| model.attention_heads % t == 0)
+            .filter(|t| model.attention_heads.is_multiple_of(*t))
             .filter(|&t| t <= limit && u64::from(t) <= largest)
             .filter(|&t| c.tensor_parallel.is_none_or(|f| f == t))
             .collect();
@@ -136,7 +136,11 @@ impl Space {
         };
         let sequences = job.batch.global_batch / job.batch.micro_batch.max(1);
         let dps: Vec<u32> = (1..=sequences)
-            .filter(|d| job.batch.global_batch % (d * job.batch.micro_batch.max(1)) == 0)
+            .filter(|d| {
+                job.batch
+                    .global_batch
+                    .is_multiple_of(d * job.batch.micro_batch.max(1))
+            })
             .filter(|&d| c.data_parallel.is_none_or(|f| f == d))
             .collect();
         if dps.is_empty() {
@@ -227,7 +231,8 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
                     // Interleaving needs whole chunks per stage, m divisible
                     // by p (Megatron's schedule), and stays inside one site:
                     // its wrap-around would cross the WAN v−1 extra times.
-                    if v > 1 && (pp < 2 || layers % (pp * v) != 0 || m % u64::from(pp) != 0) {
+                    if v > 1 && (pp < 2 || !layers.is_multiple_of(pp * v) || m % u64::from(pp) != 0)
+                    {
                         continue;
                     }
                     pipeline_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);

@@ -40,7 +40,7 @@ pub fn validate_plan_with(
             "degrees must be positive, found tp={tp} pp={pp} dp={dp} v={v}"
         )]);
     }
-    if model.attention_heads % tp != 0 {
+    if !model.attention_heads.is_multiple_of(tp) {
         errors.push(format!(
             "tp {tp} does not divide {} attention heads",
             model.attention_heads

@@ -1,0 +1,557 @@
+//! `longhaul emulate` (run the network emulator for a scenario) and
+//! `longhaul emulator links|set|cut|heal` (its control API's client).
+
+use std::io::Write;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, anyhow};
+use clap::{Args, Subcommand};
+use longhaul_core::Scenario;
+use longhaul_core::config::violations_in;
+use longhaul_core::units::{DataRate, Duration, human_rate};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::emulator_control_client::EmulatorControlClient;
+use longhaul_simulations::emulator::{self, Emulator, human_ns};
+use tonic::transport::Channel;
+
+use super::table::{Table, thousands};
+use super::{Failure, Output};
+
+/// Where `emulate` serves the control API, and where `emulator` looks for it.
+pub const DEFAULT_CONTROL: &str = "127.0.0.1:50070";
+
+#[derive(Debug, Args)]
+#[command(after_long_help = EMULATE_HELP)]
+pub struct EmulateArgs {
+    /// The scenario file: its topology's WAN links are emulated, with the
+    /// scenario's impairments.
+    pub scenario: PathBuf,
+    /// Where to serve the control API (`longhaul.v1.EmulatorControl`).
+    #[arg(long, default_value = DEFAULT_CONTROL, env = "LONGHAUL_EMULATOR_CONTROL")]
+    pub control: SocketAddr,
+    /// Seed of every link's random number generator; the scenario's seed
+    /// when omitted.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// A service at a site, as SITE=ADDRESS (e.g. south=127.0.0.1:50051).
+    /// For every other site with a link to SITE, a proxy is started that
+    /// reaches ADDRESS through that link. Repeat for several services.
+    #[arg(long, value_name = "SITE=ADDRESS", value_parser = parse_expose)]
+    pub expose: Vec<(String, SocketAddr)>,
+    /// The local address proxies listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub listen_host: IpAddr,
+    /// Stop after this long (e.g. "30 s"); run until Ctrl-C when omitted.
+    #[arg(long, value_name = "DURATION")]
+    pub duration: Option<Duration>,
+}
+
+const EMULATE_HELP: &str = "\
+How addresses map:
+  Each WAN link of the topology becomes an emulated link with two directions
+  (`a->b` and `b->a`), each with its own queue, loss and seed. For each
+  `--expose SITE=ADDRESS` and each site FROM with a link to SITE, one local
+  port is opened on --listen-host for both TCP and UDP. A client at FROM
+  connects to that port; its packets go through FROM->SITE to ADDRESS, the
+  replies through SITE->FROM. The address map printed at start lists every
+  such port.
+
+  UDP datagrams are packets (lost ones are gone). TCP streams are cut into
+  1448-byte segments; a segment the link drops is retransmitted after
+  max(RTT, 1 ms) (doubling, at most 200 ms), so TCP never loses bytes and
+  a cut link stalls it until healed.
+
+Example:
+  longhaul emulate deploy/scenarios/two-campuses-80km.toml \\
+      --expose south=127.0.0.1:50051 --control 127.0.0.1:50070
+  longhaul emulator links
+  longhaul emulator set north south --loss 0.01 --extra-delay '5 ms'
+  longhaul emulator cut north        # every link of north
+  longhaul emulator heal north";
+
+#[derive(Debug, Subcommand)]
+pub enum EmulatorCommand {
+    /// List every link direction with its parameters and counters.
+    Links(LinksArgs),
+    /// Change a link's rate, loss or extra delay, from now on.
+    Set(SetArgs),
+    /// Cut the link between two sites, or every link of one site.
+    Cut(CutArgs),
+    /// Heal what `cut` cut.
+    Heal(CutArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// The control API of a running `longhaul emulate`.
+    #[arg(long, default_value = DEFAULT_CONTROL, env = "LONGHAUL_EMULATOR_CONTROL")]
+    pub control: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct LinksArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct SetArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// One end of the link.
+    pub site_a: String,
+    /// The other end.
+    pub site_b: String,
+    /// Change only the direction from SITE_A to SITE_B.
+    #[arg(long)]
+    pub one_way: bool,
+    /// New line rate, e.g. "20 Mbit/s".
+    #[arg(long)]
+    pub rate: Option<DataRate>,
+    /// New Bernoulli loss probability in [0, 1); 0 turns loss off.
+    #[arg(long)]
+    pub loss: Option<f64>,
+    /// One-way delay added to the link's configured delay, e.g. "20 ms".
+    #[arg(long)]
+    pub extra_delay: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+pub struct CutArgs {
+    #[command(flatten)]
+    pub control: ControlArgs,
+    /// The site.
+    pub site: String,
+    /// Only the link to this site; every link of SITE when omitted.
+    pub peer: Option<String>,
+}
+
+fn parse_expose(value: &str) -> Result<(String, SocketAddr), String> {
+    let (site, address) = value
+        .split_once('=')
+        .ok_or_else(|| format!("expected SITE=ADDRESS, found {value:?}"))?;
+    let address = address
+        .parse()
+        .map_err(|error| format!("{address:?} is not an IP:PORT address: {error}"))?;
+    Ok((site.to_string(), address))
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?)
+}
+
+/// Loads and checks a scenario and its topology.
+fn load(path: &Path) -> Result<(Scenario, longhaul_core::Topology), Failure> {
+    let name = path.display().to_string();
+    let text = super::read(path)?;
+    let scenario = Scenario::from_toml(&name, &text)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let topology = super::load_topology(&dir.join(&scenario.topology))?;
+    let violations = scenario.violations_against(&topology);
+    if !violations.is_empty() {
+        return Err(violations_in(&name, &text, violations).into());
+    }
+    Ok((scenario, topology))
+}
+
+pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let (scenario, topology) = load(&args.scenario)?;
+    for (site, _) in &args.expose {
+        if !topology.sites.iter().any(|s| &s.id == site) {
+            return Err(anyhow!(
+                "--expose {site}=...: topology {:?} has no site {site:?}",
+                topology.name
+            )
+            .into());
+        }
+    }
+    let seed = args.seed.unwrap_or(scenario.seed);
+    let origin = if args.seed.is_some() {
+        "--seed"
+    } else {
+        "the scenario"
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let specs = emulator::scenario_links(&topology, Some(&scenario));
+    let runtime = runtime()?;
+    runtime.block_on(async {
+        let emulator = Emulator::new(seed, specs).context("cannot start the emulator")?;
+        writeln!(
+            out,
+            "emulating scenario {:?}: {} links, seed {seed} (from {origin})",
+            scenario.name,
+            emulator.site_pairs().len()
+        )?;
+        let mut links = Table::new(&[
+            ("link", false),
+            ("rate", true),
+            ("one-way", true),
+            ("jitter", true),
+            ("loss", true),
+            ("buffer", true),
+            ("seed", true),
+        ]);
+        for status in emulator.statuses() {
+            links.row(vec![
+                status.id(),
+                human_rate(status.rate_bits_per_second as f64),
+                human_ns(status.one_way_ns),
+                status.jitter_ns.map_or("-".to_string(), human_ns),
+                format!("{}", status.loss),
+                longhaul_core::units::human_bytes(status.buffer_bytes as f64),
+                status.seed.to_string(),
+            ]);
+        }
+        write!(out, "{}", links.render(2))?;
+
+        // Kept alive until the end: dropping a proxy stops it.
+        let mut proxies = Vec::new();
+        let mut map = Table::new(&[
+            ("from site", false),
+            ("connect to (tcp+udp)", false),
+            ("reaches", false),
+            ("via", false),
+        ]);
+        for (site, target) in &args.expose {
+            for [a, b] in emulator.site_pairs() {
+                let from = if &a == site {
+                    b
+                } else if &b == site {
+                    a
+                } else {
+                    continue;
+                };
+                let (tcp, udp) = emulator
+                    .expose(&from, site, args.listen_host, *target)
+                    .await
+                    .with_context(|| format!("cannot expose {site}={target} to {from}"))?;
+                map.row(vec![
+                    from.clone(),
+                    tcp.local_addr().to_string(),
+                    format!("{site} {target}"),
+                    format!("{from}->{site}, back {site}->{from}"),
+                ]);
+                proxies.push((tcp, udp));
+            }
+        }
+        if proxies.is_empty() {
+            writeln!(
+                out,
+                "no proxies: name a service with --expose SITE=ADDRESS (see --help)"
+            )?;
+        } else {
+            writeln!(out, "address map:")?;
+            write!(out, "{}", map.render(2))?;
+        }
+
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (address, server) = emulator::control::serve(emulator.clone(), args.control, async {
+            let _ = stopped.await;
+        })
+        .await
+        .context("cannot serve the control API")?;
+        writeln!(
+            out,
+            "control API (longhaul.v1.EmulatorControl) on {address}; Ctrl-C stops"
+        )?;
+        out.flush()?;
+        let server = tokio::spawn(server);
+        match args.duration {
+            Some(duration) => {
+                tokio::time::sleep(std::time::Duration::from_nanos(duration.as_nanos())).await;
+            }
+            None => tokio::signal::ctrl_c()
+                .await
+                .context("cannot wait for Ctrl-C")?,
+        }
+        let _ = stop.send(());
+        let _ = server.await;
+        drop(proxies);
+        writeln!(out, "stopped")?;
+        Ok::<(), Failure>(())
+    })
+}
+
+async fn client(control: &ControlArgs) -> anyhow::Result<EmulatorControlClient<Channel>> {
+    let endpoint = format!("http://{}", control.control);
+    EmulatorControlClient::connect(endpoint)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach the emulator's control API at {}",
+                control.control
+            )
+        })
+}
+
+/// A gRPC error as the CLI reports it: the status message, with the code.
+fn rpc_error(status: tonic::Status) -> Failure {
+    anyhow!("{} ({:?})", status.message(), status.code()).into()
+}
+
+pub fn emulator(command: &EmulatorCommand, out: &mut dyn Write) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        match command {
+            EmulatorCommand::Links(args) => {
+                let response = client(&args.control)
+                    .await?
+                    .list_links(pb::EmulatorListLinksRequest {})
+                    .await
+                    .map_err(rpc_error)?
+                    .into_inner();
+                print_links(&response.links, response.seed, args.output, out)
+            }
+            EmulatorCommand::Set(args) => {
+                let request = pb::EmulatorSetLinkRequest {
+                    site_a: args.site_a.clone(),
+                    site_b: args.site_b.clone(),
+                    one_way: args.one_way,
+                    rate_bits_per_second: args.rate.map(DataRate::bits_per_second),
+                    loss: args.loss,
+                    extra_delay_ns: args.extra_delay.map(Duration::as_nanos),
+                };
+                let response = client(&args.control)
+                    .await?
+                    .set_link(request)
+                    .await
+                    .map_err(rpc_error)?
+                    .into_inner();
+                for link in &response.links {
+                    writeln!(
+                        out,
+                        "set {}: rate {}, one-way {}, loss {}",
+                        link.id,
+                        human_rate(link.rate_bits_per_second as f64),
+                        human_ns(link.one_way_delay_ns),
+                        link.loss
+                    )?;
+                }
+                Ok(())
+            }
+            EmulatorCommand::Cut(args) => {
+                let response = client(&args.control)
+                    .await?
+                    .cut(pb::EmulatorCutRequest {
+                        site: args.site.clone(),
+                        peer: args.peer.clone().unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(rpc_error)?
+                    .into_inner();
+                writeln!(out, "cut {}", response.link_ids.join(", "))?;
+                Ok(())
+            }
+            EmulatorCommand::Heal(args) => {
+                let response = client(&args.control)
+                    .await?
+                    .heal(pb::EmulatorHealRequest {
+                        site: args.site.clone(),
+                        peer: args.peer.clone().unwrap_or_default(),
+                    })
+                    .await
+                    .map_err(rpc_error)?
+                    .into_inner();
+                writeln!(out, "healed {}", response.link_ids.join(", "))?;
+                Ok(())
+            }
+        }
+    })
+}
+
+fn print_links(
+    links: &[pb::EmulatorLinkDirectionStatus],
+    seed: u64,
+    output: Output,
+    out: &mut dyn Write,
+) -> Result<(), Failure> {
+    if output == Output::Json {
+        let links: Vec<_> = links
+            .iter()
+            .map(|l| {
+                let drops = l.drops.unwrap_or_default();
+                let lateness = l.release_lateness.unwrap_or_default();
+                serde_json::json!({
+                    "id": l.id, "from": l.from_site, "to": l.to_site, "seed": l.seed,
+                    "rate_bits_per_second": l.rate_bits_per_second,
+                    "one_way_delay_ns": l.one_way_delay_ns, "extra_delay_ns": l.extra_delay_ns,
+                    "jitter_max_ns": l.jitter_max_ns,
+                    "loss": l.loss, "buffer_bytes": l.buffer_bytes, "down": l.down,
+                    "packets_in": l.packets_in, "bytes_in": l.bytes_in,
+                    "packets_delivered": l.packets_delivered, "bytes_delivered": l.bytes_delivered,
+                    "drops": {"queue": drops.queue, "loss": drops.loss, "down": drops.down,
+                              "trace": drops.trace, "host": drops.host},
+                    "queue_high_water_bytes": l.queue_high_water_bytes,
+                    "retransmissions": l.retransmissions,
+                    "release_lateness_us": {"samples": lateness.samples, "p50": lateness.p50_us,
+                                            "p99": lateness.p99_us, "max": lateness.max_us},
+                })
+            })
+            .collect();
+        return super::print_json(&serde_json::json!({ "seed": seed, "links": links }), out);
+    }
+    writeln!(out, "seed {seed}")?;
+    let mut table = Table::new(&[
+        ("link", false),
+        ("state", false),
+        ("rate", true),
+        ("one-way", true),
+        ("jitter", true),
+        ("loss", true),
+        ("packets in", true),
+        ("delivered", true),
+        ("drops q/loss/down/host", true),
+        ("retx", true),
+        ("queue max", true),
+        ("late p50/p99/max µs", true),
+    ]);
+    for l in links {
+        let drops = l.drops.unwrap_or_default();
+        let lateness = l.release_lateness.unwrap_or_default();
+        table.row(vec![
+            l.id.clone(),
+            if l.down { "cut" } else { "up" }.to_string(),
+            human_rate(l.rate_bits_per_second as f64),
+            human_ns(l.one_way_delay_ns),
+            if l.jitter_max_ns == 0 {
+                "-".to_string()
+            } else {
+                human_ns(l.jitter_max_ns)
+            },
+            format!("{}", l.loss),
+            thousands(l.packets_in),
+            thousands(l.packets_delivered),
+            format!(
+                "{}/{}/{}/{}",
+                drops.queue + drops.trace,
+                drops.loss,
+                drops.down,
+                drops.host
+            ),
+            thousands(l.retransmissions),
+            longhaul_core::units::human_bytes(l.queue_high_water_bytes as f64),
+            format!(
+                "{}/{}/{}",
+                lateness.p50_us, lateness.p99_us, lateness.max_us
+            ),
+        ]);
+    }
+    write!(out, "{}", table.render(2))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, run};
+
+    fn longhaul(args: &[&str]) -> (u8, String, String) {
+        let cli = Cli::try_parse_from(std::iter::once("longhaul").chain(args.iter().copied()))
+            .expect("arguments parse");
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let status = run(cli, &mut out, &mut err);
+        (
+            status,
+            String::from_utf8(out).expect("utf-8"),
+            String::from_utf8(err).expect("utf-8"),
+        )
+    }
+
+    fn scenario() -> String {
+        format!(
+            "{}/../deploy/scenarios/two-campuses-80km.toml",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    }
+
+    #[test]
+    fn help_explains_the_address_map() {
+        let help = Cli::try_parse_from(["longhaul", "emulate", "--help"])
+            .expect_err("help is an early exit")
+            .to_string();
+        for needle in [
+            "--expose",
+            "--seed",
+            "--control",
+            "How addresses map",
+            "retransmitted",
+        ] {
+            assert!(help.contains(needle), "{needle}: {help}");
+        }
+        let help = Cli::try_parse_from(["longhaul", "emulator", "--help"])
+            .expect_err("help is an early exit")
+            .to_string();
+        for needle in ["links", "set", "cut", "heal"] {
+            assert!(help.contains(needle), "{needle}: {help}");
+        }
+    }
+
+    #[test]
+    fn expose_must_be_site_equals_address() {
+        assert_eq!(
+            parse_expose("south=127.0.0.1:50051"),
+            Ok((
+                "south".to_string(),
+                "127.0.0.1:50051".parse().expect("address")
+            ))
+        );
+        assert!(parse_expose("south").is_err());
+        let error = parse_expose("south=localhost").expect_err("not an IP address");
+        assert!(error.contains("\"localhost\""), "{error}");
+    }
+
+    #[test]
+    fn emulate_prints_the_seed_and_address_map_and_stops_after_its_duration() {
+        let (status, out, err) = longhaul(&[
+            "emulate",
+            &scenario(),
+            "--control",
+            "127.0.0.1:0",
+            "--seed",
+            "99",
+            "--expose",
+            "south=127.0.0.1:9",
+            "--duration",
+            "200 ms",
+        ]);
+        assert_eq!(status, 0, "{err}");
+        assert!(out.contains("seed 99 (from --seed)"), "{out}");
+        assert!(out.contains("north->south"), "{out}");
+        assert!(out.contains("address map:"), "{out}");
+        assert!(out.contains("south 127.0.0.1:9"), "{out}");
+        assert!(out.trim_end().ends_with("stopped"), "{out}");
+    }
+
+    #[test]
+    fn exposing_an_unknown_site_is_refused() {
+        let (status, _, err) = longhaul(&[
+            "emulate",
+            &scenario(),
+            "--control",
+            "127.0.0.1:0",
+            "--expose",
+            "mars=127.0.0.1:9",
+        ]);
+        assert_eq!(status, 1);
+        assert!(err.contains("no site \"mars\""), "{err}");
+    }
+}

@@ -1,0 +1,520 @@
+//! One direction of one emulated link in real time: a [`Link`] behind a
+//! mutex, fed by the proxies, and one release thread that sleeps until the
+//! link's next wake-up and hands out every packet that is due.
+//!
+//! # Why a thread, not a tokio task
+//!
+//! tokio's timer has a resolution of one millisecond, so a release task
+//! sleeping on it would be up to a millisecond late on every wake-up; at
+//! 1 Gbit/s that is 80 full-size packets released in a burst. A parked OS
+//! thread (`park_timeout`, a futex with a timeout) wakes within tens of
+//! microseconds. There is still exactly one release loop per link direction
+//! and never a timer per packet: senders only unpark the thread when a new
+//! packet is due before the time it sleeps until.
+//!
+//! # Lateness
+//!
+//! Each release batch reads the clock once; a packet's lateness is that time
+//! minus its computed arrival time, recorded in a [`LatenessHistogram`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::thread::Thread;
+
+use longhaul_core::units::Duration;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::EmulatorError;
+use super::clock::Clock;
+use super::lateness::{LatenessHistogram, LatenessSummary};
+use crate::link::{Fate, Link, LinkConfigError, LinkStats, LossModel};
+
+/// Retransmission timeout floor for TCP chunks: loopback RTTs are tiny, and
+/// a real stack does not retransmit faster than about this either.
+const MIN_RETRANSMIT_NS: u64 = 1_000_000;
+/// Retransmission backoff cap, so a healed link resumes within this.
+const MAX_RETRANSMIT_NS: u64 = 200_000_000;
+
+/// What a packet carries and where it goes when released.
+#[derive(Debug)]
+pub enum Payload {
+    /// A UDP datagram, sent on `socket` (to `to`, or to the socket's
+    /// connected peer). Lost datagrams are gone.
+    Datagram {
+        socket: Arc<UdpSocket>,
+        to: Option<SocketAddr>,
+        data: Vec<u8>,
+    },
+    /// A piece of a TCP byte stream, handed to the connection's writer with
+    /// its sequence number. Dropped chunks are retransmitted, never lost.
+    Chunk {
+        writer: UnboundedSender<(u64, Vec<u8>)>,
+        sequence: u64,
+        data: Vec<u8>,
+    },
+}
+
+impl Payload {
+    fn len(&self) -> u64 {
+        match self {
+            Self::Datagram { data, .. } | Self::Chunk { data, .. } => data.len() as u64,
+        }
+    }
+
+    fn copy(&self) -> Self {
+        match self {
+            Self::Datagram { socket, to, data } => Self::Datagram {
+                socket: Arc::clone(socket),
+                to: *to,
+                data: data.clone(),
+            },
+            Self::Chunk {
+                writer,
+                sequence,
+                data,
+            } => Self::Chunk {
+                writer: writer.clone(),
+                sequence: *sequence,
+                data: data.clone(),
+            },
+        }
+    }
+
+    /// Hands the payload on; false if the host could not send it.
+    fn release(self) -> bool {
+        match self {
+            Self::Datagram { socket, to, data } => {
+                let sent = match to {
+                    Some(to) => socket.send_to(&data, to),
+                    None => socket.send(&data),
+                };
+                sent.is_ok()
+            }
+            // A closed writer means the connection is gone: nothing to do.
+            Self::Chunk {
+                writer,
+                sequence,
+                data,
+            } => {
+                let _ = writer.send((sequence, data));
+                true
+            }
+        }
+    }
+}
+
+/// A change of a link direction's parameters; `None` keeps a field.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LinkChange {
+    pub rate_bits_per_second: Option<u64>,
+    /// Bernoulli loss probability; 0 turns loss off.
+    pub loss: Option<f64>,
+    /// One-way delay added to the configured overhead.
+    pub extra_delay_ns: Option<u64>,
+}
+
+impl LinkChange {
+    pub fn is_empty(&self) -> bool {
+        self.rate_bits_per_second.is_none() && self.loss.is_none() && self.extra_delay_ns.is_none()
+    }
+}
+
+/// A snapshot of one link direction: parameters in force and counters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PipeStatus {
+    pub from: String,
+    pub to: String,
+    pub seed: u64,
+    pub rate_bits_per_second: u64,
+    pub one_way_ns: u64,
+    pub extra_delay_ns: u64,
+    pub loss: f64,
+    /// Maximum jitter, if any.
+    pub jitter_ns: Option<u64>,
+    pub buffer_bytes: u64,
+    pub down: bool,
+    pub stats: LinkStats,
+    pub retransmissions: u64,
+    /// Released datagrams the host failed to send.
+    pub host_drops: u64,
+    pub lateness: LatenessSummary,
+}
+
+impl PipeStatus {
+    /// `from->to`.
+    pub fn id(&self) -> String {
+        format!("{}->{}", self.from, self.to)
+    }
+}
+
+#[derive(Debug)]
+struct Pending {
+    payload: Payload,
+    /// Deliveries still expected: 2 for a duplicated packet.
+    copies: u8,
+}
+
+#[derive(Debug)]
+struct Retransmit {
+    payload: Payload,
+    attempt: u32,
+}
+
+#[derive(Debug)]
+struct PipeState {
+    link: Link,
+    base_overhead_ns: u64,
+    extra_delay_ns: u64,
+    rate_bits_per_second: u64,
+    pending: HashMap<u64, Pending>,
+    next_id: u64,
+    /// (due time, id) → chunk to offer again.
+    retransmits: BTreeMap<(u64, u64), Retransmit>,
+    lateness: LatenessHistogram,
+    retransmissions: u64,
+    host_drops: u64,
+    /// The release thread sleeps until then (`u64::MAX`: until unparked).
+    sleeping_until: u64,
+    shutdown: bool,
+}
+
+impl PipeState {
+    /// Offers a payload to the link at `now`; returns the time by which the
+    /// release thread must next look (a delivery or a retransmission).
+    fn offer(&mut self, now: u64, payload: Payload, attempt: u32) -> (Fate, Option<u64>) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let fate = self.link.handle_send(now, id, payload.len(), false);
+        match fate {
+            Fate::Delivered {
+                at_ns,
+                duplicate_at_ns,
+                ..
+            } => {
+                let copies = if duplicate_at_ns.is_some() { 2 } else { 1 };
+                self.pending.insert(id, Pending { payload, copies });
+                let earliest = duplicate_at_ns.map_or(at_ns, |dup| dup.min(at_ns));
+                (fate, Some(earliest))
+            }
+            Fate::Dropped { .. } => match payload {
+                Payload::Datagram { .. } => (fate, None),
+                Payload::Chunk { .. } => {
+                    let due = now.saturating_add(self.retransmit_timeout(attempt));
+                    self.retransmits
+                        .insert((due, id), Retransmit { payload, attempt });
+                    (fate, Some(due))
+                }
+            },
+        }
+    }
+
+    /// max(RTT, 1 ms), doubled per earlier attempt, at most 200 ms.
+    fn retransmit_timeout(&self, attempt: u32) -> u64 {
+        let rtt = self
+            .link
+            .one_way_ns()
+            .saturating_mul(2)
+            .max(MIN_RETRANSMIT_NS);
+        rtt.saturating_mul(1 << attempt.min(16))
+            .min(MAX_RETRANSMIT_NS.max(rtt))
+    }
+
+    fn next_event(&self) -> Option<u64> {
+        let retransmit = self.retransmits.keys().next().map(|(due, _)| *due);
+        match (self.link.next_wakeup(), retransmit) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// One direction of an emulated link, with its release thread.
+#[derive(Debug)]
+pub struct Pipe {
+    from: String,
+    to: String,
+    clock: Clock,
+    state: Mutex<PipeState>,
+    thread: OnceLock<Thread>,
+}
+
+impl Pipe {
+    /// Builds the direction and starts its release thread.
+    pub fn start(
+        from: &str,
+        to: &str,
+        link: Link,
+        clock: Clock,
+    ) -> Result<Arc<Self>, EmulatorError> {
+        let rate_bits_per_second = link.config().nominal_bits_per_second();
+        let base_overhead_ns = link.config().overhead.as_nanos();
+        let pipe = Arc::new(Self {
+            from: from.to_string(),
+            to: to.to_string(),
+            clock,
+            state: Mutex::new(PipeState {
+                link,
+                base_overhead_ns,
+                extra_delay_ns: 0,
+                rate_bits_per_second,
+                pending: HashMap::new(),
+                next_id: 0,
+                retransmits: BTreeMap::new(),
+                lateness: LatenessHistogram::new(),
+                retransmissions: 0,
+                host_drops: 0,
+                sleeping_until: u64::MAX,
+                shutdown: false,
+            }),
+            thread: OnceLock::new(),
+        });
+        let runner = Arc::clone(&pipe);
+        let handle = std::thread::Builder::new()
+            .name(format!("release {from}->{to}"))
+            .spawn(move || runner.release_loop())
+            .map_err(|source| EmulatorError::Io {
+                what: format!("cannot start the release thread of {from}->{to}"),
+                source,
+            })?;
+        let _ = pipe.thread.set(handle.thread().clone());
+        Ok(pipe)
+    }
+
+    pub fn from_site(&self) -> &str {
+        &self.from
+    }
+
+    pub fn to_site(&self) -> &str {
+        &self.to
+    }
+
+    /// `from->to`.
+    pub fn id(&self) -> String {
+        format!("{}->{}", self.from, self.to)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PipeState> {
+        // The state stays consistent across a panic in another holder: every
+        // update is a single assignment or insertion.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+
+    /// Offers a packet now; the release thread sends it when it arrives.
+    pub fn send(&self, payload: Payload) -> Fate {
+        let now = self.clock.now_ns();
+        let mut state = self.lock();
+        let (fate, due) = state.offer(now, payload, 0);
+        let wake = due.is_some_and(|due| due < state.sleeping_until);
+        drop(state);
+        if wake {
+            self.wake();
+        }
+        fate
+    }
+
+    /// Offers several packets now under one lock, with at most one wake-up
+    /// of the release thread: how the proxies pass on what one read gave.
+    pub fn send_batch(&self, payloads: impl IntoIterator<Item = Payload>) {
+        let now = self.clock.now_ns();
+        let mut state = self.lock();
+        let mut earliest = u64::MAX;
+        for payload in payloads {
+            if let (_, Some(due)) = state.offer(now, payload, 0) {
+                earliest = earliest.min(due);
+            }
+        }
+        let wake = earliest < state.sleeping_until;
+        drop(state);
+        if wake {
+            self.wake();
+        }
+    }
+
+    /// Bytes a TCP connection may have offered but not yet delivered: the
+    /// buffer plus one bandwidth-delay product, at least 256 KiB, so that a
+    /// single connection can fill the link without overflowing its buffer.
+    pub fn tcp_window_bytes(&self) -> u32 {
+        let state = self.lock();
+        let rtt_ns = u128::from(state.link.one_way_ns()) * 2;
+        let bdp = u128::from(state.rate_bits_per_second) * rtt_ns / 8 / 1_000_000_000;
+        let window = bdp + u128::from(state.link.buffer_bytes());
+        u32::try_from(window.max(256 * 1024)).unwrap_or(u32::MAX >> 1)
+    }
+
+    /// Checks a change without applying it.
+    pub fn check(&self, change: &LinkChange) -> Result<(), EmulatorError> {
+        let state = self.lock();
+        let mut candidate = state.link.config().clone();
+        if let Some(loss) = change.loss {
+            candidate.loss = loss_model(loss);
+        }
+        if let Some(extra) = change.extra_delay_ns {
+            candidate.overhead = Duration::from_nanos(state.base_overhead_ns.saturating_add(extra));
+        }
+        if change.rate_bits_per_second == Some(0) {
+            return Err(EmulatorError::InvalidArgument {
+                field: "rate_bits_per_second",
+                message: "must be a positive rate, found 0".to_string(),
+            });
+        }
+        candidate
+            .validate()
+            .map_err(|source| change_error(change, source))
+    }
+
+    /// Applies a change from now on. Check it first with [`Pipe::check`].
+    pub fn apply(&self, change: &LinkChange) -> Result<(), EmulatorError> {
+        self.check(change)?;
+        let now = self.clock.now_ns();
+        let mut state = self.lock();
+        if let Some(rate) = change.rate_bits_per_second
+            && state.link.set_rate(now, rate)
+        {
+            state.rate_bits_per_second = rate;
+        }
+        if let Some(loss) = change.loss {
+            state
+                .link
+                .set_loss(loss_model(loss))
+                .map_err(|source| change_error(change, source))?;
+        }
+        if let Some(extra) = change.extra_delay_ns {
+            let overhead = Duration::from_nanos(state.base_overhead_ns.saturating_add(extra));
+            state
+                .link
+                .set_overhead(now, overhead)
+                .map_err(|source| change_error(change, source))?;
+            state.extra_delay_ns = extra;
+        }
+        tracing::info!(link = %self.id(), ?change, "link changed");
+        Ok(())
+    }
+
+    /// Cuts (`down`) or heals this direction.
+    pub fn set_down(&self, down: bool) {
+        let now = self.clock.now_ns();
+        let mut state = self.lock();
+        if down {
+            state.link.set_down(now);
+        } else {
+            state.link.set_up(now);
+        }
+        tracing::info!(link = %self.id(), down, "link state changed");
+    }
+
+    pub fn status(&self) -> PipeStatus {
+        let state = self.lock();
+        PipeStatus {
+            from: self.from.clone(),
+            to: self.to.clone(),
+            seed: state.link.seed(),
+            rate_bits_per_second: state.rate_bits_per_second,
+            one_way_ns: state.link.one_way_ns(),
+            extra_delay_ns: state.extra_delay_ns,
+            loss: state.link.config().loss.stationary_loss().unwrap_or(0.0),
+            jitter_ns: state.link.config().jitter.map(|j| j.max.as_nanos()),
+            buffer_bytes: state.link.buffer_bytes(),
+            down: state.link.is_down(),
+            stats: state.link.stats(),
+            retransmissions: state.retransmissions,
+            host_drops: state.host_drops,
+            lateness: state.lateness.summary(),
+        }
+    }
+
+    /// Stops the release thread; packets not yet released are dropped.
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.wake();
+    }
+
+    fn release_loop(&self) {
+        let mut due = Vec::new();
+        let mut host_drops = 0;
+        loop {
+            let now;
+            let next;
+            {
+                let mut state = self.lock();
+                state.host_drops += host_drops;
+                host_drops = 0;
+                if state.shutdown {
+                    return;
+                }
+                now = self.clock.now_ns();
+                while let Some(entry) = state.retransmits.first_entry() {
+                    if entry.key().0 > now {
+                        break;
+                    }
+                    let retransmit = entry.remove();
+                    state.retransmissions += 1;
+                    state.offer(now, retransmit.payload, retransmit.attempt + 1);
+                }
+                while let Some(delivery) = state.link.poll_delivery(now) {
+                    state
+                        .lateness
+                        .record(now.saturating_sub(delivery.at_ns) / 1_000);
+                    let payload = match state.pending.get_mut(&delivery.packet_id) {
+                        Some(pending) if pending.copies > 1 => {
+                            pending.copies -= 1;
+                            Some(pending.payload.copy())
+                        }
+                        Some(_) => state
+                            .pending
+                            .remove(&delivery.packet_id)
+                            .map(|pending| pending.payload),
+                        None => None,
+                    };
+                    due.extend(payload);
+                }
+                next = state.next_event();
+                state.sleeping_until = next.unwrap_or(u64::MAX);
+            }
+            for payload in due.drain(..) {
+                if !payload.release() {
+                    host_drops += 1;
+                }
+            }
+            match next.and_then(|at| self.clock.instant(at)) {
+                Some(at) => {
+                    let wait = at.saturating_duration_since(std::time::Instant::now());
+                    if !wait.is_zero() {
+                        std::thread::park_timeout(wait);
+                    }
+                }
+                None if next.is_none() => std::thread::park(),
+                // A wake-up beyond what `Instant` holds: sleep in long naps.
+                None => std::thread::park_timeout(std::time::Duration::from_secs(3600)),
+            }
+        }
+    }
+}
+
+fn loss_model(loss: f64) -> LossModel {
+    if loss == 0.0 {
+        LossModel::None
+    } else {
+        LossModel::Bernoulli { p: loss }
+    }
+}
+
+/// Names the request field behind a link configuration error.
+fn change_error(change: &LinkChange, source: LinkConfigError) -> EmulatorError {
+    let field = match &source {
+        LinkConfigError::Probability { .. } => "loss",
+        LinkConfigError::TooLong { .. } => "extra_delay_ns",
+        _ if change.loss.is_some() => "loss",
+        _ => "extra_delay_ns",
+    };
+    EmulatorError::InvalidArgument {
+        field,
+        message: source.to_string(),
+    }
+}
