@@ -162,3 +162,64 @@ fn help_explains_every_command() {
         .to_string();
     assert!(help.contains("check") && help.contains("show"), "{help}");
 }
+
+#[test]
+fn plan_without_files_places_the_bundled_job_on_the_bundled_topology() {
+    let (status, out, err) = longhaul(&["plan"]);
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("plan for llama-70b on two-campuses-80km: "),
+        "{out}"
+    );
+    assert!(out.contains("predicted step time"), "{out}");
+    assert!(out.contains("\nwhy\n  mode: "), "{out}");
+}
+
+#[test]
+fn plan_json_replays_and_keeps_tp_inside_domains() {
+    let (status, out, err) = longhaul(&[
+        "plan",
+        "--topology",
+        &example("three-sites-two-continents.toml"),
+        "--job",
+        &example("dense-400b.job.toml"),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(status, 0, "{err}");
+    let plan: longhaul_core::placement::Plan = serde_json::from_str(&out).unwrap();
+    // Across continents the sites train DiLoCo replicas, not one pipeline.
+    assert!(
+        matches!(
+            plan.mode,
+            longhaul_core::placement::CrossSiteMode::Diloco { .. }
+        ),
+        "{:?}",
+        plan.mode
+    );
+    assert!(plan.degrees.tensor_parallel <= 8);
+    let topology = longhaul_core::Topology::from_toml(
+        "t.toml",
+        &std::fs::read_to_string(example("three-sites-two-continents.toml")).unwrap(),
+    )
+    .unwrap();
+    let job = longhaul_core::JobSpec::from_toml(
+        "j.toml",
+        &std::fs::read_to_string(example("dense-400b.job.toml")).unwrap(),
+    )
+    .unwrap();
+    longhaul_core::placement::validate_plan(&topology, &job, &plan).unwrap();
+}
+
+#[test]
+fn an_infeasible_plan_says_why() {
+    let (status, _, err) = longhaul(&[
+        "plan",
+        "--topology",
+        &example("two-campuses-80km.toml"),
+        "--job",
+        &example("dense-400b.job.toml"),
+    ]);
+    assert_eq!(status, 2, "{err}");
+    assert!(err.contains("unknown site \"paris\""), "{err}");
+}

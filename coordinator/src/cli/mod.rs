@@ -5,6 +5,7 @@
 //! (0: success, 1: the command could not run, 2: the input is invalid).
 
 pub mod emulate;
+pub mod plan;
 mod remote;
 mod table;
 pub mod topology;
@@ -44,6 +45,8 @@ pub enum Command {
     /// Validate rehearsal scenario files and the files they refer to.
     #[command(subcommand)]
     Scenario(ScenarioCommand),
+    /// Place a job on a topology (no coordinator needed) and explain the plan.
+    Plan(plan::PlanArgs),
     /// Query and manage a running coordinator cluster.
     #[command(subcommand)]
     Cluster(remote::ClusterCommand),
@@ -153,6 +156,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Topology(TopologyCommand::Show(args)) => topology::show(&args, out),
         Command::Job(JobCommand::Check(args)) => check_job(&args, out),
         Command::Scenario(ScenarioCommand::Check(args)) => check_scenario(&args, out),
+        Command::Plan(args) => plan::plan(&args, out),
         Command::Cluster(command) => remote::cluster(command, out),
         Command::Sites(command) => remote::sites(command, out),
         Command::Jobs(command) => remote::jobs(command, out),

@@ -292,10 +292,15 @@ pub fn measurement_to_wire(m: LinkMeasurement) -> pb::LinkMeasurement {
 pub fn job(record: &JobRecord) -> pb::Job {
     let (plan, infeasible_reason) = match &record.placement {
         Placement::Placed { plan_json } => (
-            Some(pb::Plan {
-                canonical_json: plan_json.clone(),
-                ..pb::Plan::default()
-            }),
+            serde_json::from_str::<longhaul_core::placement::Plan>(plan_json)
+                .ok()
+                .and_then(|plan| plan_to_wire(&plan).ok())
+                .or_else(|| {
+                    Some(pb::Plan {
+                        canonical_json: plan_json.clone(),
+                        ..pb::Plan::default()
+                    })
+                }),
             String::new(),
         ),
         Placement::Infeasible { reason } => (None, reason.clone()),
@@ -324,4 +329,70 @@ pub fn member(member: &Member, learners: &[u64]) -> pb::Member {
         client_url: member.client_url.clone(),
         is_learner: learners.contains(&member.id),
     }
+}
+
+/// A plan as the API returns it; `canonical_json` replays exactly.
+pub fn plan_to_wire(plan: &longhaul_core::placement::Plan) -> Result<pb::Plan, Status> {
+    use longhaul_core::placement::CrossSiteMode;
+    let nanos = |seconds: f64| (seconds * 1e9).round().max(0.0) as u64;
+    let (mode, inner_steps) = match plan.mode {
+        CrossSiteMode::Pipeline => ("synchronous", 0),
+        CrossSiteMode::Diloco { inner_steps } => ("diloco", inner_steps),
+    };
+    let step = &plan.step;
+    Ok(pb::Plan {
+        tensor_parallel: plan.degrees.tensor_parallel,
+        pipeline_parallel: plan.degrees.pipeline_parallel,
+        data_parallel: plan.degrees.data_parallel,
+        micro_batches: u32::try_from(plan.degrees.micro_batches).unwrap_or(u32::MAX),
+        cross_site_mode: mode.to_string(),
+        inner_steps,
+        stages: plan
+            .groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, group)| {
+                group
+                    .stages
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, stage)| pb::StageAssignment {
+                        stage: i as u32,
+                        site_id: stage.site.clone(),
+                        first_layer: stage.first_layer,
+                        last_layer: stage.first_layer + stage.layers.saturating_sub(1),
+                        group: g as u32,
+                        first_replica: group.first_replica,
+                        replicas: group.replicas,
+                    })
+            })
+            .collect(),
+        predicted_step: Some(pb::StepTimeBreakdown {
+            compute_ns: nanos(step.compute),
+            tensor_parallel_ns: nanos(step.tensor_parallel),
+            exposed_pipeline_ns: nanos(step.exposed_pipeline),
+            bubble_ns: nanos(step.bubble),
+            exposed_data_parallel_ns: nanos(step.exposed_data_parallel),
+            amortised_outer_sync_ns: nanos(step.outer_sync_amortised),
+            total_ns: nanos(step.total),
+        }),
+        wan_traffic: plan
+            .wan
+            .iter()
+            .map(|w| pb::LinkTraffic {
+                site_a: w.between[0].clone(),
+                site_b: w.between[1].clone(),
+                bytes_per_step: w.bytes_per_step.round().max(0.0) as u64,
+            })
+            .collect(),
+        min_memory_slack_bytes: plan.min_memory_slack_bytes.max(0.0) as u64,
+        parallel_order: plan.parallel_order.clone(),
+        reasons: plan
+            .reasons
+            .iter()
+            .map(|r| format!("{}: {} — {}", r.decision, r.choice, r.reason))
+            .collect(),
+        canonical_json: serde_json::to_string(plan)
+            .map_err(|e| Status::internal(format!("plan serialization: {e}")))?,
+    })
 }

@@ -149,6 +149,21 @@ impl CoordinatorService {
         }
     }
 
+    /// Places a job on the sites that are up, off the async threads (a large
+    /// topology takes seconds). The inner error is why the job is infeasible.
+    async fn place(
+        &self,
+        spec: &longhaul_core::JobSpec,
+    ) -> Result<Result<longhaul_core::placement::Plan, String>, Status> {
+        let topology = self.raft.state().read().live_topology("registered-sites");
+        let spec = spec.clone();
+        tokio::task::spawn_blocking(move || {
+            longhaul_core::placement::place(&topology, &spec).map_err(|error| error.to_string())
+        })
+        .await
+        .map_err(|e| Status::internal(format!("placement task failed: {e}")))
+    }
+
     fn header_at(&self, revision: u64) -> pb::ResponseHeader {
         pb::ResponseHeader {
             revision,
@@ -466,13 +481,20 @@ impl Coordinator for CoordinatorService {
             .ok_or_else(|| invalid("spec", "is required"))?;
         let spec = convert::job_from_wire(spec, "spec")?;
         let job_id = spec.name.clone();
-        // Placement runs once the placement engine lands; until then a job is
-        // stored as pending, which is what its state says.
+        // The leader places the job against the sites that are up now; the
+        // outcome (plan or the reason it is infeasible) is replicated with it.
+        let placement = match self.place(&spec).await? {
+            Ok(plan) => Placement::Placed {
+                plan_json: serde_json::to_string(&plan)
+                    .map_err(|e| Status::internal(format!("plan serialization: {e}")))?,
+            },
+            Err(reason) => Placement::Infeasible { reason },
+        };
         let command = StateRequest {
             command: Command::SubmitJob {
                 job_id: job_id.clone(),
                 spec,
-                placement: Placement::Pending,
+                placement,
             },
             expected_revision: expected(body.expected_revision),
         };
@@ -547,11 +569,33 @@ impl Coordinator for CoordinatorService {
 
     async fn plan(
         &self,
-        _request: Request<pb::PlanRequest>,
+        request: Request<pb::PlanRequest>,
     ) -> Result<Response<pb::PlanResponse>, Status> {
-        Err(Status::unimplemented(
-            "what-if planning needs the placement engine, which this coordinator does not have yet",
-        ))
+        let wait = wait_for(&request, self.wait);
+        let body = request.into_inner();
+        let spec = body
+            .spec
+            .as_ref()
+            .ok_or_else(|| invalid("spec", "is required"))?;
+        let spec = convert::job_from_wire(spec, "spec")?;
+        if let Some(violation) = longhaul_core::config::Validate::violations(&spec)
+            .into_iter()
+            .next()
+        {
+            return Err(invalid(
+                &format!("spec.{}", violation.path),
+                violation.message,
+            ));
+        }
+        // What-if plans read the current sites linearizably, store nothing.
+        self.read_barrier(false, wait).await?;
+        let plan = self.place(&spec).await?.map_err(|reason| {
+            Status::failed_precondition(format!("field `spec`: infeasible: {reason}"))
+        })?;
+        Ok(Response::new(pb::PlanResponse {
+            header: Some(self.header()),
+            plan: Some(convert::plan_to_wire(&plan)?),
+        }))
     }
 
     async fn get_sync_schedule(

@@ -122,7 +122,11 @@ async fn writes_reads_forwarding_and_failover() {
             .unwrap()
             .into_inner();
         assert!(job.header.unwrap().revision >= revision);
-        assert_eq!(job.job.unwrap().state, pb::JobState::Pending as i32);
+        // No site is registered, so placement found the job infeasible and
+        // says why.
+        let job = job.job.unwrap();
+        assert_eq!(job.state, pb::JobState::Infeasible as i32);
+        assert!(!job.infeasible_reason.is_empty());
     }
     // Compare-and-set with a stale revision fails and changes nothing.
     let stale = to_follower
@@ -265,7 +269,7 @@ async fn the_cli_queries_and_writes_through_any_endpoint() {
     assert_eq!(out, "submitted job \"llama-70b\" at revision 1\n");
     let (status, out, _) = longhaul(args(&["jobs", "list"])).await;
     assert_eq!(status, 0);
-    assert!(out.contains("llama-70b  pending"), "{out}");
+    assert!(out.contains("llama-70b  infeasible"), "{out}");
     let (status, _, err) = longhaul(args(&[
         "jobs",
         "cancel",
@@ -282,4 +286,92 @@ async fn the_cli_queries_and_writes_through_any_endpoint() {
     let (status, out, _) = longhaul(args(&["cluster", "status"])).await;
     assert_eq!(status, 0);
     assert!(out.starts_with("leader 1  term"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submitted_jobs_are_placed_on_the_registered_sites() {
+    use longhaul_core::state::{Command, Request};
+    let dir = tempfile::tempdir().unwrap();
+    let config = replica_configs(dir.path(), 1).remove(0);
+    let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
+    leader_of(&replicas).await;
+    let raft = &replicas[0].as_ref().unwrap().raft;
+    // Sites register through consensus (agents do this over their own API).
+    let topology = longhaul_core::Topology::from_toml(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+    )
+    .unwrap();
+    for site in &topology.sites {
+        let command = Command::RegisterSite {
+            site: site.clone(),
+            data_address: String::new(),
+            at_unix_ms: 0,
+        };
+        raft.propose(Request::new(command)).await.unwrap();
+    }
+    raft.propose(Request::new(Command::PutLink {
+        link: topology.links[0].clone(),
+    }))
+    .await
+    .unwrap();
+
+    let job = longhaul_core::JobSpec::from_toml(
+        "llama.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    )
+    .unwrap();
+    let spec = longhaul_coordinator::server::convert::job_to_wire(&job);
+    let mut c = client(config.listen).await;
+    // A what-if plan stores nothing ...
+    let before = c
+        .list_jobs(pb::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision;
+    let what_if = c
+        .plan(pb::PlanRequest {
+            spec: Some(spec.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .plan
+        .unwrap();
+    let after = c
+        .list_jobs(pb::ListJobsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision;
+    assert_eq!(before, after);
+    // ... and equals the plan stored at submission: placement is deterministic.
+    let stored = c
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(spec),
+            expected_revision: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    assert_eq!(stored.state, pb::JobState::Placed as i32);
+    let plan = stored.plan.unwrap();
+    assert_eq!(plan, what_if);
+    assert_eq!(plan.tensor_parallel, 8, "TP stays inside a scale-up domain");
+    assert!(!plan.reasons.is_empty());
+    // The stored plan replays from its canonical JSON and keeps every hard constraint.
+    let replayed: longhaul_core::placement::Plan =
+        serde_json::from_str(&plan.canonical_json).unwrap();
+    let live = longhaul_core::Topology {
+        name: "registered-sites".into(),
+        ..topology
+    };
+    longhaul_core::placement::validate_plan(&live, &job, &replayed).unwrap();
 }
