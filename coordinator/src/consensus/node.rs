@@ -364,6 +364,21 @@ impl<S: StateMachine> Node<S> {
     ///
     /// Call again while [`Node::has_ready`] (e.g. after leaving a joint configuration).
     pub fn handle_ready(&mut self) -> Result<Output, NodeError> {
+        let mut early = Vec::new();
+        let mut out = self.handle_ready_sending(&mut |messages| early.extend(messages))?;
+        early.append(&mut out.messages);
+        out.messages = early;
+        Ok(out)
+    }
+
+    /// [`Node::handle_ready`], handing the leader's messages (step 2) to
+    /// `send_now` before anything is persisted, so followers write the new
+    /// entries while the leader does (Raft thesis §10.2.1). The remaining
+    /// messages still come back in the output, to be sent afterwards.
+    pub fn handle_ready_sending(
+        &mut self,
+        send_now: &mut dyn FnMut(Vec<Message>),
+    ) -> Result<Output, NodeError> {
         let mut out = Output::default();
         if self.raw.has_ready() {
             let mut ready = self.raw.ready();
@@ -372,7 +387,10 @@ impl<S: StateMachine> Node<S> {
                 self.note_leader(&mut out);
             }
             // 2.
-            out.messages.extend(ready.take_messages());
+            let leader_messages = ready.take_messages();
+            if !leader_messages.is_empty() {
+                send_now(leader_messages);
+            }
             // 3., 4. and 5., one transaction.
             let committed = ready.take_committed_entries();
             let has_snapshot = !ready.snapshot().is_empty();
