@@ -5,6 +5,7 @@
 
 pub mod convert;
 pub mod raft_loop;
+pub mod replan;
 pub mod service;
 pub mod state_machine;
 pub mod transport;
@@ -121,6 +122,7 @@ impl Replica {
         let outbox = Outbox::new(config.cluster_id, peers.clone());
         let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval);
         keep_peer_book_current(&raft, &peers);
+        replan::spawn(raft.clone());
 
         let listener =
             TcpListener::bind(config.listen)

@@ -365,7 +365,8 @@ async fn run(
 
         while node.has_ready() {
             let started = Instant::now();
-            let output = node.handle_ready_sending(&mut |messages| outbox.send(messages, handle))?;
+            let output =
+                node.handle_ready_sending(&mut |messages| outbox.send(messages, handle))?;
             metrics::histogram!("longhaul_ready_seconds").record(started.elapsed().as_secs_f64());
             outbox.send(output.messages, handle);
             for event in output.events {

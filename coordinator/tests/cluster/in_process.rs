@@ -375,3 +375,108 @@ async fn submitted_jobs_are_placed_on_the_registered_sites() {
     };
     longhaul_core::placement::validate_plan(&live, &job, &replayed).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_going_down_re_plans_its_jobs_and_unaffected_plans_stay() {
+    use longhaul_core::state::{Command, Request};
+    let dir = tempfile::tempdir().unwrap();
+    let config = replica_configs(dir.path(), 1).remove(0);
+    let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
+    leader_of(&replicas).await;
+    let raft = &replicas[0].as_ref().unwrap().raft;
+    let topology = longhaul_core::Topology::from_toml(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+    )
+    .unwrap();
+    let register = |site: &longhaul_core::topology::Site| {
+        Request::new(Command::RegisterSite {
+            site: site.clone(),
+            data_address: String::new(),
+            at_unix_ms: 0,
+        })
+    };
+    for site in &topology.sites {
+        raft.propose(register(site)).await.unwrap();
+    }
+    raft.propose(Request::new(Command::PutLink {
+        link: topology.links[0].clone(),
+    }))
+    .await
+    .unwrap();
+    let job = longhaul_core::JobSpec::from_toml(
+        "llama.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    )
+    .unwrap();
+    let mut c = client(config.listen).await;
+    let spec = Some(longhaul_coordinator::server::convert::job_to_wire(&job));
+    let placed = c
+        .submit_job(pb::SubmitJobRequest {
+            spec,
+            expected_revision: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    let sites_of = |job: &pb::Job| -> std::collections::BTreeSet<String> {
+        job.plan
+            .as_ref()
+            .map(|p| p.stages.iter().map(|s| s.site_id.clone()).collect())
+            .unwrap_or_default()
+    };
+    assert!(
+        sites_of(&placed).contains("south"),
+        "the bundled job uses both campuses"
+    );
+
+    // South goes down: the job moves to what is left.
+    let down = Command::MarkSiteDown {
+        site_id: "south".into(),
+        reason: "lease expired".into(),
+        at_unix_ms: 1,
+    };
+    raft.propose(Request::new(down)).await.unwrap();
+    let moved = eventually(Duration::from_secs(30), "the job to be re-planned", || {
+        let mut c = c.clone();
+        async move {
+            let job = c
+                .get_job(pb::GetJobRequest {
+                    job_id: "llama-70b".into(),
+                    allow_stale: false,
+                })
+                .await
+                .ok()?;
+            let job = job.into_inner().job?;
+            (job.revision > placed.revision).then_some(job)
+        }
+    })
+    .await;
+    let sites = sites_of(&moved);
+    assert!(
+        moved.state == pb::JobState::Infeasible as i32 || !sites.contains("south"),
+        "re-planned job still uses the down site: {sites:?}"
+    );
+
+    // South returns: the job's current plan still holds, so it stays put.
+    raft.propose(register(&topology.sites[1])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = c
+        .get_job(pb::GetJobRequest {
+            job_id: "llama-70b".into(),
+            allow_stale: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    if moved.state == pb::JobState::Placed as i32 {
+        assert_eq!(
+            after.revision, moved.revision,
+            "a plan that still holds does not move"
+        );
+    }
+}
