@@ -9,6 +9,7 @@
 pub mod config;
 pub mod gpu;
 pub mod job;
+pub mod linearizability;
 pub mod scenario;
 pub mod state;
 pub mod topology;
