@@ -122,8 +122,12 @@ impl StateMachine for Registers {
     fn restore(&mut self, txn: &WriteTransaction, data: &[u8]) -> Result<(), BoxError> {
         let mut table = txn.open_table(STATE_MACHINE)?;
         table.retain(|_, _| false)?;
+        // Each register is its one-byte key followed by its eight-byte value.
         for pair in data.chunks(9) {
-            let (key, value) = pair.split_at_checked(1).ok_or("truncated register")?;
+            if pair.len() != 9 {
+                return Err("truncated register in snapshot".into());
+            }
+            let (key, value) = pair.split_at(1);
             table.insert(key, value)?;
         }
         Ok(())
