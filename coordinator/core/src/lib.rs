@@ -10,6 +10,7 @@ pub mod config;
 pub mod cost;
 pub mod gpu;
 pub mod job;
+pub mod linearizability;
 pub mod placement;
 pub mod scenario;
 pub mod state;

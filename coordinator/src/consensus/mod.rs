@@ -19,6 +19,10 @@ pub mod storage;
 #[cfg(test)]
 mod harness;
 #[cfg(test)]
+mod linearizability_sim;
+#[cfg(test)]
+mod linearizability_tests;
+#[cfg(test)]
 mod tests;
 
 pub use kv::KvStateMachine;
