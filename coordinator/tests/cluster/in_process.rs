@@ -565,3 +565,103 @@ async fn watches_deliver_every_change_in_order_and_resume_from_a_revision() {
     assert_eq!(error.code(), Code::InvalidArgument);
     assert!(error.message().starts_with("field `kinds[0]`"), "{error:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_joins_and_the_leader_is_removed_through_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut configs = replica_configs(dir.path(), 4);
+    // Replica 4 is not a founder: it joins once the cluster has added it.
+    let mut joiner = configs.pop().unwrap();
+    for config in &mut configs {
+        config.initial_cluster.remove(&4);
+    }
+    let mut replicas = Vec::new();
+    for config in &configs {
+        replicas.push(Some(Replica::start(config.clone()).await.unwrap()));
+    }
+    let leader = leader_of(&replicas).await;
+    let mut c = client(configs[0].listen).await;
+    let added = c
+        .add_member(pb::AddMemberRequest {
+            name: "d".into(),
+            peer_url: format!("http://{}", joiner.listen),
+            client_url: String::new(),
+            as_learner: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(added.member.unwrap().id, 4);
+    joiner.join = true;
+    replicas.push(Some(Replica::start(joiner.clone()).await.unwrap()));
+    // The joiner catches up: it sees the leader and the membership.
+    eventually(
+        Duration::from_secs(30),
+        "the joiner to follow the leader",
+        || async {
+            let status = replicas[3].as_ref()?.raft.status();
+            (status.leader_id != 0 && status.conf_state.voters.len() == 4).then_some(())
+        },
+    )
+    .await;
+
+    // Remove the current leader: it hands over, and the rest go on.
+    c.remove_member(pb::RemoveMemberRequest { id: leader })
+        .await
+        .unwrap();
+    let mut rest: Vec<Option<Replica>> = Vec::new();
+    for (i, replica) in replicas.into_iter().enumerate() {
+        if i as u64 + 1 == leader {
+            if let Some(replica) = replica {
+                replica.stop().await;
+            }
+        } else {
+            rest.push(replica);
+        }
+    }
+    let new_leader = leader_of(&rest).await;
+    assert_ne!(new_leader, leader);
+    let survivor = rest.iter().flatten().next().unwrap().local_addr;
+    let cluster = eventually(
+        Duration::from_secs(30),
+        "three voters without the old leader",
+        || async {
+            let mut c = client(survivor).await;
+            let cluster = c
+                .get_cluster(pb::GetClusterRequest { allow_stale: false })
+                .await
+                .ok()?
+                .into_inner();
+            (cluster.members.len() == 3).then_some(cluster)
+        },
+    )
+    .await;
+    assert!(
+        cluster.members.iter().all(|m| m.id != leader),
+        "{cluster:?}"
+    );
+    // Writes still commit.
+    let mut c = client(survivor).await;
+    c.submit_job(pb::SubmitJobRequest {
+        spec: Some(pb::JobSpec {
+            name: "after-removal".into(),
+            model: Some(pb::ModelShape {
+                parameters: 1_000_000_000,
+                layers: 16,
+                hidden_size: 2048,
+                attention_heads: 16,
+                sequence_length: 2048,
+                vocabulary_size: 0,
+            }),
+            global_batch: 64,
+            micro_batch: 1,
+            ..Default::default()
+        }),
+        expected_revision: 0,
+    })
+    .await
+    .unwrap();
+    for replica in rest.into_iter().flatten() {
+        replica.stop().await;
+    }
+}
