@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use longhaul_coordinator::consensus::NodeConfig;
+use longhaul_coordinator::server::tls::TlsMaterial;
 use longhaul_coordinator::server::{Replica, ReplicaConfig};
 use serde::Deserialize;
 
@@ -68,6 +69,17 @@ struct Args {
     /// Applied entries between automatic snapshots (and log compactions). [default: 10000]
     #[arg(long)]
     snapshot_interval_entries: Option<u64>,
+    /// Mutual TLS: the CA certificate (PEM) that signs every replica and
+    /// client. With --tls-cert and --tls-key; peer URLs are then https://.
+    /// Without them the replica serves plaintext and says so in its log.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// This replica's certificate (PEM), naming the host peers reach it at.
+    #[arg(long, requires = "tls_ca")]
+    tls_cert: Option<PathBuf>,
+    /// This replica's private key (PEM).
+    #[arg(long, requires = "tls_ca")]
+    tls_key: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9700).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -151,7 +163,12 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
     }
     let join = args.join || file.join;
     if initial_cluster.is_empty() {
-        initial_cluster.insert(id, format!("http://{listen}"));
+        let scheme = if args.tls_ca.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        initial_cluster.insert(id, format!("{scheme}://{listen}"));
     }
     if !join && !initial_cluster.contains_key(&id) {
         bail!("initial-cluster: does not list this replica's id {id}");
@@ -185,7 +202,22 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
     {
         node.snapshot_interval_entries = entries;
     }
+    let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => Some(TlsMaterial::from_files(ca, cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https://" } else { "http://" };
+    if let Some((member, url)) = initial_cluster
+        .iter()
+        .find(|(_, url)| !url.starts_with(scheme))
+    {
+        bail!(
+            "initial-cluster: URL {url:?} of replica {member} must start with {scheme} (TLS is {})",
+            if tls.is_some() { "on" } else { "off" }
+        );
+    }
     Ok(ReplicaConfig {
+        tls,
         id,
         data_dir: args
             .data_dir

@@ -19,6 +19,7 @@ use tonic::transport::Channel;
 use super::table::{Table, thousands};
 use super::{Failure, Output, read};
 use crate::server::convert::job_to_wire;
+use crate::server::tls::TlsMaterial;
 
 #[derive(Debug, Args)]
 pub struct Remote {
@@ -39,6 +40,15 @@ pub struct Remote {
     pub stale: bool,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Mutual TLS: the CA certificate (PEM) of the cluster; with --cert and --key.
+    #[arg(long, requires_all = ["cert", "key"], env = "LONGHAUL_TLS_CA")]
+    pub ca: Option<PathBuf>,
+    /// This client's certificate (PEM).
+    #[arg(long, requires = "ca", env = "LONGHAUL_TLS_CERT")]
+    pub cert: Option<PathBuf>,
+    /// This client's private key (PEM).
+    #[arg(long, requires = "ca", env = "LONGHAUL_TLS_KEY")]
+    pub key: Option<PathBuf>,
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
@@ -116,10 +126,24 @@ where
     F: FnMut(CoordinatorClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    let tls = match (&remote.ca, &remote.cert, &remote.key) {
+        (Some(ca), Some(cert), Some(key)) => Some(
+            TlsMaterial::from_files(ca, cert, key)
+                .map_err(anyhow::Error::from)?
+                .client(),
+        ),
+        _ => None,
+    };
     let mut last = None;
     for endpoint in &remote.endpoints {
-        let channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
-            .map_err(|e| anyhow!("endpoint {endpoint:?} is not a URL: {e}"))?
+        let mut channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+            .map_err(|e| anyhow!("endpoint {endpoint:?} is not a URL: {e}"))?;
+        if let Some(tls) = &tls {
+            channel = channel
+                .tls_config(tls.clone())
+                .map_err(|e| anyhow!("endpoint {endpoint:?}: TLS: {e}"))?;
+        }
+        let channel = channel
             .connect_timeout(remote.timeout.min(Duration::from_secs(2)))
             .timeout(remote.timeout)
             .connect_lazy();

@@ -8,6 +8,7 @@ pub mod raft_loop;
 pub mod replan;
 pub mod service;
 pub mod state_machine;
+pub mod tls;
 pub mod transport;
 
 use std::collections::HashMap;
@@ -43,6 +44,8 @@ pub struct ReplicaConfig {
     /// Identity of the cluster: replicas refuse raft traffic from another one.
     pub cluster_id: u64,
     pub node: NodeConfig,
+    /// Mutual TLS for clients and peers; plaintext when `None`.
+    pub tls: Option<tls::TlsMaterial>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +122,8 @@ impl Replica {
                 peers.insert(member.id, member.peer_url.clone());
             }
         }
-        let outbox = Outbox::new(config.cluster_id, peers.clone());
+        let client_tls = config.tls.as_ref().map(tls::TlsMaterial::client);
+        let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone());
         let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval);
         keep_peer_book_current(&raft, &peers);
         replan::spawn(raft.clone());
@@ -145,8 +149,9 @@ impl Replica {
             .build_v1()
             .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
-        let coordinator = CoordinatorServer::new(CoordinatorService::new(raft.clone(), peers))
-            .max_decoding_message_size(64 << 20);
+        let coordinator =
+            CoordinatorServer::new(CoordinatorService::new(raft.clone(), peers, client_tls))
+                .max_decoding_message_size(64 << 20);
         let transport = RaftTransportServer::new(TransportService {
             cluster_id: config.cluster_id,
             id: config.id,
@@ -154,9 +159,16 @@ impl Replica {
         })
         .max_decoding_message_size(usize::MAX);
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        if let Some(material) = &config.tls {
+            builder = builder.tls_config(material.server())?;
+        } else {
+            tracing::warn!(
+                "serving PLAINTEXT gRPC: clients and peers are not authenticated (pass TLS material for mTLS)"
+            );
+        }
         let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .tcp_nodelay(true)
+            builder
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(coordinator)

@@ -31,6 +31,7 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 pub struct CoordinatorService {
     raft: RaftHandle,
     peers: PeerBook,
+    tls: Option<tonic::transport::ClientTlsConfig>,
     wait: Duration,
 }
 
@@ -82,10 +83,15 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 impl CoordinatorService {
-    pub fn new(raft: RaftHandle, peers: PeerBook) -> Self {
+    pub fn new(
+        raft: RaftHandle,
+        peers: PeerBook,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
         Self {
             raft,
             peers,
+            tls,
             wait: DEFAULT_WAIT,
         }
     }
@@ -135,9 +141,14 @@ impl CoordinatorService {
                 status.leader_id
             ))
         })?;
-        let endpoint = tonic::transport::Endpoint::from_shared(url)
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url)
             .map_err(|e| Status::internal(format!("leader address: {e}")))?
             .connect_timeout(Duration::from_secs(1));
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| Status::internal(format!("leader TLS: {e}")))?;
+        }
         Ok(Some(CoordinatorClient::new(endpoint.connect_lazy())))
     }
 

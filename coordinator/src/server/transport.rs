@@ -60,14 +60,20 @@ impl PeerBook {
 pub struct Outbox {
     cluster_id: u64,
     peers: PeerBook,
+    tls: Option<tonic::transport::ClientTlsConfig>,
     senders: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<Message>>>>,
 }
 
 impl Outbox {
-    pub fn new(cluster_id: u64, peers: PeerBook) -> Self {
+    pub fn new(
+        cluster_id: u64,
+        peers: PeerBook,
+        tls: Option<tonic::transport::ClientTlsConfig>,
+    ) -> Self {
         Self {
             cluster_id,
             peers,
+            tls,
             senders: Arc::default(),
         }
     }
@@ -83,6 +89,7 @@ impl Outbox {
                     self.cluster_id,
                     to,
                     self.peers.clone(),
+                    self.tls.clone(),
                     rx,
                     handle.clone(),
                 ));
@@ -101,6 +108,7 @@ async fn peer_task(
     cluster_id: u64,
     to: u64,
     peers: PeerBook,
+    tls: Option<tonic::transport::ClientTlsConfig>,
     mut queue: mpsc::Receiver<Message>,
     handle: RaftHandle,
 ) {
@@ -112,7 +120,13 @@ async fn peer_task(
             continue;
         };
         if client.is_none() {
-            match tonic::transport::Endpoint::from_shared(url.clone()) {
+            let endpoint = tonic::transport::Endpoint::from_shared(url.clone()).and_then(
+                |endpoint| match &tls {
+                    Some(tls) => endpoint.tls_config(tls.clone()),
+                    None => Ok(endpoint),
+                },
+            );
+            match endpoint {
                 Ok(endpoint) => {
                     let endpoint = endpoint
                         .connect_timeout(Duration::from_secs(1))

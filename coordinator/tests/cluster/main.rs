@@ -7,4 +7,5 @@
 
 mod in_process;
 mod processes;
+mod tls;
 mod util;

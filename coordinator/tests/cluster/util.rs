@@ -45,6 +45,7 @@ pub fn replica_configs(dir: &Path, n: u64) -> Vec<ReplicaConfig> {
                 join: false,
                 cluster_id: 7,
                 node: fast_node(id),
+                tls: None,
             }
         })
         .collect()
