@@ -29,6 +29,57 @@ pub trait Filter {
     }
 }
 
+/// Delivers one round of messages through the filters to the replicas in
+/// `nodes`, reporting undelivered snapshots and unreachable peers to raft as a
+/// real transport would. Returns false when nothing is in flight (idle).
+/// Shared by every virtual-time cluster of the test suites.
+pub(super) fn deliver<S: super::StateMachine>(
+    nodes: &mut BTreeMap<u64, Node<S>>,
+    filters: &[&dyn Filter],
+    mut msgs: Vec<Message>,
+) -> bool {
+    let snapshots: Vec<(u64, u64)> = msgs
+        .iter()
+        .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
+        .map(|m| (m.from, m.to))
+        .collect();
+    for filter in filters {
+        filter.before(&mut msgs);
+    }
+    let holding = filters.iter().any(|f| f.holds_messages());
+    if msgs.is_empty() && !holding && snapshots.is_empty() {
+        return false;
+    }
+    for (from, to) in snapshots {
+        let delivered = msgs
+            .iter()
+            .any(|m| m.get_msg_type() == MessageType::MsgSnapshot && m.to == to);
+        if let (false, Some(leader)) = (delivered, nodes.get_mut(&from)) {
+            leader.report_snapshot(to, SnapshotStatus::Failure);
+        }
+    }
+    for msg in msgs {
+        let (from, to) = (msg.from, msg.to);
+        let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+        match nodes.get_mut(&to) {
+            // A message from a peer that is not (or no longer) a member is refused by
+            // raft; that is the peer's problem, not the receiver's.
+            Some(node) => {
+                let _ = node.step(msg);
+                if let (true, Some(leader)) = (is_snapshot, nodes.get_mut(&from)) {
+                    leader.report_snapshot(to, SnapshotStatus::Finish);
+                }
+            }
+            None => {
+                if let Some(sender) = nodes.get_mut(&from) {
+                    sender.report_unreachable(to);
+                }
+            }
+        }
+    }
+    true
+}
+
 /// Drops each message with probability `rate`.
 pub struct DropRandomly {
     rate: f64,
@@ -294,44 +345,9 @@ impl Cluster {
                     }
                 }
             }
-            let snapshots: Vec<(u64, u64)> = msgs
-                .iter()
-                .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
-                .map(|m| (m.from, m.to))
-                .collect();
-            for filter in self.filters.values() {
-                filter.before(&mut msgs);
-            }
-            let holding = self.filters.values().any(|f| f.holds_messages());
-            if msgs.is_empty() && !holding && snapshots.is_empty() {
+            let filters: Vec<&dyn Filter> = self.filters.values().map(|f| f.as_ref()).collect();
+            if !deliver(&mut self.nodes, &filters, msgs) {
                 return;
-            }
-            for (from, to) in snapshots {
-                let delivered = msgs
-                    .iter()
-                    .any(|m| m.get_msg_type() == MessageType::MsgSnapshot && m.to == to);
-                if let (false, Some(leader)) = (delivered, self.nodes.get_mut(&from)) {
-                    leader.report_snapshot(to, SnapshotStatus::Failure);
-                }
-            }
-            for msg in msgs {
-                let (from, to) = (msg.from, msg.to);
-                let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
-                match self.nodes.get_mut(&to) {
-                    // A message from a peer that is not (or no longer) a member is refused by
-                    // raft; that is the peer's problem, not the receiver's.
-                    Some(node) => {
-                        let _ = node.step(msg);
-                        if let (true, Some(leader)) = (is_snapshot, self.nodes.get_mut(&from)) {
-                            leader.report_snapshot(to, SnapshotStatus::Finish);
-                        }
-                    }
-                    None => {
-                        if let Some(sender) = self.nodes.get_mut(&from) {
-                            sender.report_unreachable(to);
-                        }
-                    }
-                }
             }
         }
         panic!("cluster did not settle within {MAX_ROUNDS_PER_DRIVE} rounds");

@@ -6,14 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use raft::SnapshotStatus;
-use raft::eraftpb::{Message, MessageType};
+use raft::eraftpb::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use tempfile::TempDir;
 
-use super::harness::Filter;
+use super::harness::{Filter, deliver};
 use super::storage::STATE_MACHINE;
 use super::{BoxError, Event, Node, NodeConfig, RedbStorage, StateMachine};
 
@@ -240,42 +239,9 @@ impl Sim {
                     }
                 }
             }
-            let snapshots: Vec<(u64, u64)> = msgs
-                .iter()
-                .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
-                .map(|m| (m.from, m.to))
-                .collect();
-            for filter in &self.filters {
-                filter.before(&mut msgs);
-            }
-            let holding = self.filters.iter().any(|f| f.holds_messages());
-            if msgs.is_empty() && !holding && snapshots.is_empty() {
+            let filters: Vec<&dyn Filter> = self.filters.iter().map(|f| f.as_ref()).collect();
+            if !deliver(&mut self.nodes, &filters, msgs) {
                 return events;
-            }
-            for (from, to) in snapshots {
-                let delivered = msgs
-                    .iter()
-                    .any(|m| m.get_msg_type() == MessageType::MsgSnapshot && m.to == to);
-                if let (false, Some(leader)) = (delivered, self.nodes.get_mut(&from)) {
-                    leader.report_snapshot(to, SnapshotStatus::Failure);
-                }
-            }
-            for msg in msgs {
-                let (from, to) = (msg.from, msg.to);
-                let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
-                match self.nodes.get_mut(&to) {
-                    Some(node) => {
-                        let _ = node.step(msg);
-                        if let (true, Some(leader)) = (is_snapshot, self.nodes.get_mut(&from)) {
-                            leader.report_snapshot(to, SnapshotStatus::Finish);
-                        }
-                    }
-                    None => {
-                        if let Some(sender) = self.nodes.get_mut(&from) {
-                            sender.report_unreachable(to);
-                        }
-                    }
-                }
             }
         }
         panic!("cluster did not settle within {MAX_ROUNDS_PER_DRIVE} rounds");
