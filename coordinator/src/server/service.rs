@@ -118,6 +118,22 @@ impl CoordinatorService {
         .await
     }
 
+    /// Serves a read from the applied state, after a ReadIndex barrier unless
+    /// stale reads are allowed; the header carries the revision read at.
+    async fn read<T>(
+        &self,
+        allow_stale: bool,
+        wait: Duration,
+        f: impl FnOnce(&longhaul_core::state::ClusterState) -> Result<T, Status>,
+    ) -> Result<(T, pb::ResponseHeader), Status> {
+        self.read_barrier(allow_stale, wait).await?;
+        let (value, revision) = {
+            let state = self.raft.state().read();
+            (f(&state)?, state.revision())
+        };
+        Ok((value, self.header_at(revision)))
+    }
+
     /// A client for the leader, when this replica is not it.
     fn leader_client<T>(
         &self,
@@ -403,14 +419,13 @@ impl Coordinator for CoordinatorService {
         request: Request<pb::ListSitesRequest>,
     ) -> Result<Response<pb::ListSitesResponse>, Status> {
         let wait = wait_for(&request, self.wait);
-        self.read_barrier(request.get_ref().allow_stale, wait)
+        let (sites, header) = self
+            .read(request.get_ref().allow_stale, wait, |state| {
+                Ok(state.sites().map(convert::site_status).collect())
+            })
             .await?;
-        let state = self.raft.state().read();
-        let sites = state.sites().map(convert::site_status).collect();
-        let revision = state.revision();
-        drop(state);
         Ok(Response::new(pb::ListSitesResponse {
-            header: Some(self.header_at(revision)),
+            header: Some(header),
             sites,
         }))
     }
@@ -424,18 +439,21 @@ impl Coordinator for CoordinatorService {
         if body.site_id.is_empty() {
             return Err(invalid("site_id", "is required"));
         }
-        self.read_barrier(body.allow_stale, wait).await?;
-        let state = self.raft.state().read();
-        let site = state
-            .site(&body.site_id)
-            .map(convert::site_status)
-            .ok_or_else(|| {
-                Status::not_found(format!("field `site_id`: unknown site {:?}", body.site_id))
-            })?;
-        let revision = state.revision();
-        drop(state);
+        let (site, header) = self
+            .read(body.allow_stale, wait, |state| {
+                state
+                    .site(&body.site_id)
+                    .map(convert::site_status)
+                    .ok_or_else(|| {
+                        Status::not_found(format!(
+                            "field `site_id`: unknown site {:?}",
+                            body.site_id
+                        ))
+                    })
+            })
+            .await?;
         Ok(Response::new(pb::GetSiteResponse {
-            header: Some(self.header_at(revision)),
+            header: Some(header),
             site: Some(site),
         }))
     }
@@ -445,14 +463,13 @@ impl Coordinator for CoordinatorService {
         request: Request<pb::ListLinksRequest>,
     ) -> Result<Response<pb::ListLinksResponse>, Status> {
         let wait = wait_for(&request, self.wait);
-        self.read_barrier(request.get_ref().allow_stale, wait)
+        let (links, header) = self
+            .read(request.get_ref().allow_stale, wait, |state| {
+                Ok(state.links().map(convert::link_status).collect())
+            })
             .await?;
-        let state = self.raft.state().read();
-        let links = state.links().map(convert::link_status).collect();
-        let revision = state.revision();
-        drop(state);
         Ok(Response::new(pb::ListLinksResponse {
-            header: Some(self.header_at(revision)),
+            header: Some(header),
             links,
         }))
     }
@@ -526,15 +543,15 @@ impl Coordinator for CoordinatorService {
         if body.job_id.is_empty() {
             return Err(invalid("job_id", "is required"));
         }
-        self.read_barrier(body.allow_stale, wait).await?;
-        let state = self.raft.state().read();
-        let job = state.job(&body.job_id).map(convert::job).ok_or_else(|| {
-            Status::not_found(format!("field `job_id`: unknown job {:?}", body.job_id))
-        })?;
-        let revision = state.revision();
-        drop(state);
+        let (job, header) = self
+            .read(body.allow_stale, wait, |state| {
+                state.job(&body.job_id).map(convert::job).ok_or_else(|| {
+                    Status::not_found(format!("field `job_id`: unknown job {:?}", body.job_id))
+                })
+            })
+            .await?;
         Ok(Response::new(pb::GetJobResponse {
-            header: Some(self.header_at(revision)),
+            header: Some(header),
             job: Some(job),
         }))
     }
@@ -544,14 +561,13 @@ impl Coordinator for CoordinatorService {
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
         let wait = wait_for(&request, self.wait);
-        self.read_barrier(request.get_ref().allow_stale, wait)
+        let (jobs, header) = self
+            .read(request.get_ref().allow_stale, wait, |state| {
+                Ok(state.jobs().map(convert::job).collect())
+            })
             .await?;
-        let state = self.raft.state().read();
-        let jobs = state.jobs().map(convert::job).collect();
-        let revision = state.revision();
-        drop(state);
         Ok(Response::new(pb::ListJobsResponse {
-            header: Some(self.header_at(revision)),
+            header: Some(header),
             jobs,
         }))
     }

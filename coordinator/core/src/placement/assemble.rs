@@ -206,13 +206,7 @@ fn reasons(
             sites.join("")
         ),
     };
-    let largest_domain = ctx
-        .sites
-        .iter()
-        .flat_map(|s| &s.pools)
-        .map(|p| p.gpus_per_domain)
-        .max()
-        .unwrap_or(0);
+    let largest_domain = ctx.largest_domain_gpus();
     let splits: Vec<String> = groups
         .iter()
         .map(|g| {

@@ -76,6 +76,17 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
+    /// GPUs in the largest scale-up domain of any allowed site: the widest
+    /// tensor-parallel group possible.
+    pub fn largest_domain_gpus(&self) -> u64 {
+        self.sites
+            .iter()
+            .flat_map(|s| &s.pools)
+            .map(|p| p.gpus_per_domain)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn new(topology: &'a Topology, job: &'a JobSpec, params: &'a CostParams) -> Self {
         let allowed = |id: &str| {
             job.constraints.allowed_sites.is_empty()

@@ -102,13 +102,7 @@ impl Space {
         if ctx.sites.is_empty() {
             return Err(PlacementError::NoSites);
         }
-        let largest = ctx
-            .sites
-            .iter()
-            .flat_map(|s| &s.pools)
-            .map(|p| p.gpus_per_domain)
-            .max()
-            .unwrap_or(0);
+        let largest = ctx.largest_domain_gpus();
         let limit = c.max_tensor_parallel.unwrap_or(u32::MAX);
         let tps: Vec<u32> = (1..=model.attention_heads)
             .filter(|t| model.attention_heads.is_multiple_of(*t))
