@@ -9,6 +9,7 @@
 pub mod config;
 pub mod cost;
 pub mod gpu;
+pub mod identity;
 pub mod job;
 pub mod linearizability;
 pub mod placement;
