@@ -1,18 +1,17 @@
-//! Generated code for longhaul's wire API (`longhaul.v1`).
-//!
-//! This crate holds generated types only. Conversions between these messages
-//! and the core model live at the service boundary, in the crates that serve
-//! or call the API; the core never depends on this crate.
+//! Generated code for longhaul's wire API (`longhaul.v1`), and the one set
+//! of conversions between its messages and the core model ([`convert`]).
+//! The core never depends on this crate.
 
-#![allow(
+pub mod convert;
+
+/// Version 1 of the API.
+#[allow(
     missing_docs,
     unused_qualifications,
     missing_debug_implementations,
     clippy::all,
     reason = "generated code"
 )]
-
-/// Version 1 of the API.
 pub mod v1 {
     tonic::include_proto!("longhaul.v1");
 

@@ -2,4 +2,8 @@
 //! site's inventory with the coordinator, keeps its lease alive, watches its
 //! assignments and measures links to other sites.
 
+pub mod agent;
+pub mod coordinator;
 pub mod inventory;
+pub mod status;
+pub mod store;

@@ -80,6 +80,12 @@ struct Args {
     /// This replica's private key (PEM).
     #[arg(long, requires = "tls_ca")]
     tls_key: Option<PathBuf>,
+    /// TTL of the leases granted to site agents, e.g. `10s`: a site whose
+    /// agent stops renewing is marked down this long after its last renewal.
+    /// Keep it well above the election timeout, so that agents can find a
+    /// new leader within it. [default: 10s]
+    #[arg(long, value_parser = parse_duration)]
+    lease_ttl: Option<Duration>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9700).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -104,6 +110,7 @@ struct FileConfig {
     heartbeat_ticks: Option<usize>,
     election_ticks: Option<usize>,
     snapshot_interval_entries: Option<u64>,
+    lease_ttl: Option<longhaul_core::units::Duration>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -216,7 +223,20 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
             if tls.is_some() { "on" } else { "off" }
         );
     }
+    let lease_ttl = args
+        .lease_ttl
+        .or(file.lease_ttl.map(|d| Duration::from_nanos(d.as_nanos())))
+        .unwrap_or(longhaul_coordinator::server::leases::DEFAULT_LEASE_TTL);
+    let election = node.tick_interval * node.election_ticks as u32;
+    if lease_ttl <= election {
+        bail!(
+            "lease-ttl ({} ms) must be longer than the election timeout ({} ms = tick-interval × election-ticks), or every leader change would expire leases",
+            lease_ttl.as_millis(),
+            election.as_millis()
+        );
+    }
     Ok(ReplicaConfig {
+        lease_ttl,
         tls,
         id,
         data_dir: args

@@ -3,7 +3,10 @@
 //! (`longhaul.v1.Coordinator`, `longhaul.v1.RaftTransport`, the standard
 //! health service and server reflection).
 
+pub mod agent_service;
+pub mod assignments;
 pub mod convert;
+pub mod leases;
 pub mod raft_loop;
 pub mod replan;
 pub mod service;
@@ -16,6 +19,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use longhaul_proto::v1::agent_service_server::AgentServiceServer;
 use longhaul_proto::v1::coordinator_server::CoordinatorServer;
 use longhaul_proto::v1::raft_transport_server::RaftTransportServer;
 use tokio::net::TcpListener;
@@ -46,6 +50,8 @@ pub struct ReplicaConfig {
     pub node: NodeConfig,
     /// Mutual TLS for clients and peers; plaintext when `None`.
     pub tls: Option<tls::TlsMaterial>,
+    /// The TTL of the leases granted to site agents.
+    pub lease_ttl: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -149,9 +155,17 @@ impl Replica {
             .build_v1()
             .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
+        let leases = leases::Leases::new(raft.clone(), config.lease_ttl);
+        leases.spawn_expiry();
+        let coordinator_service = CoordinatorService::new(raft.clone(), peers, client_tls);
+        let agents = AgentServiceServer::new(agent_service::AgentServiceImpl::new(
+            coordinator_service.clone(),
+            leases,
+        ))
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
         let coordinator =
-            CoordinatorServer::new(CoordinatorService::new(raft.clone(), peers, client_tls))
-                .max_decoding_message_size(64 << 20);
+            CoordinatorServer::new(coordinator_service).max_decoding_message_size(64 << 20);
         let transport = RaftTransportServer::new(TransportService {
             cluster_id: config.cluster_id,
             id: config.id,
@@ -172,6 +186,7 @@ impl Replica {
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(coordinator)
+                .add_service(agents)
                 .add_service(transport)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
                     let _ = shutdown_rx.await;

@@ -22,7 +22,7 @@ use super::state_machine::ApplyResponse;
 use super::transport::PeerBook;
 
 /// Metadata key set on forwarded requests, so a request is forwarded once.
-const FORWARDED: &str = "x-longhaul-forwarded";
+pub(super) const FORWARDED: &str = "x-longhaul-forwarded";
 
 /// The default bound on a wait for consensus when the client sets no deadline.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
@@ -42,7 +42,7 @@ pub fn now_unix_ms() -> u64 {
 }
 
 /// Bounds a wait; the message says what was waited for.
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     wait: Duration,
     what: &str,
     future: impl Future<Output = Result<T, ConsensusError>>,
@@ -57,7 +57,7 @@ async fn bounded<T>(
 }
 
 /// The client's deadline (`grpc-timeout`), capped by the server's bound.
-fn wait_for<T>(request: &Request<T>, default: Duration) -> Duration {
+pub(super) fn wait_for<T>(request: &Request<T>, default: Duration) -> Duration {
     request
         .metadata()
         .get("grpc-timeout")
@@ -96,7 +96,11 @@ impl CoordinatorService {
         }
     }
 
-    fn header(&self) -> pb::ResponseHeader {
+    pub(super) fn raft(&self) -> &RaftHandle {
+        &self.raft
+    }
+
+    pub(super) fn header(&self) -> pb::ResponseHeader {
         let status = self.raft.status();
         pb::ResponseHeader {
             revision: self.raft.state().read().revision(),
@@ -120,7 +124,7 @@ impl CoordinatorService {
 
     /// Serves a read from the applied state, after a ReadIndex barrier unless
     /// stale reads are allowed; the header carries the revision read at.
-    async fn read<T>(
+    pub(super) async fn read<T>(
         &self,
         allow_stale: bool,
         wait: Duration,
@@ -139,6 +143,15 @@ impl CoordinatorService {
         &self,
         request: &Request<T>,
     ) -> Result<Option<CoordinatorClient<tonic::transport::Channel>>, Status> {
+        Ok(self.leader_channel(request)?.map(CoordinatorClient::new))
+    }
+
+    /// A channel to the leader when this replica is not it (`None` when it
+    /// is). A request already forwarded once is not forwarded again.
+    pub(super) fn leader_channel<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<Option<tonic::transport::Channel>, Status> {
         let status = self.raft.status();
         if status.role == Role::Leader {
             return Ok(None);
@@ -151,7 +164,7 @@ impl CoordinatorService {
         if status.leader_id == 0 {
             return Err(Status::unavailable(ConsensusError::NoLeader.to_string()));
         }
-        let url = self.peers.get(status.leader_id).ok_or_else(|| {
+        let url = self.leader_url(status.leader_id).ok_or_else(|| {
             Status::unavailable(format!(
                 "leader {} has no known address; retry",
                 status.leader_id
@@ -165,11 +178,16 @@ impl CoordinatorService {
                 .tls_config(tls.clone())
                 .map_err(|e| Status::internal(format!("leader TLS: {e}")))?;
         }
-        Ok(Some(CoordinatorClient::new(endpoint.connect_lazy())))
+        Ok(Some(endpoint.connect_lazy()))
+    }
+
+    /// The URL replica `id` is reached at.
+    pub(super) fn leader_url(&self, id: u64) -> Option<String> {
+        self.peers.get(id)
     }
 
     /// Proposes a state change at the leader and maps the outcome.
-    async fn write(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
+    pub(super) async fn write(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
         match bounded(wait, "write", self.raft.propose(request)).await? {
             ApplyResponse::Applied { revision } => Ok(revision),
             ApplyResponse::Refused { error } => Err(convert::apply_status(error)),
@@ -191,7 +209,7 @@ impl CoordinatorService {
         .map_err(|e| Status::internal(format!("placement task failed: {e}")))
     }
 
-    fn header_at(&self, revision: u64) -> pb::ResponseHeader {
+    pub(super) fn header_at(&self, revision: u64) -> pb::ResponseHeader {
         pb::ResponseHeader {
             revision,
             ..self.header()
@@ -627,11 +645,36 @@ impl Coordinator for CoordinatorService {
 
     async fn get_sync_schedule(
         &self,
-        _request: Request<pb::GetSyncScheduleRequest>,
+        request: Request<pb::GetSyncScheduleRequest>,
     ) -> Result<Response<pb::GetSyncScheduleResponse>, Status> {
-        Err(Status::unimplemented(
-            "sync schedules need the sync planner, which this coordinator does not have yet",
-        ))
+        let wait = wait_for(&request, self.wait);
+        let body = request.get_ref();
+        if body.job_id.is_empty() {
+            return Err(invalid("job_id", "is required"));
+        }
+        let (schedule, header) = self
+            .read(body.allow_stale, wait, |state| {
+                let job = state.job(&body.job_id).ok_or_else(|| {
+                    Status::not_found(format!("field `job_id`: unknown job {:?}", body.job_id))
+                })?;
+                let plan = super::assignments::plan_of(job).ok_or_else(|| {
+                    Status::failed_precondition(format!(
+                        "field `job_id`: job {:?} is not placed (state {:?}); it has no schedule",
+                        body.job_id, job.state
+                    ))
+                })?;
+                super::assignments::sync_schedule(&job.id, &plan).ok_or_else(|| {
+                    Status::failed_precondition(format!(
+                        "field `job_id`: job {:?} runs as one cross-site pipeline: it has no outer synchronisation",
+                        body.job_id
+                    ))
+                })
+            })
+            .await?;
+        Ok(Response::new(pb::GetSyncScheduleResponse {
+            header: Some(header),
+            schedule: Some(schedule),
+        }))
     }
 
     type WatchStream = WatchStream;
@@ -739,9 +782,10 @@ fn watch_event(event: &Event) -> pb::WatchEvent {
 }
 
 /// A stream fed by a task through a bounded channel.
-fn async_stream<F, Fut>(producer: F) -> impl Stream<Item = Result<pb::WatchEvent, Status>>
+pub(super) fn async_stream<T, F, Fut>(producer: F) -> impl Stream<Item = Result<T, Status>>
 where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<pb::WatchEvent, Status>>) -> Fut,
+    T: Send + 'static,
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<T, Status>>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(256);

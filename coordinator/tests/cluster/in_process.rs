@@ -307,6 +307,8 @@ async fn submitted_jobs_are_placed_on_the_registered_sites() {
             site: site.clone(),
             data_address: String::new(),
             at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
         };
         raft.propose(Request::new(command)).await.unwrap();
     }
@@ -394,6 +396,8 @@ async fn a_site_going_down_re_plans_its_jobs_and_unaffected_plans_stay() {
             site: site.clone(),
             data_address: String::new(),
             at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
         })
     };
     for site in &topology.sites {
@@ -437,6 +441,7 @@ async fn a_site_going_down_re_plans_its_jobs_and_unaffected_plans_stay() {
         site_id: "south".into(),
         reason: "lease expired".into(),
         at_unix_ms: 1,
+        lease_id: None,
     };
     raft.propose(Request::new(down)).await.unwrap();
     let moved = eventually(Duration::from_secs(30), "the job to be re-planned", || {

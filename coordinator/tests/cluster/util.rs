@@ -46,6 +46,7 @@ pub fn replica_configs(dir: &Path, n: u64) -> Vec<ReplicaConfig> {
                 cluster_id: 7,
                 node: fast_node(id),
                 tls: None,
+                lease_ttl: Duration::from_secs(3),
             }
         })
         .collect()

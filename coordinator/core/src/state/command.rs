@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobSpec;
-use crate::topology::{Site, WanLink};
+use crate::topology::{DomainGroup, Site, WanLink};
 
 /// A write, as proposed through Raft.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -38,17 +38,36 @@ impl Request {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Command {
-    /// An agent registers (or re-registers) its site's inventory; the site is up.
+    /// An agent registers (or re-registers) its site's inventory; the site is
+    /// up and holds a new lease.
     RegisterSite {
         site: Site,
         /// Where other agents reach this site's agent (QUIC).
         data_address: String,
         at_unix_ms: u64,
+        /// The lease granted with this registration (chosen by the leader,
+        /// unique across leaders); 0 when registered without one.
+        #[serde(default)]
+        lease_id: u64,
+        #[serde(default)]
+        lease_ttl_ms: u64,
     },
     /// The leader saw the site's lease expire.
     MarkSiteDown {
         site_id: String,
         reason: String,
+        at_unix_ms: u64,
+        /// When set, applies only while the site still holds this lease, so
+        /// an expiry decided before a re-registration cannot undo it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease_id: Option<u64>,
+    },
+    /// An agent reports a change of its inventory as domain-group deltas.
+    UpdateInventory {
+        site_id: String,
+        /// The lease the agent holds; the change applies only under it.
+        lease_id: u64,
+        changes: Vec<InventoryChange>,
         at_unix_ms: u64,
     },
     /// Configure (or reconfigure) the WAN link between two sites.
@@ -97,6 +116,7 @@ impl Command {
         match self {
             Self::RegisterSite { .. } => "register_site",
             Self::MarkSiteDown { .. } => "mark_site_down",
+            Self::UpdateInventory { .. } => "update_inventory",
             Self::PutLink { .. } => "put_link",
             Self::RecordLinkMeasurement { .. } => "record_link_measurement",
             Self::SubmitJob { .. } => "submit_job",
@@ -107,6 +127,22 @@ impl Command {
             Self::Noop { .. } => "noop",
         }
     }
+}
+
+/// One change to a registered site's inventory. Draining one node of an
+/// NVL72 rack, say, moves that rack out of its group of identical racks:
+/// the old group's count drops by one (`PutGroup`) and a group of one
+/// 17-node domain appears (`PutGroup`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum InventoryChange {
+    /// Adds a domain group to a building, or replaces the one with its id.
+    PutGroup {
+        building: String,
+        group: DomainGroup,
+    },
+    /// Removes a domain group from a building.
+    RemoveGroup { building: String, group_id: String },
 }
 
 /// What placement decided for a job.
@@ -149,6 +185,11 @@ pub struct SiteRecord {
     pub liveness_revision: u64,
     pub liveness_reason: String,
     pub changed_at_unix_ms: u64,
+    /// The lease the site's agent holds (0: none).
+    #[serde(default)]
+    pub lease_id: u64,
+    #[serde(default)]
+    pub lease_ttl_ms: u64,
 }
 
 /// A configured link and its latest measurement.

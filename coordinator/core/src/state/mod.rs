@@ -12,8 +12,8 @@ mod command;
 use std::collections::{BTreeMap, VecDeque};
 
 pub use command::{
-    ApplyError, Change, Command, Compacted, Event, JobRecord, JobState, LinkMeasurement,
-    LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
+    ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
+    LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -235,17 +235,10 @@ impl ClusterState {
                 site,
                 data_address,
                 at_unix_ms,
+                lease_id,
+                lease_ttl_ms,
             } => {
-                let topology = Topology {
-                    name: "registration".to_string(),
-                    gpu_types: Vec::new(),
-                    sites: vec![site.clone()],
-                    links: Vec::new(),
-                };
-                if let Some(violation) = topology.violations().into_iter().next() {
-                    let field = violation.path.to_string().replacen("sites[0]", "site", 1);
-                    return Err(ApplyError::invalid(field, violation.message));
-                }
+                check_site(site, "site")?;
                 let previous = self.sites.get(&site.id);
                 let transition = previous.is_none_or(|p| p.liveness != Liveness::Up);
                 vec![Change::Site {
@@ -264,6 +257,8 @@ impl ClusterState {
                             "registered".to_string()
                         },
                         changed_at_unix_ms: *at_unix_ms,
+                        lease_id: *lease_id,
+                        lease_ttl_ms: *lease_ttl_ms,
                     },
                 }]
             }
@@ -271,6 +266,7 @@ impl ClusterState {
                 site_id,
                 reason,
                 at_unix_ms,
+                lease_id,
             } => {
                 let record = self.sites.get(site_id).ok_or_else(|| {
                     ApplyError::not_found("site_id", format!("unknown site {site_id:?}"))
@@ -281,11 +277,59 @@ impl ClusterState {
                         format!("site {site_id:?} is already down"),
                     ));
                 }
+                if let Some(lease_id) = lease_id
+                    && *lease_id != record.lease_id
+                {
+                    return Err(ApplyError::precondition(
+                        "lease_id",
+                        format!(
+                            "site {site_id:?} holds lease {} now, not {lease_id}",
+                            record.lease_id
+                        ),
+                    ));
+                }
                 vec![Change::Site {
                     record: SiteRecord {
                         liveness: Liveness::Down,
                         liveness_revision: revision,
                         liveness_reason: reason.clone(),
+                        changed_at_unix_ms: *at_unix_ms,
+                        ..record.clone()
+                    },
+                }]
+            }
+            Command::UpdateInventory {
+                site_id,
+                lease_id,
+                changes,
+                at_unix_ms,
+            } => {
+                let record = self.sites.get(site_id).ok_or_else(|| {
+                    ApplyError::not_found("site_id", format!("unknown site {site_id:?}"))
+                })?;
+                if record.liveness != Liveness::Up || record.lease_id != *lease_id {
+                    return Err(ApplyError::precondition(
+                        "lease_id",
+                        format!(
+                            "site {site_id:?} does not hold lease {lease_id} (it is {}); register again",
+                            match record.liveness {
+                                Liveness::Up => "up under another lease",
+                                Liveness::Down => "down",
+                            }
+                        ),
+                    ));
+                }
+                if changes.is_empty() {
+                    return Err(ApplyError::invalid("changes", "is empty"));
+                }
+                let mut site = record.site.clone();
+                for (i, change) in changes.iter().enumerate() {
+                    apply_inventory_change(&mut site, change, i)?;
+                }
+                check_site(&site, "site")?;
+                vec![Change::Site {
+                    record: SiteRecord {
+                        site,
                         changed_at_unix_ms: *at_unix_ms,
                         ..record.clone()
                     },
@@ -477,6 +521,66 @@ impl ClusterState {
             Change::Noop => {}
         }
     }
+}
+
+/// Checks a site with the topology's own rules; the field is renamed from
+/// `sites[0]` to `prefix`.
+fn check_site(site: &crate::topology::Site, prefix: &str) -> Result<(), ApplyError> {
+    let topology = Topology {
+        name: "registration".to_string(),
+        gpu_types: Vec::new(),
+        sites: vec![site.clone()],
+        links: Vec::new(),
+    };
+    match topology.violations().into_iter().next() {
+        Some(violation) => {
+            let field = violation.path.to_string().replacen("sites[0]", prefix, 1);
+            Err(ApplyError::invalid(field, violation.message))
+        }
+        None => Ok(()),
+    }
+}
+
+fn apply_inventory_change(
+    site: &mut crate::topology::Site,
+    change: &InventoryChange,
+    index: usize,
+) -> Result<(), ApplyError> {
+    let building_id = match change {
+        InventoryChange::PutGroup { building, .. }
+        | InventoryChange::RemoveGroup { building, .. } => building,
+    };
+    let building = site
+        .buildings
+        .iter_mut()
+        .find(|b| &b.id == building_id)
+        .ok_or_else(|| {
+            ApplyError::not_found(
+                format!("changes[{index}].building"),
+                format!(
+                    "unknown building {building_id:?}; a new building needs a new registration"
+                ),
+            )
+        })?;
+    match change {
+        InventoryChange::PutGroup { group, .. } => {
+            match building.domains.iter_mut().find(|g| g.id == group.id) {
+                Some(existing) => *existing = group.clone(),
+                None => building.domains.push(group.clone()),
+            }
+        }
+        InventoryChange::RemoveGroup { group_id, .. } => {
+            let before = building.domains.len();
+            building.domains.retain(|g| &g.id != group_id);
+            if building.domains.len() == before {
+                return Err(ApplyError::not_found(
+                    format!("changes[{index}].group_id"),
+                    format!("building {building_id:?} has no domain group {group_id:?}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn state_of(placement: &Placement) -> JobState {

@@ -22,6 +22,8 @@ fn register(id: &str, at: u64) -> Request {
         site: site(id),
         data_address: format!("{id}.example:7000"),
         at_unix_ms: at,
+        lease_id: 100 + at,
+        lease_ttl_ms: 3_000,
     })
 }
 
@@ -63,6 +65,7 @@ fn a_refused_command_changes_nothing() {
             site_id: "west".into(),
             reason: "lease".into(),
             at_unix_ms: 5,
+            lease_id: None,
         })),
         state.apply(&Request::expecting(
             Command::Noop {
@@ -125,6 +128,7 @@ fn liveness_transitions_record_their_revision() {
         site_id: "south".into(),
         reason: "lease expired".into(),
         at_unix_ms: 10,
+        lease_id: None,
     };
     let applied = state.apply(&Request::new(down.clone())).unwrap();
     let record = state.site("south").unwrap();
@@ -165,6 +169,8 @@ fn bad_inventory_is_refused_with_the_field_named() {
             site: bad,
             data_address: String::new(),
             at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
         }))
         .unwrap_err();
     assert_eq!(
@@ -284,6 +290,7 @@ fn a_state_rebuilt_from_its_parts_is_the_same_state() {
             site_id: "north".into(),
             reason: "lease".into(),
             at_unix_ms: 9,
+            lease_id: None,
         }))
         .unwrap();
     let rebuilt = ClusterState::from_parts(
@@ -293,4 +300,121 @@ fn a_state_rebuilt_from_its_parts_is_the_same_state() {
         DEFAULT_HISTORY_LIMIT,
     );
     assert_eq!(rebuilt, state);
+}
+
+#[test]
+fn an_expiry_decided_under_an_old_lease_cannot_mark_a_re_registered_site_down() {
+    let mut state = registered();
+    // south registered at t=2 with lease 102; it re-registers with lease 107.
+    state.apply(&register("south", 7)).unwrap();
+    assert_eq!(state.site("south").unwrap().lease_id, 107);
+    let before = state.clone();
+    let stale = state.apply(&Request::new(Command::MarkSiteDown {
+        site_id: "south".into(),
+        reason: "lease expired".into(),
+        at_unix_ms: 8,
+        lease_id: Some(102),
+    }));
+    assert!(
+        matches!(&stale, Err(ApplyError::FailedPrecondition { field, .. }) if field == "lease_id"),
+        "{stale:?}"
+    );
+    assert_eq!(state, before);
+    state
+        .apply(&Request::new(Command::MarkSiteDown {
+            site_id: "south".into(),
+            reason: "lease expired".into(),
+            at_unix_ms: 9,
+            lease_id: Some(107),
+        }))
+        .unwrap();
+    assert_eq!(state.site("south").unwrap().liveness, Liveness::Down);
+}
+
+#[test]
+fn inventory_deltas_move_domains_between_groups_and_are_validated() {
+    let mut state = registered();
+    let site = state.site("north").unwrap().site.clone();
+    let building = site.buildings[0].clone();
+    let group = building.domains[0].clone();
+    let gpus_before = site.gpus();
+    let mut smaller = group.clone();
+    smaller.count -= 1;
+    let mut drained = group.clone();
+    drained.id = format!("{}-drained", group.id);
+    drained.count = 1;
+    drained.nodes_per_domain = group.nodes_per_domain.max(2) - 1;
+    let update = |changes, lease_id| {
+        Request::new(Command::UpdateInventory {
+            site_id: "north".into(),
+            lease_id,
+            changes,
+            at_unix_ms: 20,
+        })
+    };
+    let changes = vec![
+        InventoryChange::PutGroup {
+            building: building.id.clone(),
+            group: smaller,
+        },
+        InventoryChange::PutGroup {
+            building: building.id.clone(),
+            group: drained.clone(),
+        },
+    ];
+    // Under the wrong lease: refused, nothing changes.
+    let before = state.clone();
+    let refused = state.apply(&update(changes.clone(), 999));
+    assert!(
+        matches!(refused, Err(ApplyError::FailedPrecondition { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(state, before);
+    let applied = state.apply(&update(changes, 101)).unwrap();
+    assert_eq!(applied.events.len(), 1);
+    let after = &state.site("north").unwrap().site;
+    let lost = group.gpus_per_domain() - drained.gpus_per_domain();
+    assert_eq!(after.gpus(), gpus_before - lost);
+    // Liveness is not a transition: the revision of the last one stays.
+    assert_eq!(state.site("north").unwrap().liveness_revision, 1);
+
+    // A group in an unknown building, a removal of an unknown group, and a
+    // group the topology rules refuse: each names its field.
+    let before = state.clone();
+    let unknown_building = state.apply(&update(
+        vec![InventoryChange::RemoveGroup {
+            building: "annex".into(),
+            group_id: group.id.clone(),
+        }],
+        101,
+    ));
+    assert!(
+        matches!(&unknown_building, Err(ApplyError::NotFound { field, .. }) if field == "changes[0].building"),
+        "{unknown_building:?}"
+    );
+    let unknown_group = state.apply(&update(
+        vec![InventoryChange::RemoveGroup {
+            building: building.id.clone(),
+            group_id: "nope".into(),
+        }],
+        101,
+    ));
+    assert!(
+        matches!(&unknown_group, Err(ApplyError::NotFound { field, .. }) if field == "changes[0].group_id"),
+        "{unknown_group:?}"
+    );
+    let mut bad = drained;
+    bad.gpu = "tpu9".into();
+    let invalid = state.apply(&update(
+        vec![InventoryChange::PutGroup {
+            building: building.id.clone(),
+            group: bad,
+        }],
+        101,
+    ));
+    assert!(
+        matches!(&invalid, Err(ApplyError::InvalidArgument { field, .. }) if field.starts_with("site.buildings[0].domains")),
+        "{invalid:?}"
+    );
+    assert_eq!(state, before);
 }

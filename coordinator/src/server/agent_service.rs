@@ -1,0 +1,427 @@
+//! The `longhaul.v1.AgentService` the site agents call.
+//!
+//! Identity first: with mutual TLS, a request about site `X` is served only
+//! when the client certificate names `X.site.longhaul`; a certificate that
+//! names no site is a replica's and may only pass a request another replica
+//! already checked (a forwarded one). Then the same rule as the operator
+//! API: writes and renewals go to the leader (a follower forwards once),
+//! the assignment watch is served from the local applied state.
+
+use longhaul_core::identity::site_of_dns_name;
+use longhaul_core::state::{
+    Change, ClusterState, Command, Event, InventoryChange, JobRecord, LinkMeasurement,
+    Request as StateRequest,
+};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::agent_service_client::AgentServiceClient;
+use longhaul_proto::v1::agent_service_server::AgentService;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use super::assignments::assignment_for;
+use super::convert::{self, invalid};
+use super::leases::{LeaseError, Leases};
+use super::service::{CoordinatorService, FORWARDED, async_stream, now_unix_ms, wait_for};
+
+/// The agent-facing service of one replica.
+#[derive(Debug, Clone)]
+pub struct AgentServiceImpl {
+    coordinator: CoordinatorService,
+    leases: Leases,
+}
+
+type AssignmentStream =
+    std::pin::Pin<Box<dyn Stream<Item = Result<pb::Assignment, Status>> + Send>>;
+
+impl AgentServiceImpl {
+    pub fn new(coordinator: CoordinatorService, leases: Leases) -> Self {
+        Self {
+            coordinator,
+            leases,
+        }
+    }
+
+    /// Forwards to the leader when this replica is not it.
+    fn leader<T>(
+        &self,
+        request: &Request<T>,
+    ) -> Result<Option<AgentServiceClient<tonic::transport::Channel>>, Status> {
+        Ok(self
+            .coordinator
+            .leader_channel(request)?
+            .map(|channel| AgentServiceClient::new(channel).max_decoding_message_size(64 << 20)))
+    }
+}
+
+/// Forwards a request to the leader, once, marking it as forwarded.
+macro_rules! forward {
+    ($self:ident, $request:ident, $method:ident) => {
+        if let Some(mut client) = $self.leader(&$request)? {
+            let timeout = wait_for(&$request, super::service::DEFAULT_WAIT);
+            let mut forwarded = Request::new($request.into_inner());
+            forwarded.set_timeout(timeout);
+            forwarded
+                .metadata_mut()
+                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+            return client.$method(forwarded).await;
+        }
+    };
+}
+
+/// The site names on the client's certificate (`None` without TLS).
+fn certificate_sites<T>(request: &Request<T>) -> Result<Option<Vec<String>>, Status> {
+    let Some(certs) = request.peer_certs() else {
+        return Ok(None);
+    };
+    let Some(leaf) = certs.first() else {
+        return Ok(None);
+    };
+    let cert = webpki::EndEntityCert::try_from(leaf).map_err(|e| {
+        Status::unauthenticated(format!("the client certificate cannot be parsed: {e:?}"))
+    })?;
+    Ok(Some(
+        cert.valid_dns_names()
+            .filter_map(site_of_dns_name)
+            .map(str::to_string)
+            .collect(),
+    ))
+}
+
+/// Refuses a request about `site` from a client whose certificate speaks
+/// for another site (or for none, unless a replica forwarded it).
+pub fn check_identity<T>(request: &Request<T>, site: &str) -> Result<(), Status> {
+    let Some(names) = certificate_sites(request)? else {
+        // Plaintext: the replica said so loudly when it started.
+        return Ok(());
+    };
+    if names.iter().any(|n| n == site) {
+        return Ok(());
+    }
+    if names.is_empty() && request.metadata().contains_key(FORWARDED) {
+        return Ok(());
+    }
+    let holder = if names.is_empty() {
+        "names no site".to_string()
+    } else {
+        format!("names site {}", names.join(", "))
+    };
+    metrics::counter!("longhaul_agent_requests_refused_total", "reason" => "identity").increment(1);
+    Err(Status::permission_denied(format!(
+        "field `site_id`: the client certificate {holder}; it may not speak for site {site:?}"
+    )))
+}
+
+fn required_site(site_id: &str) -> Result<(), Status> {
+    if site_id.is_empty() {
+        return Err(invalid("site_id", "is required"));
+    }
+    Ok(())
+}
+
+fn lease_status(error: LeaseError) -> Status {
+    match error {
+        LeaseError::UnknownSite(_) => Status::not_found(error.to_string()),
+        LeaseError::SiteDown { .. } | LeaseError::Superseded { .. } => {
+            Status::failed_precondition(error.to_string())
+        }
+        LeaseError::NotLeader => Status::unavailable(error.to_string()),
+    }
+}
+
+fn group_change(change: &pb::DomainGroupChange, index: usize) -> Result<InventoryChange, Status> {
+    use pb::domain_group_change::Change as C;
+    if change.building_id.is_empty() {
+        return Err(invalid(
+            &format!("changes[{index}].building_id"),
+            "is required",
+        ));
+    }
+    match &change.change {
+        Some(C::Put(group)) => Ok(InventoryChange::PutGroup {
+            building: change.building_id.clone(),
+            group: convert::domain_group_from_wire(group),
+        }),
+        Some(C::RemoveGroupId(id)) if !id.is_empty() => Ok(InventoryChange::RemoveGroup {
+            building: change.building_id.clone(),
+            group_id: id.clone(),
+        }),
+        Some(C::RemoveGroupId(_)) => Err(invalid(
+            &format!("changes[{index}].remove_group_id"),
+            "is empty",
+        )),
+        None => Err(invalid(
+            &format!("changes[{index}]"),
+            "sets neither `put` nor `remove_group_id`",
+        )),
+    }
+}
+
+/// The assignments for `site` that the change at `event` implies.
+fn assignments_of(event: &Event, site: &str) -> Option<pb::Assignment> {
+    match &event.change {
+        Change::Job { record } => Some(assignment_for(record, site, event.revision)),
+        _ => None,
+    }
+}
+
+/// Every job currently placed on `site`, at its last revision.
+fn current_assignments(state: &ClusterState, site: &str) -> Vec<pb::Assignment> {
+    let mut out: Vec<pb::Assignment> = state
+        .jobs()
+        .map(|job: &JobRecord| assignment_for(job, site, job.revision))
+        .filter(|a| !a.removed)
+        .collect();
+    out.sort_by_key(|a| a.revision);
+    out
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentServiceImpl {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::RegisterResponse>, Status> {
+        let body = request.get_ref();
+        required_site(&body.site_id)?;
+        check_identity(&request, &body.site_id)?;
+        let inventory = body
+            .inventory
+            .as_ref()
+            .ok_or_else(|| invalid("inventory", "is required"))?;
+        if inventory.id != body.site_id {
+            return Err(invalid(
+                "inventory.id",
+                format!(
+                    "is {:?} but the request is for site {:?}",
+                    inventory.id, body.site_id
+                ),
+            ));
+        }
+        let site = convert::site_from_wire(inventory, "inventory")?;
+        if !body.data_address.is_empty() {
+            body.data_address
+                .parse::<std::net::SocketAddr>()
+                .map_err(|e| invalid("data_address", format!("not a host:port address: {e}")))?;
+        }
+        forward!(self, request, register);
+        let wait = wait_for(&request, super::service::DEFAULT_WAIT);
+        let body = request.into_inner();
+        let lease_id = self.leases.grant().map_err(lease_status)?;
+        let ttl = self.leases.ttl();
+        let command = StateRequest::new(Command::RegisterSite {
+            site,
+            data_address: body.data_address,
+            at_unix_ms: now_unix_ms(),
+            lease_id,
+            lease_ttl_ms: ttl.as_millis() as u64,
+        });
+        let revision = self.coordinator.write(command, wait).await?;
+        metrics::counter!("longhaul_site_registrations_total").increment(1);
+        tracing::info!(site = %body.site_id, lease_id, revision, "site registered");
+        Ok(Response::new(pb::RegisterResponse {
+            header: Some(self.coordinator.header_at(revision)),
+            lease_id,
+            lease_ttl_ms: ttl.as_millis() as u64,
+        }))
+    }
+
+    async fn keep_alive(
+        &self,
+        request: Request<pb::KeepAliveRequest>,
+    ) -> Result<Response<pb::KeepAliveResponse>, Status> {
+        let body = request.get_ref();
+        required_site(&body.site_id)?;
+        check_identity(&request, &body.site_id)?;
+        if body.lease_id == 0 {
+            return Err(invalid("lease_id", "is required"));
+        }
+        forward!(self, request, keep_alive);
+        let body = request.into_inner();
+        let ttl = self
+            .leases
+            .keep_alive(&body.site_id, body.lease_id)
+            .map_err(lease_status)?;
+        let header = self.coordinator.header();
+        Ok(Response::new(pb::KeepAliveResponse {
+            lease_ttl_ms: ttl.as_millis() as u64,
+            leader_id: header.member_id,
+            leader_url: self
+                .coordinator
+                .leader_url(header.member_id)
+                .unwrap_or_default(),
+            header: Some(header),
+        }))
+    }
+
+    async fn report_inventory_delta(
+        &self,
+        request: Request<pb::InventoryDeltaRequest>,
+    ) -> Result<Response<pb::InventoryDeltaResponse>, Status> {
+        let body = request.get_ref();
+        required_site(&body.site_id)?;
+        check_identity(&request, &body.site_id)?;
+        if body.lease_id == 0 {
+            return Err(invalid("lease_id", "is required"));
+        }
+        if body.changes.is_empty() {
+            return Err(invalid("changes", "is empty"));
+        }
+        let changes = body
+            .changes
+            .iter()
+            .enumerate()
+            .map(|(i, c)| group_change(c, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        forward!(self, request, report_inventory_delta);
+        let wait = wait_for(&request, super::service::DEFAULT_WAIT);
+        let body = request.into_inner();
+        let revision = self
+            .coordinator
+            .write(
+                StateRequest::new(Command::UpdateInventory {
+                    site_id: body.site_id,
+                    lease_id: body.lease_id,
+                    changes,
+                    at_unix_ms: now_unix_ms(),
+                }),
+                wait,
+            )
+            .await?;
+        Ok(Response::new(pb::InventoryDeltaResponse {
+            header: Some(self.coordinator.header_at(revision)),
+        }))
+    }
+
+    type WatchAssignmentsStream = AssignmentStream;
+
+    async fn watch_assignments(
+        &self,
+        request: Request<pb::WatchAssignmentsRequest>,
+    ) -> Result<Response<Self::WatchAssignmentsStream>, Status> {
+        let body = request.get_ref();
+        required_site(&body.site_id)?;
+        check_identity(&request, &body.site_id)?;
+        let body = request.into_inner();
+        let site = body.site_id;
+        let raft = self.coordinator.raft().clone();
+        // Subscribe before reading, so nothing falls between.
+        let mut live = raft.subscribe();
+        let (backlog, mut last) = {
+            let state = raft.state().read();
+            if body.after_revision == 0 {
+                (current_assignments(&state, &site), state.revision())
+            } else {
+                let events = state
+                    .events_after(body.after_revision)
+                    .map_err(|e| Status::out_of_range(format!("field `after_revision`: {e}")))?;
+                let backlog = events
+                    .iter()
+                    .filter_map(|e| assignments_of(e, &site))
+                    .collect();
+                (backlog, state.revision().max(body.after_revision))
+            }
+        };
+        let state = raft.state().clone();
+        let sync_point = pb::Assignment {
+            revision: last,
+            sync_point: true,
+            ..pb::Assignment::default()
+        };
+        let stream = async_stream(move |tx| async move {
+            for assignment in backlog.into_iter().chain([sync_point]) {
+                if tx.send(Ok(assignment)).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let event = match live.recv().await {
+                    Ok(event) => event,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        let catch_up = state.read().events_after(last);
+                        match catch_up {
+                            Ok(events) => {
+                                for event in events {
+                                    last = event.revision;
+                                    if let Some(a) = assignments_of(&event, &site)
+                                        && tx.send(Ok(a)).await.is_err()
+                                    {
+                                        return;
+                                    }
+                                }
+                                continue;
+                            }
+                            Err(error) => {
+                                let _ = tx.send(Err(Status::out_of_range(error.to_string()))).await;
+                                return;
+                            }
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        let _ = tx
+                            .send(Err(Status::unavailable("the replica is shutting down")))
+                            .await;
+                        return;
+                    }
+                };
+                if event.revision <= last {
+                    continue;
+                }
+                last = event.revision;
+                if let Some(assignment) = assignments_of(&event, &site)
+                    && tx.send(Ok(assignment)).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn report_link_probe(
+        &self,
+        request: Request<pb::LinkProbeReport>,
+    ) -> Result<Response<pb::LinkProbeAck>, Status> {
+        let body = request.get_ref();
+        required_site(&body.site_id)?;
+        check_identity(&request, &body.site_id)?;
+        if body.peer_site_id.is_empty() {
+            return Err(invalid("peer_site_id", "is required"));
+        }
+        if body.peer_site_id == body.site_id {
+            return Err(invalid("peer_site_id", "is the reporting site itself"));
+        }
+        let m = body
+            .measurement
+            .as_ref()
+            .ok_or_else(|| invalid("measurement", "is required"))?;
+        if !(m.loss_rate.is_finite() && (0.0..=1.0).contains(&m.loss_rate)) {
+            return Err(invalid(
+                "measurement.loss_rate",
+                format!("must be a probability in [0, 1], found {}", m.loss_rate),
+            ));
+        }
+        forward!(self, request, report_link_probe);
+        let wait = wait_for(&request, super::service::DEFAULT_WAIT);
+        let body = request.into_inner();
+        let m = body.measurement.unwrap_or_default();
+        let revision = self
+            .coordinator
+            .write(
+                StateRequest::new(Command::RecordLinkMeasurement {
+                    site_a: body.site_id,
+                    site_b: body.peer_site_id,
+                    measurement: LinkMeasurement {
+                        rtt_ns: m.rtt_ns,
+                        loss_rate: m.loss_rate,
+                        throughput_bps: m.throughput_bps,
+                        measured_at_unix_ms: m.measured_at_unix_ms,
+                    },
+                }),
+                wait,
+            )
+            .await?;
+        Ok(Response::new(pb::LinkProbeAck {
+            header: Some(self.coordinator.header_at(revision)),
+        }))
+    }
+}
