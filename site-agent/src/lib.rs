@@ -2,4 +2,5 @@
 //! site's inventory with the coordinator, keeps its lease alive, watches its
 //! assignments and measures links to other sites.
 
+pub mod assignment;
 pub mod inventory;
