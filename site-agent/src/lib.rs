@@ -4,3 +4,4 @@
 
 pub mod assignment;
 pub mod inventory;
+pub mod render;
