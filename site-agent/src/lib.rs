@@ -3,7 +3,9 @@
 //! assignments and measures links to other sites.
 
 pub mod agent;
+pub mod assignment;
 pub mod coordinator;
 pub mod inventory;
+pub mod render;
 pub mod status;
 pub mod store;
