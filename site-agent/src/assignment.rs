@@ -134,6 +134,41 @@ pub enum AssignmentError {
 }
 
 impl SiteAssignment {
+    /// The assignment a watch message carries for `site_id`, checked with
+    /// [`SiteAssignment::validate`].
+    pub fn from_wire(
+        message: &longhaul_proto::v1::Assignment,
+        site_id: &str,
+    ) -> Result<SiteAssignment, AssignmentError> {
+        let assignment = SiteAssignment {
+            job_id: message.job_id.clone(),
+            site_id: site_id.to_string(),
+            revision: message.revision,
+            world_size: message.world_size,
+            tensor_parallel: message.tensor_parallel,
+            pipeline_parallel: message.pipeline_parallel,
+            data_parallel: message.data_parallel,
+            mode: message.mode.clone(),
+            inner_steps: message.sync.as_ref().map_or(0, |s| s.inner_steps),
+            stages: message.stages.clone(),
+            replicas: message.replicas.clone(),
+            ranks: message
+                .ranks
+                .iter()
+                .map(|r| RankBinding {
+                    rank: r.rank,
+                    building: r.building_id.clone(),
+                    domain_group: r.domain_id.clone(),
+                    domain: r.domain,
+                    node: u64::from(r.node),
+                    gpu: r.gpu,
+                })
+                .collect(),
+        };
+        assignment.validate()?;
+        Ok(assignment)
+    }
+
     /// The part of `plan` that runs on `site_id`, as of coordinator
     /// `revision`. Ranks are in rank order; stages and replicas are the
     /// sorted indices that have at least one rank on the site.

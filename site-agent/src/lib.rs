@@ -4,8 +4,10 @@
 
 pub mod agent;
 pub mod assignment;
+pub mod config;
 pub mod coordinator;
 pub mod inventory;
+pub mod launch;
 pub mod render;
 pub mod status;
 pub mod store;

@@ -1,3 +1,465 @@
-//! The `site-agent` binary (its commands arrive with the agent's config).
+//! `site-agent`: runs beside a campus's scheduler and speaks for its site.
 
-fn main() {}
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::site_agent_client::SiteAgentClient;
+use longhaul_proto::v1::site_agent_server::SiteAgentServer;
+use longhaul_site_agent::agent::{self, Agent, Discover, Settings, StatusBoard};
+use longhaul_site_agent::config::AgentConfig;
+use longhaul_site_agent::coordinator::Coordinators;
+use longhaul_site_agent::inventory::{Inventory, InventorySource, source_from_config};
+use longhaul_site_agent::launch::RenderAndSubmit;
+use longhaul_site_agent::render::slurm::SlurmSubmitOptions;
+use longhaul_site_agent::status::StatusService;
+use longhaul_site_agent::store::Store;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+/// The longhaul site agent.
+///
+/// One agent runs beside each campus's scheduler (Slurm, Kubernetes, or a
+/// static topology file). It registers the site's inventory with the
+/// coordinator and keeps the site's lease alive, watches the jobs placed on
+/// the site and renders each into a Slurm batch script or a Kubernetes
+/// JobSet (and submits to Slurm when configured), and reports changes of
+/// its inventory.
+#[derive(Debug, Parser)]
+#[command(name = "site-agent", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the agent (until interrupted).
+    Run {
+        /// The agent's TOML config.
+        #[arg(long)]
+        config: PathBuf,
+        /// Log filter, e.g. `info` or `longhaul_site_agent=debug`.
+        #[arg(long, env = "LONGHAUL_LOG", default_value = "info")]
+        log: String,
+    },
+    /// Show a running agent's lease, coordinator, last revision, inventory,
+    /// assignments and probe results.
+    Status {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Discover the inventory as the agent would, and show it (nothing is
+    /// registered). Exits 1 when the inventory is refused.
+    Inventory {
+        /// The agent's TOML config.
+        #[arg(long)]
+        config: PathBuf,
+        /// List every node, not just the summary.
+        #[arg(long)]
+        nodes: bool,
+    },
+    /// Ask a running agent to probe every peer site now.
+    Probe {
+        #[command(flatten)]
+        target: Target,
+    },
+}
+
+/// Which running agent to ask.
+#[derive(Debug, clap::Args)]
+struct Target {
+    /// The agent's config (its `status_listen` is used).
+    #[arg(long, conflicts_with = "address")]
+    config: Option<PathBuf>,
+    /// The agent's status address, host:port. [default: 127.0.0.1:7900]
+    #[arg(long)]
+    address: Option<String>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 5)]
+    timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+fn load(path: &Path) -> anyhow::Result<AgentConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config {}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    Ok(AgentConfig::from_toml(&path.display().to_string(), &text, base)?)
+}
+
+/// The inventory source as the agent runtime calls it.
+#[derive(Debug)]
+struct Source(Box<dyn InventorySource>);
+
+impl Discover for Source {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn discover(&self) -> Result<Inventory, String> {
+        self.0.discover().map_err(|e| e.to_string())
+    }
+}
+
+fn client_tls(config: &AgentConfig) -> anyhow::Result<Option<ClientTlsConfig>> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let read = |what: &str, path: &Path| {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("tls.{what}: cannot read {}", path.display()))
+    };
+    let ca = read("ca", &files.ca)?;
+    let cert = read("cert", &files.cert)?;
+    let key = read("key", &files.key)?;
+    Ok(Some(
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .identity(Identity::from_pem(cert, key)),
+    ))
+}
+
+async fn run(config_path: &Path) -> anyhow::Result<()> {
+    let config = load(config_path)?;
+    let source = Source(source_from_config(&config.inventory)?);
+    let inventory = source
+        .0
+        .discover()
+        .with_context(|| format!("inventory from {}", source.0.describe()))?;
+    for unmapped in &inventory.unmapped {
+        tracing::warn!(object = %unmapped.object, reason = %unmapped.reason, "not in the inventory");
+    }
+    tracing::info!(
+        site = %config.site,
+        source = %source.0.describe(),
+        nodes = inventory.nodes.len(),
+        gpus = inventory.site.gpus(),
+        unmapped = inventory.unmapped.len(),
+        "inventory discovered"
+    );
+    let state_dir = config.state_dir();
+    let (store, state) = Store::open(&state_dir, &config.site)?;
+    let tls = client_tls(&config)?;
+    if tls.is_none() {
+        tracing::warn!(
+            "PLAINTEXT mode: the agent and the coordinator do not authenticate each other; use [tls] outside a lab"
+        );
+    }
+    let plaintext = tls.is_none();
+    let call_timeout = AgentConfig::std_duration(config.call_timeout);
+    let coordinators = Coordinators::new(&config.coordinators, tls, Duration::from_secs(1))?;
+    let status = Arc::new(Mutex::new(StatusBoard {
+        plaintext,
+        ..StatusBoard::default()
+    }));
+    if let Some(addr) = config.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("metrics_listen: cannot serve metrics on {addr}"))?;
+    }
+    let handler = RenderAndSubmit {
+        site_id: config.site.clone(),
+        dir: state_dir.join("rendered"),
+        options: config.render.clone(),
+        submit: config.submit.as_ref().map(|s| SlurmSubmitOptions {
+            sbatch: s.sbatch.clone(),
+            args: s.args.clone(),
+            timeout: AgentConfig::std_duration(s.timeout),
+        }),
+    };
+    let settings = Settings {
+        site_id: config.site.clone(),
+        data_address: config.data_address().to_string(),
+        rescan_interval: AgentConfig::std_duration(config.rescan_interval),
+        call_timeout,
+    };
+    let status_listener = tokio::net::TcpListener::bind(config.status_listen)
+        .await
+        .with_context(|| format!("status_listen: cannot listen on {}", config.status_listen))?;
+    let tasks = agent::spawn(Agent {
+        settings,
+        coordinators,
+        discover: Arc::new(source),
+        inventory,
+        handler: Box::new(handler),
+        store,
+        state,
+        status: status.clone(),
+    });
+    let service = StatusService::new(config.site.clone(), status, None, Duration::from_secs(60));
+    tracing::info!(site = %config.site, status = %config.status_listen, state_dir = %state_dir.display(), "site agent running");
+    let server = tonic::transport::Server::builder()
+        .add_service(SiteAgentServer::new(service))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(status_listener),
+            shutdown(),
+        );
+    server.await.context("status server failed")?;
+    for task in tasks {
+        task.abort();
+    }
+    tracing::info!("site agent stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+async fn agent_client(target: &Target) -> anyhow::Result<SiteAgentClient<tonic::transport::Channel>> {
+    let address = match (&target.config, &target.address) {
+        (Some(path), _) => load(path)?.status_listen.to_string(),
+        (None, Some(address)) => address.clone(),
+        (None, None) => longhaul_site_agent::config::DEFAULT_STATUS_LISTEN.to_string(),
+    };
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .with_context(|| format!("--address: {address:?} is not host:port"))?
+        .connect_timeout(Duration::from_secs(target.timeout))
+        .timeout(Duration::from_secs(target.timeout));
+    let channel = endpoint
+        .connect()
+        .await
+        .with_context(|| format!("no site agent answers at {address}"))?;
+    Ok(SiteAgentClient::new(channel))
+}
+
+fn print_probe(p: &pb::PeerProbe) {
+    match (&p.measurement, p.error.is_empty()) {
+        (Some(m), true) => println!(
+            "  {:<12} {:<22} rtt {:>8.2} ms  loss {:>5.2}%  {:>8.2} Gbit/s",
+            p.peer_site_id,
+            p.peer_address,
+            m.rtt_ns as f64 / 1e6,
+            m.loss_rate * 100.0,
+            m.throughput_bps as f64 / 1e9
+        ),
+        _ => println!(
+            "  {:<12} {:<22} failed: {}",
+            p.peer_site_id, p.peer_address, p.error
+        ),
+    }
+}
+
+fn print_status(s: &pb::AgentStatus) {
+    let lease = match pb::LeaseState::try_from(s.lease_state) {
+        Ok(pb::LeaseState::Held) => "HELD",
+        Ok(pb::LeaseState::Lapsed) => "LAPSED",
+        Ok(pb::LeaseState::Registering) => "REGISTERING",
+        _ => "UNKNOWN",
+    };
+    println!("site        {}", s.site_id);
+    println!(
+        "lease       {lease} (id {:#x}, ttl {} ms, renewed {} ms ago; {} renewals, {} reconnects)",
+        s.lease_id, s.lease_ttl_ms, s.since_last_renewal_ms, s.renewals, s.reconnects
+    );
+    println!(
+        "coordinator {} (leader {}){}",
+        s.coordinator_endpoint,
+        s.leader_id,
+        if s.plaintext { "  PLAINTEXT" } else { "" }
+    );
+    println!("revision    {} (last seen on the assignment watch)", s.last_revision);
+    if let Some(inv) = &s.inventory {
+        println!(
+            "inventory   {}: {} buildings, {} domains, {} nodes, {} GPUs, {} unmapped",
+            inv.source,
+            inv.buildings,
+            inv.domains,
+            inv.nodes,
+            inv.gpus,
+            inv.unmapped.len()
+        );
+        for line in &inv.unmapped {
+            println!("  unmapped  {line}");
+        }
+    }
+    println!("assignments {}", s.assignments.len());
+    for a in &s.assignments {
+        println!(
+            "  {:<16} revision {:<6} {:>7} ranks  {}{}",
+            a.job_id,
+            a.revision,
+            a.ranks,
+            a.rendered_files.join(" "),
+            if a.submitted_as.is_empty() {
+                String::new()
+            } else {
+                format!("  submitted as {}", a.submitted_as)
+            }
+        );
+    }
+    println!("probes      {}", s.probes.len());
+    for p in &s.probes {
+        print_probe(p);
+    }
+}
+
+fn status_json(s: &pb::AgentStatus) -> serde_json::Value {
+    serde_json::json!({
+        "site_id": s.site_id,
+        "lease_state": pb::LeaseState::try_from(s.lease_state).map(|l| l.as_str_name()).unwrap_or("LEASE_STATE_UNSPECIFIED"),
+        "lease_id": s.lease_id,
+        "lease_ttl_ms": s.lease_ttl_ms,
+        "since_last_renewal_ms": s.since_last_renewal_ms,
+        "leader_id": s.leader_id,
+        "coordinator_endpoint": s.coordinator_endpoint,
+        "last_revision": s.last_revision,
+        "renewals": s.renewals,
+        "reconnects": s.reconnects,
+        "plaintext": s.plaintext,
+        "inventory": s.inventory.as_ref().map(|i| serde_json::json!({
+            "source": i.source, "buildings": i.buildings, "domains": i.domains,
+            "nodes": i.nodes, "gpus": i.gpus, "unmapped": i.unmapped,
+        })),
+        "assignments": s.assignments.iter().map(|a| serde_json::json!({
+            "job_id": a.job_id, "revision": a.revision, "ranks": a.ranks,
+            "rendered_files": a.rendered_files, "submitted_as": a.submitted_as,
+        })).collect::<Vec<_>>(),
+        "probes": s.probes.iter().map(|p| serde_json::json!({
+            "peer_site_id": p.peer_site_id, "peer_address": p.peer_address, "error": p.error,
+            "rtt_ns": p.measurement.as_ref().map(|m| m.rtt_ns),
+            "loss_rate": p.measurement.as_ref().map(|m| m.loss_rate),
+            "throughput_bps": p.measurement.as_ref().map(|m| m.throughput_bps),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn show_inventory(config_path: &Path, nodes: bool) -> anyhow::Result<()> {
+    let config = load(config_path)?;
+    let source = source_from_config(&config.inventory)?;
+    let inventory = source
+        .discover()
+        .with_context(|| format!("inventory from {}", source.describe()))?;
+    println!("source      {}", source.describe());
+    println!(
+        "site        {}: {} GPUs in {} nodes",
+        inventory.site.id,
+        inventory.site.gpus(),
+        inventory.nodes.len()
+    );
+    for building in &inventory.site.buildings {
+        println!("building    {}", building.id);
+        for g in &building.domains {
+            println!(
+                "  group {:<24} {} × {} nodes × {} {} GPUs",
+                g.id, g.count, g.nodes_per_domain, g.gpus_per_node, g.gpu
+            );
+        }
+    }
+    for u in &inventory.unmapped {
+        println!("unmapped    {}: {}", u.object, u.reason);
+    }
+    if nodes {
+        for n in &inventory.nodes {
+            println!(
+                "node        {:<20} {}/{}[{}]/{}  {} × {}{}",
+                n.name,
+                n.building,
+                n.domain_group,
+                n.domain,
+                n.node,
+                n.gpus,
+                n.gpu_type,
+                n.scheduler_domain
+                    .as_ref()
+                    .map(|d| format!("  ({d})"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let log = match &cli.command {
+        Command::Run { log, .. } => log.clone(),
+        _ => "warn".to_string(),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run { config, .. } => run(&config).await,
+            Command::Status { target, output } => {
+                let mut client = agent_client(&target).await?;
+                let status = client
+                    .get_status(pb::GetAgentStatusRequest {})
+                    .await
+                    .context("status")?
+                    .into_inner();
+                match output {
+                    Output::Text => print_status(&status),
+                    Output::Json => println!("{:#}", status_json(&status)),
+                }
+                Ok(())
+            }
+            Command::Inventory { config, nodes } => show_inventory(&config, nodes),
+            Command::Probe { target } => {
+                let mut client = agent_client(&target).await?;
+                let probes = client
+                    .probe_now(pb::ProbeNowRequest {})
+                    .await
+                    .context("probe")?
+                    .into_inner();
+                for p in &probes.probes {
+                    print_probe(p);
+                }
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
