@@ -34,8 +34,8 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, In
         reason,
         stderr,
     };
-    let mut child = spawn(program, args)
-        .map_err(|e| failed(format!("could not start: {e}"), String::new()))?;
+    let mut child =
+        spawn(program, args).map_err(|e| failed(format!("could not start: {e}"), String::new()))?;
 
     // Both pipes are drained on their own threads so that a command writing
     // a lot to one of them never blocks on a full pipe.
