@@ -881,6 +881,22 @@ mod config {
         assert_eq!(config.buildings["dh2"].fabric.oversubscription, 2.0);
     }
 
+    /// The `[inventory]` example of deploy/slurm/README.md stays valid.
+    #[test]
+    fn the_readme_example_parses() {
+        let readme = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/slurm/README.md"),
+        )
+        .unwrap();
+        let start = readme.find("```toml\n").unwrap() + "```toml\n".len();
+        let end = start + readme[start..].find("```").unwrap();
+        let config = InventoryConfig::from_toml("README.md", &readme[start..end])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let slurm = config.slurm.unwrap();
+        assert_eq!(slurm.partitions, ["gpu"]);
+        assert_eq!(slurm.buildings["dh2"], "block[9-16]");
+    }
+
     #[test]
     fn mistakes_name_the_field() {
         let found = issues("[inventory]\nsource = \"slurm\"\nsite = \"north\"\nsclurm = {}\n");
