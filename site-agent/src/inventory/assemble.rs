@@ -101,15 +101,18 @@ pub fn assemble(
             .nodes
             .push(node);
     }
+    // Inconsistent domains are reported and left out, so that the folding
+    // and the model checks below still run and every problem is reported
+    // in one go.
     let mut domains: Vec<Domain> = by_domain.into_values().collect();
     for domain in &mut domains {
         domain.nodes.sort_by(|a, b| natural_cmp(&a.name, &b.name));
-        check_domain(domain, &mut problems);
     }
-    if !problems.is_empty() {
-        return Err(invalid(source_name, problems));
-    }
+    domains.retain(|domain| check_domain(domain, &mut problems));
     if domains.is_empty() {
+        if !problems.is_empty() {
+            return Err(invalid(source_name, problems));
+        }
         return Err(InventoryError::Empty {
             source_name: source_name.to_string(),
             unmapped,
@@ -128,6 +131,7 @@ pub fn assemble(
         by_building.entry(building).or_default().push(domain);
     }
     sort_natural(&mut building_ids);
+    let building_count = building_ids.len();
 
     let mut buildings = Vec::new();
     let mut nodes = Vec::new();
@@ -196,9 +200,9 @@ pub fn assemble(
             )),
         }
     }
-    if !problems.is_empty() {
-        return Err(invalid(source_name, problems));
-    }
+    // Without a fabric a building is left out of the site; the model checks
+    // would then report the gap again, in the core's words.
+    let fabric_missing = buildings.len() < building_count;
 
     let site = Site {
         id: settings.id.clone(),
@@ -207,7 +211,9 @@ pub fn assemble(
         campus_interconnect: settings.campus_interconnect,
         buildings,
     };
-    check_model(&site, &group_domains, &nodes, &mut problems);
+    if !fabric_missing {
+        check_model(&site, &group_domains, &nodes, &mut problems);
+    }
     if !problems.is_empty() {
         return Err(invalid(source_name, problems));
     }
@@ -220,8 +226,8 @@ pub fn assemble(
 
 /// The nodes of one domain must share a building, a GPU type and a GPU
 /// count. The most common shape wins (ties: the first node's); every node
-/// that differs is named.
-fn check_domain(domain: &Domain, problems: &mut Vec<Problem>) {
+/// that differs is named. True when the domain is consistent.
+fn check_domain(domain: &Domain, problems: &mut Vec<Problem>) -> bool {
     let first = &domain.nodes[0];
     if let Some(other) = domain.nodes.iter().find(|n| n.building != first.building) {
         problems.push(Problem::new(
@@ -232,7 +238,7 @@ fn check_domain(domain: &Domain, problems: &mut Vec<Problem>) {
                 domain.key, first.name, first.building, other.name, other.building
             ),
         ));
-        return;
+        return false;
     }
     let mut shapes: Vec<((&str, u32), usize)> = Vec::new();
     for node in &domain.nodes {
@@ -244,10 +250,12 @@ fn check_domain(domain: &Domain, problems: &mut Vec<Problem>) {
     }
     let Some(&((gpu_type, gpus), agreeing)) = shapes.iter().rev().max_by_key(|(_, count)| *count)
     else {
-        return;
+        return false;
     };
+    let mut consistent = true;
     for node in &domain.nodes {
         if (node.gpu_type.as_str(), node.gpus) != (gpu_type, gpus) {
+            consistent = false;
             problems.push(Problem::new(
                 node.name.clone(),
                 ProblemKind::DomainMismatch,
@@ -258,6 +266,7 @@ fn check_domain(domain: &Domain, problems: &mut Vec<Problem>) {
             ));
         }
     }
+    consistent
 }
 
 /// Runs the core's topology validation on the site (as a one-site topology)
@@ -474,6 +483,51 @@ mod tests {
         assert_eq!(problems[0].kind, ProblemKind::ModelRule);
         assert!(problems[0].message.contains("first node h1"), "{error}");
         assert!(problems[0].message.contains("scale-up reach"), "{error}");
+    }
+
+    #[test]
+    fn problems_of_every_stage_are_reported_together() {
+        let placed = vec![
+            node("a1", Some("rack1"), 4, "gb200"),
+            node("a2", Some("rack1"), 2, "gb200"),
+            node("h1", Some("hgx-pair"), 8, "h100"),
+            node("h2", Some("hgx-pair"), 8, "h100"),
+        ];
+        let earlier = vec![Problem::new(
+            "x1",
+            ProblemKind::UnknownGpuType,
+            "from the source",
+        )];
+        let error = assemble(&settings(), "test", placed.clone(), Vec::new(), earlier).unwrap_err();
+        let found: Vec<(&str, ProblemKind)> = error
+            .problems()
+            .iter()
+            .map(|p| (p.object.as_str(), p.kind))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("a2", ProblemKind::DomainMismatch),
+                ("hgx-pair", ProblemKind::ModelRule),
+                ("x1", ProblemKind::UnknownGpuType),
+            ]
+        );
+
+        let mut no_fabric = settings();
+        no_fabric.fabric = None;
+        let error = assemble(&no_fabric, "test", placed, Vec::new(), Vec::new()).unwrap_err();
+        let found: Vec<(&str, ProblemKind)> = error
+            .problems()
+            .iter()
+            .map(|p| (p.object.as_str(), p.kind))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("a2", ProblemKind::DomainMismatch),
+                ("dh1", ProblemKind::Building),
+            ]
+        );
     }
 
     #[test]

@@ -34,13 +34,8 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, In
         reason,
         stderr,
     };
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| failed(format!("could not start: {e}"), String::new()))?;
+    let mut child =
+        spawn(program, args).map_err(|e| failed(format!("could not start: {e}"), String::new()))?;
 
     // Both pipes are drained on their own threads so that a command writing
     // a lot to one of them never blocks on a full pipe.
@@ -82,6 +77,28 @@ pub fn run(program: &str, args: &[&str], timeout: Duration) -> Result<String, In
         return Err(failed(format!("failed ({status})"), err));
     }
     String::from_utf8(out).map_err(|_| failed("printed output that is not UTF-8".to_string(), err))
+}
+
+/// Starts the command. A program that is still open for writing somewhere
+/// (a wrapper script just written, or a fork of another thread that has not
+/// yet exec'd) fails with "text file busy" for a moment; that is retried.
+fn spawn(program: &str, args: &[&str]) -> std::io::Result<Child> {
+    let mut attempts = 0;
+    loop {
+        let result = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        match result {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 5 => {
+                attempts += 1;
+                thread::sleep(POLL * 5);
+            }
+            other => return other,
+        }
+    }
 }
 
 fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> mpsc::Receiver<Vec<u8>> {
