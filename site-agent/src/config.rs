@@ -180,10 +180,7 @@ impl Validate for AgentConfig {
             ("call_timeout", self.call_timeout),
         ] {
             if value.as_nanos() < 1_000_000 {
-                out.push(Violation::new(
-                    root.key(name),
-                    "must be at least 1 ms",
-                ));
+                out.push(Violation::new(root.key(name), "must be at least 1 ms"));
             }
         }
         if self.status_listen == self.data_listen {
@@ -256,7 +253,8 @@ static = { file = "topology.toml" }
 
     #[test]
     fn a_good_config_parses_with_defaults_and_resolved_paths() {
-        let config = AgentConfig::from_toml("agent.toml", GOOD, Path::new("/etc/longhaul")).unwrap();
+        let config =
+            AgentConfig::from_toml("agent.toml", GOOD, Path::new("/etc/longhaul")).unwrap();
         assert_eq!(config.data_listen.to_string(), DEFAULT_DATA_LISTEN);
         assert_eq!(config.status_listen.to_string(), DEFAULT_STATUS_LISTEN);
         assert_eq!(config.state_dir(), PathBuf::from(".longhaul-agent/north"));

@@ -23,10 +23,11 @@ use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Site};
 use longhaul_core::units::DataRate;
 use longhaul_core::{JobSpec, Topology};
 use longhaul_site_agent::assignment::{RankBinding, SiteAssignment};
+use longhaul_site_agent::hostlist;
 use longhaul_site_agent::inventory::{Inventory, Node};
 use longhaul_site_agent::render::slurm::{self, ScriptPaths, SlurmSubmitOptions};
 use longhaul_site_agent::render::{
-    self, RenderError, RenderOptions, SlurmTopology, Target, hostlist, kubernetes,
+    self, RenderError, RenderOptions, SlurmTopology, Target, kubernetes,
 };
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
@@ -73,46 +74,11 @@ fn check_golden(name: &str, actual: &str) {
     }
 }
 
-/// Expands a Slurm hostlist expression, written here independently of the
-/// compressor: comma-separated items, each `prefix[ranges]` or a plain
-/// name; a range `a-b` keeps the digit width of `a`.
-fn expand(hostlist: &str) -> Vec<String> {
-    let mut items = Vec::new();
-    let mut depth = 0;
-    let mut current = String::new();
-    for c in hostlist.chars() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth -= 1,
-            ',' if depth == 0 => {
-                items.push(std::mem::take(&mut current));
-                continue;
-            }
-            _ => {}
-        }
-        current.push(c);
-    }
-    if !current.is_empty() {
-        items.push(current);
-    }
-    let mut hosts = Vec::new();
-    for item in items {
-        let Some((prefix, rest)) = item.split_once('[') else {
-            hosts.push(item);
-            continue;
-        };
-        let ranges = rest.strip_suffix(']').expect("a bracket closes the item");
-        for range in ranges.split(',') {
-            let (first, last) = range.split_once('-').unwrap_or((range, range));
-            let width = first.len();
-            let (from, to): (u64, u64) = (first.parse().unwrap(), last.parse().unwrap());
-            assert!(from <= to, "descending range {range} in {hostlist}");
-            for n in from..=to {
-                hosts.push(format!("{prefix}{n:0width$}"));
-            }
-        }
-    }
-    hosts
+/// Expands a Slurm hostlist expression with the inventory's expander (the
+/// one that reads Slurm's own output), so a compressed list must round-trip
+/// through the same parser the agent uses on the scheduler's answers.
+fn expand(list: &str) -> Vec<String> {
+    hostlist::expand(list).unwrap_or_else(|e| panic!("{list}: {e}"))
 }
 
 fn two_campuses_plan() -> Plan {

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use longhaul_core::topology::{Fabric, FabricKind};
 use longhaul_core::units::{DataRate, Duration};
-use longhaul_site_agent::inventory::hostlist;
+use longhaul_site_agent::hostlist;
 use longhaul_site_agent::inventory::{
     InventoryConfig, InventoryError, SlurmConfig, source_from_config,
 };

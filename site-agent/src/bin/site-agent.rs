@@ -95,7 +95,11 @@ fn load(path: &Path) -> anyhow::Result<AgentConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the config {}", path.display()))?;
     let base = path.parent().unwrap_or(Path::new("."));
-    Ok(AgentConfig::from_toml(&path.display().to_string(), &text, base)?)
+    Ok(AgentConfig::from_toml(
+        &path.display().to_string(),
+        &text,
+        base,
+    )?)
 }
 
 /// The inventory source as the agent runtime calls it.
@@ -236,7 +240,9 @@ async fn shutdown() {
     }
 }
 
-async fn agent_client(target: &Target) -> anyhow::Result<SiteAgentClient<tonic::transport::Channel>> {
+async fn agent_client(
+    target: &Target,
+) -> anyhow::Result<SiteAgentClient<tonic::transport::Channel>> {
     let address = match (&target.config, &target.address) {
         (Some(path), _) => load(path)?.status_listen.to_string(),
         (None, Some(address)) => address.clone(),
@@ -288,7 +294,10 @@ fn print_status(s: &pb::AgentStatus) {
         s.leader_id,
         if s.plaintext { "  PLAINTEXT" } else { "" }
     );
-    println!("revision    {} (last seen on the assignment watch)", s.last_revision);
+    println!(
+        "revision    {} (last seen on the assignment watch)",
+        s.last_revision
+    );
     if let Some(inv) = &s.inventory {
         println!(
             "inventory   {}: {} buildings, {} domains, {} nodes, {} GPUs, {} unmapped",

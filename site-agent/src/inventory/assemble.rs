@@ -20,9 +20,8 @@ use longhaul_core::units::DataRate;
 
 use super::config::InventoryConfig;
 use super::error::{InventoryError, Problem, ProblemKind};
-use super::hostlist::Names;
-use super::order::{natural_cmp, sort_natural};
 use super::{Inventory, Node, Unmapped};
+use crate::hostlist::{Names, natural_cmp, sort_natural};
 
 /// A node a source has placed in a building and (optionally) a named
 /// scale-up domain. `scheduler_domain: None` makes the node its own domain.

@@ -25,7 +25,7 @@ use longhaul_core::units::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::gpu::{GpuNames, is_catalogue_name};
-use super::hostlist;
+use crate::hostlist;
 
 /// The default deadline of one scheduler command.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -26,8 +26,8 @@ use super::assemble::{Placed, SiteSettings, assemble, check_duplicates};
 use super::config::{InventoryConfig, KubernetesConfig};
 use super::error::{Problem, ProblemKind};
 use super::gpu::{GpuNames, spans_nodes};
-use super::order::natural_cmp;
 use super::{Inventory, InventoryError, InventorySource, Unmapped, command, read_file};
+use crate::hostlist::natural_cmp;
 
 pub const GPU_COUNT_LABEL: &str = "nvidia.com/gpu.count";
 pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";

@@ -24,9 +24,7 @@ mod command;
 pub mod config;
 mod error;
 pub mod gpu;
-pub mod hostlist;
 pub mod kubernetes;
-pub mod order;
 pub mod slurm;
 mod static_file;
 

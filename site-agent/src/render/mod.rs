@@ -25,7 +25,6 @@
 //! a pipeline split across sites gives each site ranks that are not
 //! contiguous.
 
-pub mod hostlist;
 pub mod kubernetes;
 mod options;
 pub mod slurm;
@@ -40,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use thiserror::Error;
 
 use crate::assignment::{AssignmentError, SiteAssignment};
+use crate::hostlist;
 use crate::inventory::{Inventory, Node};
 
 pub use options::{

@@ -123,8 +123,8 @@ pub(crate) fn render_resolved(
     line(&format!(
         "# {ranks} ranks on {nodes} nodes; {} mode; stages {}; replicas {}.",
         a.mode,
-        super::hostlist::index_ranges(&a.stages),
-        super::hostlist::index_ranges(&a.replicas)
+        crate::hostlist::index_ranges(&a.stages),
+        crate::hostlist::index_ranges(&a.replicas)
     ));
     line("# The agent renders it again when the assignment changes; do not edit.");
     line(&format!(

@@ -34,9 +34,8 @@ use super::assemble::{Placed, SiteSettings, assemble, check_duplicates};
 use super::config::{InventoryConfig, SlurmConfig};
 use super::error::{Problem, ProblemKind};
 use super::gpu::{GpuNames, spans_nodes};
-use super::hostlist::{self, Names};
-use super::order::natural_cmp;
 use super::{Inventory, InventoryError, InventorySource, Unmapped, command, read_file};
+use crate::hostlist::{self, Names, natural_cmp};
 use nodes::SlurmNode;
 use topology::SlurmTopology;
 

@@ -12,7 +12,7 @@
 //! topology information available") are skipped.
 
 use super::super::InventoryError;
-use super::super::hostlist;
+use crate::hostlist;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Switch {
