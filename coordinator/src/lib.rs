@@ -5,3 +5,4 @@
 pub mod cli;
 pub mod consensus;
 pub mod server;
+pub mod testing;

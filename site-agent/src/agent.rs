@@ -72,7 +72,12 @@ pub struct StatusBoard {
     pub renewals: u64,
     pub reconnects: u64,
     pub plaintext: bool,
+    /// Revisions of the assignments acted on in this run (the last 256).
+    pub handled_revisions: std::collections::VecDeque<u64>,
 }
+
+/// How many handled revisions the status keeps.
+const HANDLED_KEPT: usize = 256;
 
 pub type SharedStatus = Arc<Mutex<StatusBoard>>;
 
@@ -145,6 +150,7 @@ impl StatusBoard {
             renewals: self.renewals,
             reconnects: self.reconnects,
             plaintext: self.plaintext,
+            handled_revisions: self.handled_revisions.iter().copied().collect(),
         }
     }
 }
@@ -514,7 +520,18 @@ async fn watch_task(
                 if let Some(listed) = listed.as_mut() {
                     listed.insert(message.job_id.clone());
                 }
-                changed = handle(&mut state, &mut *handler, &message, &inventory);
+                match handle(&mut state, &mut *handler, &message, &inventory) {
+                    Outcome::Nothing => {}
+                    Outcome::Progress => changed = true,
+                    Outcome::Handled => {
+                        changed = true;
+                        let mut board = lock(&status);
+                        board.handled_revisions.push_back(message.revision);
+                        while board.handled_revisions.len() > HANDLED_KEPT {
+                            board.handled_revisions.pop_front();
+                        }
+                    }
+                }
             }
             if changed {
                 if let Err(error) = store.save(&state) {
@@ -531,13 +548,23 @@ async fn watch_task(
     }
 }
 
-/// Applies one assignment message; returns whether the state changed.
+/// What one assignment message did.
+enum Outcome {
+    /// Already handled (a repeat in a full listing).
+    Nothing,
+    /// Only the last revision moved.
+    Progress,
+    /// Rendered, submitted or removed.
+    Handled,
+}
+
+/// Applies one assignment message.
 fn handle(
     state: &mut AgentState,
     handler: &mut dyn Handle,
     message: &pb::Assignment,
     inventory: &Mutex<Inventory>,
-) -> bool {
+) -> Outcome {
     let known = state.jobs.get(&message.job_id);
     // A full listing repeats jobs already handled; a removal of a job this
     // site never had is only progress.
@@ -546,9 +573,9 @@ fn handle(
     if nothing_to_do {
         if message.revision > state.last_revision {
             state.last_revision = message.revision;
-            return true;
+            return Outcome::Progress;
         }
-        return false;
+        return Outcome::Nothing;
     }
     if message.removed {
         if let Some(record) = state.jobs.remove(&message.job_id) {
@@ -579,7 +606,7 @@ fn handle(
         }
     }
     state.last_revision = state.last_revision.max(message.revision);
-    true
+    Outcome::Handled
 }
 
 /// Exponential backoff between 100 ms and 2 s.

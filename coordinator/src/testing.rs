@@ -1,0 +1,83 @@
+//! Helpers for tests that run coordinator replicas: free ports, replica
+//! configs with fast timers, clients, bounded waits. Used by the
+//! coordinator's own cluster tests and by the site agent's; they panic on
+//! failure, as test helpers do, and are not for production code.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::consensus::NodeConfig;
+use crate::server::ReplicaConfig;
+use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use tonic::transport::Channel;
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("test setup");
+    listener.local_addr().expect("test setup")
+}
+
+/// Fast timers for tests: 20 ms ticks, election after 10–20 ticks.
+pub fn fast_node(id: u64) -> NodeConfig {
+    NodeConfig {
+        tick_interval: Duration::from_millis(20),
+        ..NodeConfig::new(id)
+    }
+}
+
+pub fn replica_configs(dir: &Path, n: u64) -> Vec<ReplicaConfig> {
+    let addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
+    let cluster: HashMap<u64, String> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| (i as u64 + 1, format!("http://{addr}")))
+        .collect();
+    addrs
+        .iter()
+        .enumerate()
+        .map(|(i, addr)| {
+            let id = i as u64 + 1;
+            ReplicaConfig {
+                id,
+                data_dir: dir.join(format!("replica-{id}")),
+                listen: *addr,
+                initial_cluster: cluster.clone(),
+                join: false,
+                cluster_id: 7,
+                node: fast_node(id),
+                tls: None,
+                lease_ttl: Duration::from_secs(3),
+            }
+        })
+        .collect()
+}
+
+pub async fn client(addr: SocketAddr) -> CoordinatorClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("test setup")
+        .connect_timeout(Duration::from_secs(1))
+        .connect_lazy();
+    CoordinatorClient::new(channel)
+}
+
+/// Retries `attempt` until it returns `Some`, for at most `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut attempt: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(value) = attempt().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

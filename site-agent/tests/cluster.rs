@@ -1,0 +1,507 @@
+//! Three coordinator replicas and three `site-agent` processes, one per site
+//! of the bundled three-site topology, on loopback. Each replica is its own
+//! process (this test binary, re-executed into [`replica_process`]), so a
+//! kill is a real SIGKILL: connections drop, nothing answers any more.
+//!
+//! - Kill the coordinator leader: no site is marked down, and every agent
+//!   renews with the new leader.
+//! - SIGKILL an agent: its site goes down within the lease TTL (plus the
+//!   expiry check and a commit), and the job placed there is re-planned.
+//! - Restart it: it registers the same inventory, and its assignment watch
+//!   resumes after the last revision it handled: it acts on the re-plan,
+//!   nothing older, nothing twice.
+//!
+//! The figures (renewal after a leader kill, detection of a dead site) are
+//! printed; the assertions are bounds generous enough for a slow, shared
+//! 2-core machine.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
+use longhaul_coordinator::server::{Replica, ReplicaConfig};
+use longhaul_coordinator::testing::{client, eventually, free_addr, replica_configs};
+use longhaul_core::{JobSpec, Topology};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::site_agent_client::SiteAgentClient;
+
+const TOPOLOGY: &str = "../deploy/examples/three-sites-two-continents.toml";
+const JOB: &str = "../deploy/examples/dense-400b.job.toml";
+const SITES: [&str; 3] = ["paris", "frankfurt", "virginia"];
+
+fn repo_file(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
+}
+
+/// One `site-agent run` process; killed when dropped.
+struct AgentProcess {
+    site: &'static str,
+    config: PathBuf,
+    status: String,
+    state_dir: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl AgentProcess {
+    fn new(dir: &Path, site: &'static str, coordinators: &[String]) -> Self {
+        let status = free_addr().to_string();
+        let state_dir = dir.join(format!("agent-{site}"));
+        let config = dir.join(format!("{site}.toml"));
+        let coordinators = coordinators
+            .iter()
+            .map(|c| format!("{c:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let text = format!(
+            r#"site = "{site}"
+coordinators = [{coordinators}]
+plaintext = true
+data_listen = "{data}"
+status_listen = "{status}"
+state_dir = {state_dir:?}
+rescan_interval = "1 s"
+call_timeout = "2 s"
+
+[inventory]
+source = "static"
+site = "{site}"
+static = {{ file = {topology:?} }}
+"#,
+            data = free_addr(),
+            topology = repo_file(TOPOLOGY),
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut agent = Self {
+            site,
+            config,
+            status,
+            log: dir.join(format!("agent-{site}.log")),
+            state_dir,
+            child: None,
+        };
+        agent.start();
+        agent
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_site-agent"))
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .env("LONGHAUL_LOG", "info,longhaul_site_agent=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill(); // SIGKILL
+            let _ = child.wait();
+        }
+    }
+
+    async fn status(&self) -> Option<pb::AgentStatus> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.status))
+            .ok()?
+            .connect_timeout(Duration::from_millis(500))
+            .timeout(Duration::from_secs(2));
+        let channel = endpoint.connect().await.ok()?;
+        let mut client = SiteAgentClient::new(channel);
+        Some(
+            client
+                .get_status(pb::GetAgentStatusRequest {})
+                .await
+                .ok()?
+                .into_inner(),
+        )
+    }
+
+    /// The last revision the agent persisted.
+    fn persisted_revision(&self) -> u64 {
+        let text = std::fs::read_to_string(self.state_dir.join("agent-state.json")).unwrap();
+        let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        value["last_revision"].as_u64().unwrap()
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The environment variable that turns this test binary into a replica.
+const REPLICA_ENV: &str = "LONGHAUL_TEST_REPLICA";
+
+/// A coordinator replica process; killed when dropped.
+struct ReplicaProcess {
+    id: u64,
+    addr: std::net::SocketAddr,
+    child: Child,
+}
+
+impl ReplicaProcess {
+    fn start(dir: &Path, config: &ReplicaConfig) -> Self {
+        let cluster = config
+            .initial_cluster
+            .iter()
+            .map(|(id, url)| format!("{id}={url}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let spec = format!(
+            "{};{};{};{};{}",
+            config.id,
+            config.data_dir.display(),
+            config.listen,
+            cluster,
+            config.lease_ttl.as_millis()
+        );
+        let log = std::fs::File::create(dir.join(format!("replica-{}.log", config.id))).unwrap();
+        let child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "replica_process", "--nocapture"])
+            .env(REPLICA_ENV, spec)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Self {
+            id: config.id,
+            addr: config.listen,
+            child,
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ReplicaProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Not a test: the body of the replica processes the cluster test starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "entry point of the replica processes that the cluster test starts"]
+async fn replica_process() {
+    let spec = std::env::var(REPLICA_ENV).expect("run by the cluster test only");
+    let parts: Vec<&str> = spec.split(';').collect();
+    let id: u64 = parts[0].parse().unwrap();
+    let dir = Path::new(parts[1]).parent().unwrap();
+    let mut config = replica_configs(dir, 1).remove(0);
+    config.id = id;
+    config.node.id = id;
+    config.data_dir = PathBuf::from(parts[1]);
+    config.listen = parts[2].parse().unwrap();
+    config.initial_cluster = parts[3]
+        .split(',')
+        .map(|pair| {
+            let (id, url) = pair.split_once('=').unwrap();
+            (id.parse().unwrap(), url.to_string())
+        })
+        .collect();
+    config.lease_ttl = Duration::from_millis(parts[4].parse().unwrap());
+    let replica = Replica::start(config).await.unwrap();
+    // Until killed; and never past the test's own bounds, nor its parent.
+    let parent = std::os::unix::process::parent_id();
+    for _ in 0..600 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if std::os::unix::process::parent_id() != parent {
+            break;
+        }
+    }
+    replica.stop().await;
+}
+
+async fn sites(addr: std::net::SocketAddr) -> Option<Vec<pb::SiteStatus>> {
+    let mut c = client(addr).await;
+    let mut request = tonic::Request::new(pb::ListSitesRequest { allow_stale: false });
+    request.set_timeout(Duration::from_secs(2));
+    Some(c.list_sites(request).await.ok()?.into_inner().sites)
+}
+
+fn site_state(sites: &[pb::SiteStatus], id: &str) -> Option<(pb::SiteState, u64)> {
+    sites
+        .iter()
+        .find(|s| s.site.as_ref().is_some_and(|site| site.id == id))
+        .map(|s| (s.state(), s.state_revision))
+}
+
+fn plan_sites(job: &pb::Job) -> Vec<String> {
+    let mut sites: Vec<String> = job
+        .plan
+        .as_ref()
+        .map(|p| p.stages.iter().map(|s| s.site_id.clone()).collect())
+        .unwrap_or_default();
+    sites.sort();
+    sites.dedup();
+    sites
+}
+
+/// The leader as the live replicas see it: (index, id).
+async fn leader(replicas: &[Option<ReplicaProcess>]) -> (usize, u64) {
+    eventually(Duration::from_secs(20), "a leader", || async {
+        for replica in replicas.iter().flatten() {
+            let mut c = client(replica.addr).await;
+            let mut request = tonic::Request::new(pb::GetClusterRequest { allow_stale: true });
+            request.set_timeout(Duration::from_secs(1));
+            let Ok(response) = c.get_cluster(request).await else {
+                continue;
+            };
+            let leader_id = response.into_inner().leader_id;
+            if let Some(i) = replicas
+                .iter()
+                .position(|r| r.as_ref().is_some_and(|r| r.id == leader_id))
+            {
+                return Some((i, leader_id));
+            }
+        }
+        None
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let configs = replica_configs(dir.path(), 3);
+    let ttl = configs[0].lease_ttl;
+    let urls: Vec<String> = configs
+        .iter()
+        .map(|c| format!("http://{}", c.listen))
+        .collect();
+    let mut replicas: Vec<Option<ReplicaProcess>> = configs
+        .iter()
+        .map(|config| Some(ReplicaProcess::start(dir.path(), config)))
+        .collect();
+    let (leader_index, _) = leader(&replicas).await;
+
+    let mut agents: Vec<AgentProcess> = SITES
+        .iter()
+        .map(|site| AgentProcess::new(dir.path(), site, &urls))
+        .collect();
+    let any = |replicas: &[Option<ReplicaProcess>]| replicas.iter().flatten().next().unwrap().addr;
+    let all_up = eventually(Duration::from_secs(60), "three sites up", || async {
+        let sites = sites(replicas[leader_index].as_ref().unwrap().addr).await?;
+        (sites.len() == 3 && sites.iter().all(|s| s.state() == pb::SiteState::Up)).then_some(sites)
+    })
+    .await;
+    let inventory_before = |id: &str| {
+        all_up
+            .iter()
+            .find(|s| s.site.as_ref().is_some_and(|site| site.id == id))
+            .and_then(|s| s.site.clone())
+            .unwrap()
+    };
+
+    // Links and the job, through the leader.
+    let topology = Topology::from_toml(
+        TOPOLOGY,
+        &std::fs::read_to_string(repo_file(TOPOLOGY)).unwrap(),
+    )
+    .unwrap();
+    let job = JobSpec::from_toml(JOB, &std::fs::read_to_string(repo_file(JOB)).unwrap()).unwrap();
+    let mut c = client(replicas[leader_index].as_ref().unwrap().addr).await;
+    for link in &topology.links {
+        c.put_link(pb::PutLinkRequest {
+            link: Some(link_to_wire(link)),
+            expected_revision: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let placed = c
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(job_to_wire(&job)),
+            expected_revision: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    let used = plan_sites(&placed);
+    assert!(used.len() >= 2, "the bundled job spans sites: {used:?}");
+    let victim_site = used[used.len() - 1].clone();
+    for agent in agents.iter().filter(|a| used.iter().any(|u| u == a.site)) {
+        let status = eventually(
+            Duration::from_secs(60),
+            "the agent to render its assignment",
+            || async {
+                let status = agent.status().await?;
+                status
+                    .assignments
+                    .iter()
+                    .any(|a| a.job_id == placed.id && a.ranks > 0 && !a.rendered_files.is_empty())
+                    .then_some(status)
+            },
+        )
+        .await;
+        for file in &status.assignments[0].rendered_files {
+            assert!(Path::new(file).exists(), "{file} was not written");
+        }
+    }
+
+    // Kill the coordinator leader.
+    let before_kill = sites(replicas[leader_index].as_ref().unwrap().addr)
+        .await
+        .unwrap();
+    let (old_index, old_leader) = leader(&replicas).await;
+    let killed_at = Instant::now();
+    replicas[old_index].take().unwrap().kill();
+    let (_, new_leader) = eventually(Duration::from_secs(20), "a new leader", || async {
+        let (i, id) = leader(&replicas).await;
+        (id != old_leader).then_some((i, id))
+    })
+    .await;
+    let renewed = eventually(
+        Duration::from_secs(30),
+        "every agent to renew with the new leader",
+        || async {
+            for agent in &agents {
+                let status = agent.status().await?;
+                let renewed_after_kill =
+                    Duration::from_millis(status.since_last_renewal_ms) < killed_at.elapsed();
+                if status.leader_id != new_leader || !renewed_after_kill {
+                    return None;
+                }
+            }
+            Some(killed_at.elapsed())
+        },
+    )
+    .await;
+    eprintln!(
+        "leader {old_leader} killed: all agents renewed with leader {new_leader} within {} ms (lease TTL {} ms)",
+        renewed.as_millis(),
+        ttl.as_millis()
+    );
+    // Past a whole TTL after the kill, no site changed state.
+    tokio::time::sleep((ttl + ttl / 2).saturating_sub(killed_at.elapsed())).await;
+    let after = sites(any(&replicas)).await.unwrap();
+    for site in SITES {
+        assert_eq!(
+            site_state(&after, site),
+            site_state(&before_kill, site),
+            "site {site} changed state after the leader kill"
+        );
+    }
+
+    // SIGKILL the agent of a site the job uses.
+    let victim = agents.iter().position(|a| a.site == victim_site).unwrap();
+    let revision_before_death = {
+        let status = agents[victim].status().await.unwrap();
+        status.last_revision
+    };
+    let died_at = Instant::now();
+    agents[victim].kill();
+    let persisted = agents[victim].persisted_revision();
+    assert!(persisted >= revision_before_death);
+    let detected = eventually(ttl * 4, "the dead agent's site to go down", || async {
+        let sites = sites(any(&replicas)).await?;
+        (site_state(&sites, &victim_site)?.0 == pb::SiteState::Down).then(|| died_at.elapsed())
+    })
+    .await;
+    eprintln!(
+        "agent of {victim_site} killed: site marked down after {} ms (lease TTL {} ms, renewals every {} ms)",
+        detected.as_millis(),
+        ttl.as_millis(),
+        (ttl / 3).as_millis()
+    );
+    assert!(
+        detected >= ttl / 2,
+        "site marked down after {detected:?}, sooner than a lease could lapse ({ttl:?})"
+    );
+    assert!(
+        detected <= ttl + Duration::from_secs(3),
+        "site marked down after {detected:?}, far beyond the TTL {ttl:?}"
+    );
+    // The job moves off the dead site.
+    let replanned = eventually(
+        Duration::from_secs(60),
+        "the job to be re-planned",
+        || async {
+            let mut c = client(any(&replicas)).await;
+            let job = c
+                .get_job(pb::GetJobRequest {
+                    job_id: placed.id.clone(),
+                    allow_stale: false,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .job?;
+            (job.revision > placed.revision).then_some(job)
+        },
+    )
+    .await;
+    assert!(
+        !plan_sites(&replanned).contains(&victim_site),
+        "re-planned job still uses {victim_site}: {:?}",
+        plan_sites(&replanned)
+    );
+
+    // Restart it: same inventory, watch resumes after what it handled.
+    agents[victim].start();
+    let back = eventually(Duration::from_secs(60), "the site to come back", || async {
+        let sites = sites(any(&replicas)).await?;
+        let site = sites
+            .into_iter()
+            .find(|s| s.site.as_ref().is_some_and(|site| site.id == victim_site))?;
+        (site.state() == pb::SiteState::Up).then_some(site)
+    })
+    .await;
+    assert_eq!(back.site.as_ref(), Some(&inventory_before(&victim_site)));
+    let status = eventually(
+        Duration::from_secs(60),
+        "the restarted agent to catch up",
+        || async {
+            let status = agents[victim].status().await?;
+            (status.last_revision >= replanned.revision).then_some(status)
+        },
+    )
+    .await;
+    let handled = &status.handled_revisions;
+    assert!(
+        handled.contains(&replanned.revision),
+        "the restarted agent did not act on the re-plan at revision {}: handled {handled:?}\n{}",
+        replanned.revision,
+        agents[victim].log_tail()
+    );
+    assert!(
+        handled.iter().all(|r| *r > persisted),
+        "the restarted agent acted again on revisions up to {persisted}: {handled:?}"
+    );
+    assert!(
+        handled.windows(2).all(|w| w[0] < w[1]),
+        "an assignment was handled twice: {handled:?}"
+    );
+    assert!(
+        status.assignments.iter().all(|a| a.job_id != placed.id),
+        "the job left {victim_site} but the agent still lists it: {:?}",
+        status.assignments
+    );
+    assert_eq!(status.lease_state(), pb::LeaseState::Held);
+
+    for agent in &mut agents {
+        agent.kill();
+    }
+    drop(replicas);
+}
