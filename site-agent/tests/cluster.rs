@@ -15,6 +15,8 @@
 //! printed; the assertions are bounds generous enough for a slow, shared
 //! 2-core machine.
 
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
