@@ -6,6 +6,7 @@ use std::time::Duration;
 use longhaul_coordinator::server::tls::TlsMaterial;
 use longhaul_coordinator::server::{Replica, Role};
 use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::agent_service_client::AgentServiceClient;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
@@ -31,9 +32,15 @@ impl Pki {
 
     /// A certificate for 127.0.0.1 and localhost, signed by this CA.
     fn material(&self) -> TlsMaterial {
+        self.named(&["127.0.0.1", "localhost"])
+    }
+
+    /// A certificate with these subject alternative names.
+    fn named(&self, names: &[&str]) -> TlsMaterial {
         let key = KeyPair::generate().unwrap();
         let params =
-            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         TlsMaterial::from_pem(self.ca_pem.clone(), cert.pem(), key.serialize_pem())
     }
@@ -111,7 +118,123 @@ async fn replicas_and_clients_authenticate_each_other() {
             .is_err()
     );
 
+    agents_speak_only_for_the_site_their_certificate_names(&pki, &replicas, &configs).await;
+
     for replica in replicas {
         replica.stop().await;
     }
+}
+
+fn agent_client(
+    tls: ClientTlsConfig,
+    addr: std::net::SocketAddr,
+) -> AgentServiceClient<tonic::transport::Channel> {
+    let channel = Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect_lazy();
+    AgentServiceClient::new(channel)
+}
+
+/// An agent's certificate names its site (`<site>.site.longhaul`); the
+/// coordinator refuses it when it speaks for another site, on any replica.
+async fn agents_speak_only_for_the_site_their_certificate_names(
+    pki: &Pki,
+    replicas: &[Replica],
+    configs: &[longhaul_coordinator::server::ReplicaConfig],
+) {
+    let topology = longhaul_core::Topology::from_toml(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+    )
+    .unwrap();
+    let register = |site: &str| pb::RegisterRequest {
+        site_id: site.to_string(),
+        inventory: topology
+            .site(site)
+            .map(longhaul_coordinator::server::convert::site_to_wire),
+        data_address: "127.0.0.1:7800".to_string(),
+    };
+    let follower = replicas
+        .iter()
+        .zip(configs)
+        .find(|(r, _)| r.raft.status().role != Role::Leader)
+        .map(|(_, c)| c.listen)
+        .unwrap();
+    let north = pki
+        .named(&[&longhaul_core::identity::site_dns_name("north")])
+        .client();
+    let mut agent = agent_client(north.clone(), follower);
+    // Its own site, through a follower (which forwards with its own,
+    // site-less certificate): granted a lease.
+    let granted = eventually(Duration::from_secs(30), "north to register", || {
+        let mut agent = agent.clone();
+        let request = register("north");
+        async move { agent.register(request).await.ok() }
+    })
+    .await
+    .into_inner();
+    assert_ne!(granted.lease_id, 0);
+    let revision = granted.header.unwrap().revision;
+
+    // Another site's data: refused, and the message says why.
+    let refused = agent.register(register("south")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("north") && refused.message().contains("\"south\""),
+        "{}",
+        refused.message()
+    );
+    let renewal = agent
+        .keep_alive(pb::KeepAliveRequest {
+            site_id: "south".into(),
+            lease_id: granted.lease_id,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(renewal.code(), tonic::Code::PermissionDenied);
+    // Claiming to be a forwarding replica does not help an agent.
+    let mut forged = tonic::Request::new(register("south"));
+    forged.metadata_mut().insert(
+        "x-longhaul-forwarded",
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let forged = agent.register(forged).await.unwrap_err();
+    assert_eq!(forged.code(), tonic::Code::PermissionDenied);
+    // A certificate that names no site (a replica's, an operator's) cannot
+    // register a site directly either.
+    let mut operator = agent_client(pki.material().client(), follower);
+    let operator = operator.register(register("south")).await.unwrap_err();
+    assert_eq!(operator.code(), tonic::Code::PermissionDenied);
+    assert!(
+        operator.message().contains("names no site"),
+        "{}",
+        operator.message()
+    );
+
+    // None of the refusals changed anything: south is unknown. (The
+    // revision may have moved since: north's lease, never renewed here,
+    // expires after the TTL.)
+    let mut c = CoordinatorClient::new(
+        Endpoint::from_shared(format!("https://{follower}"))
+            .unwrap()
+            .tls_config(pki.material().client())
+            .unwrap()
+            .connect_lazy(),
+    );
+    let sites = c
+        .list_sites(pb::ListSitesRequest { allow_stale: false })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(sites.header.unwrap().revision <= revision + 1);
+    let ids: Vec<String> = sites
+        .sites
+        .iter()
+        .filter_map(|s| s.site.as_ref().map(|s| s.id.clone()))
+        .collect();
+    assert_eq!(ids, vec!["north".to_string()]);
 }
