@@ -12,10 +12,13 @@ use std::path::Path;
 
 use longhaul_core::topology::{Fabric, FabricKind};
 use longhaul_core::units::{DataRate, Duration};
+use longhaul_site_agent::assignment::{MODE_PIPELINE, RankBinding, SiteAssignment};
 use longhaul_site_agent::hostlist;
 use longhaul_site_agent::inventory::{
-    InventoryConfig, InventoryError, SlurmConfig, source_from_config,
+    Inventory, InventoryConfig, InventoryError, SlurmConfig, source_from_config,
 };
+use longhaul_site_agent::render::slurm::{SlurmSubmitOptions, submit};
+use longhaul_site_agent::render::{RenderOptions, write_dry_run};
 
 const REQUIRE: &str = "LONGHAUL_REQUIRE_SLURM";
 
@@ -121,8 +124,9 @@ fn declared_nodes() -> Vec<Declared> {
     nodes
 }
 
-#[test]
-fn inventory_from_a_running_slurm_matches_its_config() {
+/// The inventory of the running Slurm, or `None` (with the reason printed)
+/// when there is none and none is required.
+fn live_inventory() -> Option<(Inventory, String)> {
     let mut slurm = SlurmConfig {
         timeout: Duration::from_secs(20),
         ..SlurmConfig::default()
@@ -137,8 +141,8 @@ fn inventory_from_a_running_slurm_matches_its_config() {
     };
     let config = InventoryConfig::slurm("ci", fabric, slurm);
     let source = source_from_config(&config).expect("a valid config");
-    let inventory = match source.discover() {
-        Ok(inventory) => inventory,
+    match source.discover() {
+        Ok(inventory) => Some((inventory, source.describe())),
         Err(error @ InventoryError::Command { .. }) => {
             let why = format!("no reachable Slurm ({error}); start one with .ci/start-slurm");
             assert!(
@@ -146,9 +150,16 @@ fn inventory_from_a_running_slurm_matches_its_config() {
                 "{REQUIRE} is set but {why}"
             );
             println!("skipped: {why}");
-            return;
+            None
         }
         Err(error) => panic!("{}: {error}", source.describe()),
+    }
+}
+
+#[test]
+fn inventory_from_a_running_slurm_matches_its_config() {
+    let Some((inventory, source)) = live_inventory() else {
+        return;
     };
 
     let declared = declared_nodes();
@@ -214,9 +225,88 @@ fn inventory_from_a_running_slurm_matches_its_config() {
     }
     println!(
         "{}: {} mapped node(s), {} GPU(s), unmapped: {:?}",
-        source.describe(),
+        source,
         inventory.nodes.len(),
         inventory.gpus(),
         inventory.unmapped
     );
+}
+
+/// Runs a Slurm client command; its stdout.
+fn slurm(program: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// An assignment rendered for the live inventory is a batch script the real
+/// `sbatch` accepts: submitted held, checked with `scontrol`, cancelled.
+#[test]
+fn a_rendered_assignment_is_accepted_by_the_real_sbatch() {
+    let Some((inventory, _)) = live_inventory() else {
+        return;
+    };
+    let node = inventory.nodes.first().expect("a mapped GPU node");
+    let assignment = SiteAssignment {
+        job_id: "live-check".into(),
+        site_id: inventory.site.id.clone(),
+        revision: 1,
+        world_size: u64::from(node.gpus),
+        tensor_parallel: node.gpus,
+        pipeline_parallel: 1,
+        data_parallel: 1,
+        mode: MODE_PIPELINE.into(),
+        inner_steps: 0,
+        stages: vec![0],
+        replicas: vec![0],
+        ranks: (0..node.gpus)
+            .map(|gpu| RankBinding {
+                rank: u64::from(gpu),
+                building: node.building.clone(),
+                domain_group: node.domain_group.clone(),
+                domain: node.domain,
+                node: node.node,
+                gpu,
+            })
+            .collect(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let files = write_dry_run(
+        dir.path(),
+        &assignment,
+        &inventory,
+        &RenderOptions::default(),
+    )
+    .expect("rendered");
+    let script = files
+        .iter()
+        .find(|f| f.extension().is_some_and(|e| e == "sbatch"))
+        .expect("a batch script");
+    let job = submit(
+        script,
+        &SlurmSubmitOptions {
+            args: vec!["--hold".into()],
+            timeout: std::time::Duration::from_secs(30),
+            ..SlurmSubmitOptions::default()
+        },
+    )
+    .expect("sbatch accepts the rendered script");
+    let id = job.job_id.to_string();
+    let shown = slurm("scontrol", &["-o", "show", "job", &id]);
+    slurm("scancel", &[&id]);
+    assert!(shown.contains("JobName=longhaul-live-check-"), "{shown}");
+    assert!(
+        shown.contains(&format!("ReqNodeList={}", node.name)),
+        "{shown}"
+    );
+    assert!(shown.contains("NumNodes=1"), "{shown}");
+    assert!(shown.contains("JobState=PENDING"), "{shown}");
+    println!("sbatch accepted the rendered script as job {id}: {shown}");
 }
