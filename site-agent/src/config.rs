@@ -197,6 +197,25 @@ impl Validate for AgentConfig {
     }
 }
 
+/// `a/b/../c` as `a/c`, without touching the file system (so paths
+/// shown to operators read as they would write them).
+fn lexically_clean(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir
+                if matches!(out.components().next_back(), Some(Component::Normal(_))) =>
+            {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 impl AgentConfig {
     /// Parses and checks a config file's text; relative paths are resolved
     /// against `base` (the file's directory).
@@ -205,7 +224,7 @@ impl AgentConfig {
         config.inventory.resolve_paths(base);
         let resolve = |p: &mut PathBuf| {
             if p.is_relative() {
-                *p = base.join(&*p);
+                *p = lexically_clean(&base.join(&*p));
             }
         };
         if let Some(tls) = config.tls.as_mut() {
@@ -261,6 +280,22 @@ static = { file = "topology.toml" }
         assert_eq!(
             config.inventory.static_file.as_ref().unwrap().file,
             PathBuf::from("/etc/longhaul/topology.toml")
+        );
+    }
+
+    #[test]
+    fn relative_paths_are_cleaned_lexically() {
+        assert_eq!(
+            lexically_clean(Path::new("deploy/agents/../../.data/./x")),
+            PathBuf::from(".data/x")
+        );
+        assert_eq!(
+            lexically_clean(Path::new("../a/../b")),
+            PathBuf::from("../b")
+        );
+        assert_eq!(
+            lexically_clean(Path::new("/a/b/../c")),
+            PathBuf::from("/a/c")
         );
     }
 

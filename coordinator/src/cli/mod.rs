@@ -53,6 +53,9 @@ pub enum Command {
     /// Sites registered with a running coordinator.
     #[command(subcommand)]
     Sites(remote::SitesCommand),
+    /// WAN links configured in a running coordinator, with measurements.
+    #[command(subcommand)]
+    Links(remote::LinksCommand),
     /// Jobs stored in a running coordinator.
     #[command(subcommand)]
     Jobs(remote::JobsCommand),
@@ -159,6 +162,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Plan(args) => plan::plan(&args, out),
         Command::Cluster(command) => remote::cluster(command, out),
         Command::Sites(command) => remote::sites(command, out),
+        Command::Links(command) => remote::links(command, out),
         Command::Jobs(command) => remote::jobs(command, out),
         Command::Emulate(args) => emulate::emulate(&args, out),
         Command::Emulator(command) => emulate::emulator(&command, out),

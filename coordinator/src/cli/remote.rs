@@ -1,5 +1,5 @@
 //! Commands that talk to a running coordinator over gRPC: `cluster`,
-//! `sites`, `jobs`.
+//! `sites`, `links`, `jobs`.
 //!
 //! `--endpoints` lists replicas; each command tries them in order until one
 //! answers, so any replica, leader or not, will do (followers forward
@@ -93,6 +93,21 @@ pub enum ClusterCommand {
 pub enum SitesCommand {
     /// Registered sites, their liveness and GPU counts.
     List(Remote),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LinksCommand {
+    /// Configured WAN links and the agents' latest measurements.
+    List(Remote),
+    /// Configure every link of a topology file between registered sites
+    /// (links to sites not registered yet are skipped and listed).
+    Put {
+        #[command(flatten)]
+        remote: Remote,
+        /// The topology file (TOML) whose `[[links]]` to configure.
+        #[arg(long)]
+        topology: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -272,14 +287,17 @@ pub fn sites(command: SitesCommand, out: &mut dyn Write) -> Result<(), Failure> 
                         "id": s.site.as_ref().map(|x| x.id.clone()).unwrap_or_default(),
                         "state": pb::SiteState::try_from(s.state).map(|x| x.as_str_name()).unwrap_or("UNKNOWN"),
                         "state_revision": s.state_revision,
+                        "state_reason": s.state_reason,
                         "gpus": s.gpus,
+                        "data_address": s.data_address,
+                        "lease_ttl_ms": s.lease_ttl_ms,
                     })
                 })
                 .collect();
             return json(&serde_json::json!({ "revision": revision, "sites": sites }), out);
         }
         writeln!(out, "{} sites at revision {revision}", response.sites.len())?;
-        let mut table = Table::new(&[("site", false), ("state", false), ("since revision", true), ("GPUs", true)]);
+        let mut table = Table::new(&[("site", false), ("state", false), ("since revision", true), ("GPUs", true), ("agent", false), ("reason", false)]);
         for s in &response.sites {
             let state = match pb::SiteState::try_from(s.state) {
                 Ok(pb::SiteState::Up) => "up",
@@ -291,10 +309,118 @@ pub fn sites(command: SitesCommand, out: &mut dyn Write) -> Result<(), Failure> 
                 state.into(),
                 s.state_revision.to_string(),
                 thousands(s.gpus),
+                if s.data_address.is_empty() { "-".into() } else { s.data_address.clone() },
+                s.state_reason.clone(),
             ]);
         }
         write!(out, "{}", table.render(0))?;
         Ok(())
+    })
+}
+
+pub fn links(command: LinksCommand, out: &mut dyn Write) -> Result<(), Failure> {
+    runtime()?.block_on(async {
+        match command {
+            LinksCommand::List(remote) => {
+                let allow_stale = remote.stale;
+                let response = call(&remote, |mut c| async move {
+                    c.list_links(pb::ListLinksRequest { allow_stale }).await
+                })
+                .await?;
+                let revision = response.header.unwrap_or_default().revision;
+                if remote.output == Output::Json {
+                    let links: Vec<_> = response
+                        .links
+                        .iter()
+                        .map(|l| {
+                            let c = l.configured.clone().unwrap_or_default();
+                            serde_json::json!({
+                                "between": [c.site_a, c.site_b],
+                                "distance_km": c.distance_km,
+                                "parallel_links": c.parallel_links,
+                                "link_bps": c.link_bps,
+                                "measured": l.measured.map(|m| serde_json::json!({
+                                    "rtt_ns": m.rtt_ns, "loss_rate": m.loss_rate,
+                                    "throughput_bps": m.throughput_bps,
+                                    "measured_at_unix_ms": m.measured_at_unix_ms,
+                                })),
+                            })
+                        })
+                        .collect();
+                    return json(
+                        &serde_json::json!({ "revision": revision, "links": links }),
+                        out,
+                    );
+                }
+                writeln!(out, "{} links at revision {revision}", response.links.len())?;
+                let mut table = Table::new(&[
+                    ("between", false),
+                    ("km", true),
+                    ("configured", true),
+                    ("measured RTT", true),
+                    ("loss", true),
+                    ("throughput", true),
+                ]);
+                for l in &response.links {
+                    let c = l.configured.clone().unwrap_or_default();
+                    let rate = c.link_bps as f64 * f64::from(c.parallel_links.max(1)) / 1e9;
+                    let (rtt, loss, tput) = match l.measured {
+                        Some(m) => (
+                            format!("{:.2} ms", m.rtt_ns as f64 / 1e6),
+                            format!("{:.2}%", m.loss_rate * 100.0),
+                            format!("{:.2} Gbit/s", m.throughput_bps as f64 / 1e9),
+                        ),
+                        None => ("-".into(), "-".into(), "-".into()),
+                    };
+                    table.row(vec![
+                        format!("{} - {}", c.site_a, c.site_b),
+                        format!("{:.0}", c.distance_km),
+                        format!("{rate:.0} Gbit/s"),
+                        rtt,
+                        loss,
+                        tput,
+                    ]);
+                }
+                write!(out, "{}", table.render(0))?;
+                Ok(())
+            }
+            LinksCommand::Put { remote, topology } => {
+                let name = topology.display().to_string();
+                let topology = longhaul_core::Topology::from_toml(&name, &read(&topology)?)?;
+                let registered = call(&remote, |mut c| async move {
+                    c.list_sites(pb::ListSitesRequest { allow_stale: false })
+                        .await
+                })
+                .await?;
+                let known: Vec<String> = registered
+                    .sites
+                    .iter()
+                    .filter_map(|s| s.site.as_ref().map(|x| x.id.clone()))
+                    .collect();
+                for link in &topology.links {
+                    let [a, b] = &link.between;
+                    if !known.contains(a) || !known.contains(b) {
+                        writeln!(out, "skipped {a} - {b}: not both sites are registered")?;
+                        continue;
+                    }
+                    let wire = crate::server::convert::link_to_wire(link);
+                    let response = call(&remote, |mut c| {
+                        let request = pb::PutLinkRequest {
+                            link: Some(wire.clone()),
+                            expected_revision: 0,
+                        };
+                        async move { c.put_link(request).await }
+                    })
+                    .await?;
+                    writeln!(
+                        out,
+                        "configured {a} - {b} at revision {}",
+                        response.header.unwrap_or_default().revision
+                    )?;
+                }
+                Ok(())
+            }
+        }
     })
 }
 
