@@ -3,3 +3,4 @@
 //! assignments and measures links to other sites.
 
 pub mod inventory;
+pub mod tls;
