@@ -3,4 +3,5 @@
 //! assignments and measures links to other sites.
 
 pub mod inventory;
+pub mod probe;
 pub mod tls;
