@@ -8,10 +8,12 @@
 //! | `longhaul_agent_probe_throughput_bps` | gauge | `peer` |
 //! | `longhaul_agent_probes_total` | counter | `peer`, `outcome` (`ok` or [`ProbeError::outcome`]) |
 //! | `longhaul_agent_probe_sessions_total` | counter | `peer` (verified site or `unverified`), `outcome` |
+//! | `longhaul_agent_tls_insecure` | gauge | set to 1 by [`AgentTls::insecure_local`] |
 //!
 //! Gauges hold the latest successful probe; a failed probe only counts.
 //!
 //! [`ProbeError::outcome`]: super::ProbeError::outcome
+//! [`AgentTls::insecure_local`]: crate::tls::AgentTls::insecure_local
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, gauge};
 
