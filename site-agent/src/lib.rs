@@ -9,6 +9,8 @@ pub mod coordinator;
 pub mod hostlist;
 pub mod inventory;
 pub mod launch;
+pub mod probe;
 pub mod render;
 pub mod status;
 pub mod store;
+pub mod tls;

@@ -1,0 +1,156 @@
+//! QUIC transport settings for long fat links.
+//!
+//! A link can only be filled if the receiver lets the sender have a whole
+//! bandwidth-delay product in flight: 10 Gbit/s at 50 ms RTT is 62.5 MB.
+//! quinn's defaults (1.25 MB per stream, 10 MB per connection, about
+//! 100 Mbit/s at 100 ms) would cap every probe far below such a link, so the
+//! receive windows (connection and per stream) and the send buffer are all
+//! sized to [`QuicTuning::target_bdp_bytes`]: one stream alone may use the
+//! whole window, many streams share it. The windows are limits, not
+//! allocations: memory is used only for data actually in flight.
+//!
+//! Keep-alives stop NATs and firewalls from forgetting an idle probe
+//! connection, and the idle timeout ends a connection whose peer vanished.
+//! Congestion control is quinn's default (CUBIC); every stream of one
+//! connection shares its window.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::{IdleTimeout, TransportConfig, VarInt};
+
+use super::ProbeError;
+
+/// Transport settings shared by probe clients and servers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuicTuning {
+    /// The bandwidth-delay product to plan for; receive windows and the send
+    /// buffer are this size. Default 64 MiB (about 10 Gbit/s at 50 ms).
+    pub target_bdp_bytes: u64,
+    /// Interval of keep-alive packets on an idle connection. Default 5 s.
+    pub keep_alive_interval: Duration,
+    /// A connection with no packet from the peer for this long is dropped.
+    /// Default 30 s; must exceed `keep_alive_interval`.
+    pub idle_timeout: Duration,
+    /// Buffer for datagrams (pings, loss test) each way. Default 1 MiB.
+    pub datagram_buffer_bytes: usize,
+}
+
+impl Default for QuicTuning {
+    fn default() -> Self {
+        Self {
+            target_bdp_bytes: 64 << 20,
+            keep_alive_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(30),
+            datagram_buffer_bytes: 1 << 20,
+        }
+    }
+}
+
+/// Smallest accepted window: below this even a LAN would be window-limited.
+const MIN_BDP: u64 = 64 << 10;
+/// Largest accepted window: 4 GiB is 100 Gbit/s at over 300 ms.
+const MAX_BDP: u64 = 4 << 30;
+
+impl QuicTuning {
+    /// Checks the settings; errors name the field.
+    pub fn validate(&self) -> Result<(), ProbeError> {
+        let invalid = |field: &'static str, message: String| {
+            Err(ProbeError::InvalidOptions { field, message })
+        };
+        if !(MIN_BDP..=MAX_BDP).contains(&self.target_bdp_bytes) {
+            return invalid(
+                "transport.target_bdp_bytes",
+                format!(
+                    "is {} bytes; it must be between {MIN_BDP} (64 KiB) and {MAX_BDP} (4 GiB)",
+                    self.target_bdp_bytes
+                ),
+            );
+        }
+        if self.keep_alive_interval.is_zero() {
+            return invalid(
+                "transport.keep_alive_interval",
+                "must be positive".to_string(),
+            );
+        }
+        if self.idle_timeout <= self.keep_alive_interval {
+            return invalid(
+                "transport.idle_timeout",
+                format!(
+                    "is {:?}; it must exceed keep_alive_interval ({:?}) or idle connections die",
+                    self.idle_timeout, self.keep_alive_interval
+                ),
+            );
+        }
+        if IdleTimeout::try_from(self.idle_timeout).is_err() {
+            return invalid(
+                "transport.idle_timeout",
+                format!("{:?} is too long", self.idle_timeout),
+            );
+        }
+        if !(1500..=(64 << 20)).contains(&self.datagram_buffer_bytes) {
+            return invalid(
+                "transport.datagram_buffer_bytes",
+                format!(
+                    "is {}; it must be between 1500 and 64 MiB",
+                    self.datagram_buffer_bytes
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// The transport configuration; `peer_uni_streams` and `peer_bidi_streams`
+    /// are how many streams of each kind the peer may open at once.
+    pub(crate) fn transport_config(
+        &self,
+        peer_uni_streams: u32,
+        peer_bidi_streams: u32,
+    ) -> Result<Arc<TransportConfig>, ProbeError> {
+        self.validate()?;
+        let window =
+            VarInt::from_u64(self.target_bdp_bytes).map_err(|_| ProbeError::InvalidOptions {
+                field: "transport.target_bdp_bytes",
+                message: "does not fit a QUIC integer".to_string(),
+            })?;
+        let idle =
+            IdleTimeout::try_from(self.idle_timeout).map_err(|_| ProbeError::InvalidOptions {
+                field: "transport.idle_timeout",
+                message: format!("{:?} is too long", self.idle_timeout),
+            })?;
+        let mut config = TransportConfig::default();
+        config
+            .receive_window(window)
+            .stream_receive_window(window)
+            .send_window(self.target_bdp_bytes)
+            .keep_alive_interval(Some(self.keep_alive_interval))
+            .max_idle_timeout(Some(idle))
+            .datagram_receive_buffer_size(Some(self.datagram_buffer_bytes))
+            .datagram_send_buffer_size(self.datagram_buffer_bytes)
+            .max_concurrent_uni_streams(VarInt::from_u32(peer_uni_streams))
+            .max_concurrent_bidi_streams(VarInt::from_u32(peer_bidi_streams));
+        Ok(Arc::new(config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_bad_values_name_the_field() {
+        QuicTuning::default().validate().unwrap();
+        let small = QuicTuning {
+            target_bdp_bytes: 1000,
+            ..QuicTuning::default()
+        };
+        let error = small.validate().unwrap_err().to_string();
+        assert!(error.contains("transport.target_bdp_bytes"), "{error}");
+        let idle = QuicTuning {
+            idle_timeout: Duration::from_secs(1),
+            ..QuicTuning::default()
+        };
+        let error = idle.validate().unwrap_err().to_string();
+        assert!(error.contains("keep_alive_interval"), "{error}");
+    }
+}
