@@ -81,6 +81,69 @@ pub struct AgentConfig {
     pub render: RenderOptions,
     #[serde(default)]
     pub submit: Option<SubmitConfig>,
+    #[serde(default)]
+    pub probe: ProbeConfig,
+}
+
+/// Link probes to the other sites' agents (QUIC, on `data_listen`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeConfig {
+    /// Probe the other sites at all (the probe server runs regardless, so
+    /// that the others can probe this one). Default true.
+    pub enabled: bool,
+    /// Time between probe rounds (default 60 s).
+    pub interval: Duration,
+    /// Echoed datagrams for the RTT (default 20).
+    pub pings: u32,
+    /// Datagrams of the loss test; 0 skips it (default 500).
+    pub loss_datagrams: u32,
+    /// Length of the throughput test; 0 skips it (default 1 s). Long fat
+    /// links need longer to leave slow start.
+    pub throughput_duration: Duration,
+    /// Parallel streams of the throughput test (default 8).
+    pub throughput_streams: u32,
+    /// Base of every probe's seed (default 0); each probe's seed is logged.
+    pub seed: u64,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        let defaults = crate::probe::ProbeOptions::default();
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            pings: defaults.pings,
+            loss_datagrams: defaults.loss_datagrams,
+            throughput_duration: Duration::from_nanos(
+                defaults.throughput_duration.as_nanos() as u64
+            ),
+            throughput_streams: defaults.throughput_streams,
+            seed: defaults.seed,
+        }
+    }
+}
+
+impl ProbeConfig {
+    /// The scheduler's options.
+    pub fn scheduler_options(&self) -> crate::probe::SchedulerOptions {
+        let std = |d: Duration| std::time::Duration::from_nanos(d.as_nanos());
+        let probe = crate::probe::ProbeOptions {
+            pings: self.pings,
+            loss_datagrams: self.loss_datagrams,
+            throughput_duration: std(self.throughput_duration),
+            throughput_streams: self.throughput_streams,
+            seed: self.seed,
+            ..crate::probe::ProbeOptions::default()
+        };
+        // The probe's own deadline: its schedule with room to spare.
+        let timeout = probe.schedule() * 2 + std::time::Duration::from_secs(5);
+        crate::probe::SchedulerOptions {
+            interval: std(self.interval),
+            probe: crate::probe::ProbeOptions { timeout, ..probe },
+            ..crate::probe::SchedulerOptions::default()
+        }
+    }
 }
 
 /// PEM files for mutual TLS.
@@ -190,6 +253,15 @@ impl Validate for AgentConfig {
             ));
         }
         out.extend(self.inventory.check(&root.key("inventory")));
+        if let Err(error) = self.probe.scheduler_options().probe.validate() {
+            out.push(Violation::new(root.key("probe"), error.to_string()));
+        }
+        if self.probe.interval.as_nanos() < 10_000_000 {
+            out.push(Violation::new(
+                root.key("probe").key("interval"),
+                "must be at least 10 ms",
+            ));
+        }
         if let Err(error) = self.render.validate() {
             out.push(Violation::new(root.key("render"), error.to_string()));
         }

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use longhaul_proto::v1::agent_service_client::AgentServiceClient;
+use longhaul_proto::v1::coordinator_client::CoordinatorClient;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Status};
 
@@ -114,6 +115,12 @@ impl Coordinators {
         AgentServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE)
             .max_encoding_message_size(MAX_MESSAGE)
+    }
+
+    /// The operator API of the replica in use (sites, links).
+    pub fn operator_client(&self) -> CoordinatorClient<Channel> {
+        CoordinatorClient::new(self.replicas[self.current].channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE)
     }
 
     /// The URL of the replica in use.

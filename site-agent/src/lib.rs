@@ -10,6 +10,7 @@ pub mod hostlist;
 pub mod inventory;
 pub mod launch;
 pub mod probe;
+pub mod prober;
 pub mod render;
 pub mod status;
 pub mod store;

@@ -70,6 +70,12 @@ call_timeout = "2 s"
 source = "static"
 site = "{site}"
 static = {{ file = {topology:?} }}
+
+[probe]
+interval = "2 s"
+pings = 5
+loss_datagrams = 50
+throughput_duration = "200 ms"
 "#,
             data = free_addr(),
             topology = repo_file(TOPOLOGY),
@@ -360,6 +366,26 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         for file in &status.assignments[0].rendered_files {
             assert!(Path::new(file).exists(), "{file} was not written");
         }
+    }
+
+    // The agents probe each other; the coordinator stores the figures
+    // beside the configured links.
+    let measured = eventually(Duration::from_secs(60), "every link measured", || async {
+        let mut c = client(any(&replicas)).await;
+        let links = c
+            .list_links(pb::ListLinksRequest { allow_stale: false })
+            .await
+            .ok()?
+            .into_inner()
+            .links;
+        (links.len() == topology.links.len() && links.iter().all(|l| l.measured.is_some()))
+            .then_some(links)
+    })
+    .await;
+    for link in &measured {
+        let m = link.measured.unwrap();
+        assert!(m.rtt_ns > 0 && m.throughput_bps > 0, "{link:?}");
+        assert!(m.loss_rate <= 0.05, "loopback loses nothing much: {link:?}");
     }
 
     // Kill the coordinator leader.

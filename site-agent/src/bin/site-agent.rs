@@ -15,9 +15,11 @@ use longhaul_site_agent::config::AgentConfig;
 use longhaul_site_agent::coordinator::Coordinators;
 use longhaul_site_agent::inventory::{Inventory, InventorySource, source_from_config};
 use longhaul_site_agent::launch::RenderAndSubmit;
+use longhaul_site_agent::prober;
 use longhaul_site_agent::render::slurm::SlurmSubmitOptions;
 use longhaul_site_agent::status::StatusService;
 use longhaul_site_agent::store::Store;
+use longhaul_site_agent::tls::AgentTls;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// The longhaul site agent.
@@ -159,6 +161,12 @@ async fn run(config_path: &Path) -> anyhow::Result<()> {
             "PLAINTEXT mode: the agent and the coordinator do not authenticate each other; use [tls] outside a lab"
         );
     }
+    // The agent's identity for probes: its certificate (which must name
+    // its site), or a throw-away one in plaintext mode.
+    let agent_tls = match &config.tls {
+        Some(files) => AgentTls::from_pem_files(&config.site, &files.ca, &files.cert, &files.key)?,
+        None => AgentTls::insecure_local(&config.site)?,
+    };
     let plaintext = tls.is_none();
     let call_timeout = AgentConfig::std_duration(config.call_timeout);
     let coordinators = Coordinators::new(&config.coordinators, tls, Duration::from_secs(1))?;
@@ -188,6 +196,26 @@ async fn run(config_path: &Path) -> anyhow::Result<()> {
         rescan_interval: AgentConfig::std_duration(config.rescan_interval),
         call_timeout,
     };
+    let mut probe_options = config.probe.scheduler_options();
+    if !config.probe.enabled {
+        // The server still answers the other sites' probes.
+        probe_options.interval = Duration::from_secs(365 * 24 * 3600);
+    }
+    let prober = prober::start(
+        config.site.clone(),
+        config.data_listen,
+        agent_tls,
+        probe_options,
+        coordinators.clone(),
+        status.clone(),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "data_listen: cannot start link probes on {}",
+            config.data_listen
+        )
+    })?;
     let status_listener = tokio::net::TcpListener::bind(config.status_listen)
         .await
         .with_context(|| format!("status_listen: cannot listen on {}", config.status_listen))?;
@@ -201,7 +229,12 @@ async fn run(config_path: &Path) -> anyhow::Result<()> {
         state,
         status: status.clone(),
     });
-    let service = StatusService::new(config.site.clone(), status, None, Duration::from_secs(60));
+    let service = StatusService::new(
+        config.site.clone(),
+        status,
+        Some(prober.trigger.clone()),
+        Duration::from_secs(90),
+    );
     tracing::info!(site = %config.site, status = %config.status_listen, state_dir = %state_dir.display(), "site agent running");
     let server = tonic::transport::Server::builder()
         .add_service(SiteAgentServer::new(service))

@@ -1,0 +1,190 @@
+//! The agent's link probes, wired to the rest: a probe server for the other
+//! agents, a scheduler that probes every other registered site (peers come
+//! from the coordinator's site list), each result reported to the
+//! coordinator (stored beside the configured link) and shown in the status.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use longhaul_proto::v1 as pb;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::agent::{SharedStatus, lock};
+use crate::coordinator::Coordinators;
+use crate::probe::{
+    ProbePeer, ProbeReport, ProbeScheduler, ProbeServer, ProbeServerOptions, SchedulerOptions,
+};
+use crate::status::ProbeTrigger;
+use crate::tls::AgentTls;
+
+/// How often the peer list is read from the coordinator.
+const PEER_REFRESH: Duration = Duration::from_secs(5);
+
+/// The running probe server and scheduler (stopped when dropped).
+#[derive(Debug)]
+pub struct Prober {
+    pub server: ProbeServer,
+    pub trigger: ProbeTrigger,
+}
+
+fn peer_probe(report: &ProbeReport) -> pb::PeerProbe {
+    let at = report
+        .finished_at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    match &report.outcome {
+        Ok(result) => pb::PeerProbe {
+            peer_site_id: report.peer.site.clone(),
+            peer_address: report.peer.addr.to_string(),
+            measurement: Some(pb::LinkMeasurement {
+                rtt_ns: result.rtt_p50_ns,
+                loss_rate: result.loss_rate,
+                throughput_bps: result.throughput_bps.max(0.0).round() as u64,
+                measured_at_unix_ms: at,
+            }),
+            error: String::new(),
+        },
+        Err(failure) => pb::PeerProbe {
+            peer_site_id: report.peer.site.clone(),
+            peer_address: report.peer.addr.to_string(),
+            measurement: None,
+            error: format!("{}: {}", failure.outcome, failure.message),
+        },
+    }
+}
+
+/// Starts the probe server on `listen` and the scheduler.
+pub async fn start(
+    site_id: String,
+    listen: SocketAddr,
+    tls: AgentTls,
+    options: SchedulerOptions,
+    coordinators: Coordinators,
+    status: SharedStatus,
+) -> Result<Prober, crate::probe::ProbeError> {
+    let server = ProbeServer::bind(listen, &tls, ProbeServerOptions::default()).await?;
+    let (scheduler, mut reports) = ProbeScheduler::start(tls, Vec::new(), options)?;
+    let (trigger, mut requests) = mpsc::channel::<oneshot::Sender<Vec<pb::PeerProbe>>>(8);
+    let scheduler = std::sync::Arc::new(scheduler);
+    let peer_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+
+    // Peers: every other site that is up and says where its agent listens.
+    {
+        let scheduler = scheduler.clone();
+        let site_id = site_id.clone();
+        let mut coordinators = coordinators.clone();
+        let peer_count = peer_count.clone();
+        tokio::spawn(async move {
+            let mut known: Vec<ProbePeer> = Vec::new();
+            loop {
+                let mut request = tonic::Request::new(pb::ListSitesRequest { allow_stale: true });
+                request.set_timeout(Duration::from_secs(2));
+                match coordinators.operator_client().list_sites(request).await {
+                    Ok(response) => {
+                        let mut peers: Vec<ProbePeer> = response
+                            .into_inner()
+                            .sites
+                            .into_iter()
+                            .filter(|s| s.state() == pb::SiteState::Up)
+                            .filter_map(|s| {
+                                let id = s.site?.id;
+                                let addr = s.data_address.parse().ok()?;
+                                (id != site_id).then_some(ProbePeer { site: id, addr })
+                            })
+                            .collect();
+                        peers.sort_by(|a, b| a.site.cmp(&b.site));
+                        if peers != known {
+                            tracing::info!(peers = ?peers.iter().map(|p| &p.site).collect::<Vec<_>>(), "probe peers");
+                            if scheduler.set_peers(peers.clone()).is_ok() {
+                                peer_count.store(peers.len(), std::sync::atomic::Ordering::Relaxed);
+                                known = peers;
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(code = ?error.code(), "cannot list sites for probes; trying the next replica");
+                        coordinators.rotate();
+                    }
+                }
+                tokio::time::sleep(PEER_REFRESH).await;
+            }
+        });
+    }
+
+    // Reports: to the coordinator and the status board.
+    {
+        let site_id = site_id.clone();
+        let mut coordinators = coordinators.clone();
+        let status = status.clone();
+        tokio::spawn(async move {
+            while let Some(report) = reports.recv().await {
+                let probe = peer_probe(&report);
+                {
+                    let mut board = lock(&status);
+                    board
+                        .probes
+                        .retain(|p| p.peer_site_id != probe.peer_site_id);
+                    board.probes.push(probe.clone());
+                    board
+                        .probes
+                        .sort_by(|a, b| a.peer_site_id.cmp(&b.peer_site_id));
+                }
+                let Some(measurement) = probe.measurement else {
+                    continue;
+                };
+                let mut request = tonic::Request::new(pb::LinkProbeReport {
+                    site_id: site_id.clone(),
+                    peer_site_id: probe.peer_site_id.clone(),
+                    measurement: Some(measurement),
+                });
+                request.set_timeout(Duration::from_secs(5));
+                match coordinators.client().report_link_probe(request).await {
+                    Ok(_) => {}
+                    // No link configured between the two sites: nothing to
+                    // store the measurement beside.
+                    Err(error) if error.code() == tonic::Code::NotFound => {
+                        tracing::debug!(peer = %probe.peer_site_id, message = error.message(), "measurement not stored");
+                    }
+                    Err(error) => {
+                        tracing::warn!(peer = %probe.peer_site_id, code = ?error.code(), message = error.message(), "measurement not reported");
+                        if crate::coordinator::is_transient(&error) {
+                            coordinators.rotate();
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    // On demand: a round now, answered with the reports it produced.
+    {
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            while let Some(reply) = requests.recv().await {
+                let asked = SystemTime::now();
+                let peers = peer_count.load(std::sync::atomic::Ordering::Relaxed);
+                if peers == 0 || scheduler.probe_now().is_err() {
+                    let _ = reply.send(Vec::new());
+                    continue;
+                }
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                let done = loop {
+                    let latest: BTreeMap<String, ProbeReport> = scheduler
+                        .latest_all()
+                        .into_iter()
+                        .map(|r| (r.peer.site.clone(), r))
+                        .collect();
+                    let fresh: Vec<&ProbeReport> =
+                        latest.values().filter(|r| r.finished_at >= asked).collect();
+                    if fresh.len() >= peers || tokio::time::Instant::now() >= deadline {
+                        break fresh.into_iter().map(peer_probe).collect();
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                };
+                let _ = reply.send(done);
+            }
+        });
+    }
+    Ok(Prober { server, trigger })
+}
