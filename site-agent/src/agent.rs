@@ -434,13 +434,29 @@ async fn rescan(
             lock(status).inventory = Some(fresh);
             Rescan::Reported
         }
-        Err(error) => {
+        // Not answered: the next rescan computes the delta again (a put is
+        // idempotent; a removal already applied comes back NOT_FOUND and
+        // leads to a registration, which is always right).
+        Err(error) if is_transient(&error) => {
+            tracing::warn!(code = ?error.code(), message = error.message(), "inventory delta not answered; retrying at the next rescan");
+            switch(coordinators, status);
+            Rescan::Unchanged
+        }
+        // The lease is gone, or the coordinator's record no longer matches
+        // what the delta assumed: a full registration settles it.
+        Err(error) if matches!(error.code(), Code::FailedPrecondition | Code::NotFound) => {
             tracing::warn!(code = ?error.code(), message = error.message(), "inventory delta refused; registering again");
             *inventory
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh.clone();
             lock(status).inventory = Some(fresh);
             Rescan::NeedsRegistration
+        }
+        // Refused as invalid: registering it would be refused too. Keep the
+        // registered inventory and say why, at every rescan.
+        Err(error) => {
+            tracing::error!(code = ?error.code(), message = error.message(), "the coordinator refuses the changed inventory; keeping the registered one");
+            Rescan::Unchanged
         }
     }
 }
@@ -628,5 +644,67 @@ impl Backoff {
         let now = self.next;
         self.next = (self.next * 2).min(Duration::from_secs(2));
         now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use longhaul_core::Topology;
+
+    fn site() -> Site {
+        Topology::from_toml(
+            "t.toml",
+            include_str!("../../deploy/examples/two-campuses-80km.toml"),
+        )
+        .unwrap()
+        .sites
+        .remove(0)
+    }
+
+    #[test]
+    fn a_changed_group_is_a_put_a_vanished_one_a_removal() {
+        use pb::domain_group_change::Change;
+        let old = site();
+        assert_eq!(inventory_delta(&old, &old), Some(vec![]));
+        let mut new = old.clone();
+        new.buildings[0].domains[0].count -= 1;
+        let mut extra = new.buildings[0].domains[0].clone();
+        extra.id = "drained".into();
+        extra.count = 1;
+        new.buildings[0].domains.push(extra);
+        let changes = inventory_delta(&old, &new).unwrap();
+        let puts: Vec<&str> = changes
+            .iter()
+            .filter_map(|c| match &c.change {
+                Some(Change::Put(g)) => Some(g.id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            puts,
+            vec![old.buildings[0].domains[0].id.as_str(), "drained"]
+        );
+        let mut fewer = old.clone();
+        let gone = fewer.buildings[0].domains.remove(0).id;
+        if fewer.buildings[0].domains.is_empty() {
+            // A building needs a group; add an unrelated one.
+            let mut g = old.buildings[0].domains[0].clone();
+            g.id = "other".into();
+            fewer.buildings[0].domains.push(g);
+        }
+        let changes = inventory_delta(&old, &fewer).unwrap();
+        assert!(
+            changes
+                .iter()
+                .any(|c| c.change == Some(Change::RemoveGroupId(gone.clone())))
+        );
+        // A new building, or a changed fabric, needs a registration.
+        let mut moved = old.clone();
+        moved.buildings[0].fabric.oversubscription = 3.0;
+        assert_eq!(inventory_delta(&old, &moved), None);
+        let mut renamed = old.clone();
+        renamed.buildings[0].id = "annex".into();
+        assert_eq!(inventory_delta(&old, &renamed), None);
     }
 }

@@ -47,7 +47,7 @@ struct AgentProcess {
 }
 
 impl AgentProcess {
-    fn new(dir: &Path, site: &'static str, coordinators: &[String]) -> Self {
+    fn new(dir: &Path, site: &'static str, coordinators: &[String], topology: &Path) -> Self {
         let status = free_addr().to_string();
         let state_dir = dir.join(format!("agent-{site}"));
         let config = dir.join(format!("{site}.toml"));
@@ -78,7 +78,6 @@ loss_datagrams = 50
 throughput_duration = "200 ms"
 "#,
             data = free_addr(),
-            topology = repo_file(TOPOLOGY),
         );
         std::fs::write(&config, text).unwrap();
         let mut agent = Self {
@@ -302,9 +301,13 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         .collect();
     let (leader_index, _) = leader(&replicas).await;
 
+    // The agents read their inventory from a copy of the example, which
+    // the test edits later (a rack drained).
+    let topology_copy = dir.path().join("topology.toml");
+    std::fs::copy(repo_file(TOPOLOGY), &topology_copy).unwrap();
     let mut agents: Vec<AgentProcess> = SITES
         .iter()
-        .map(|site| AgentProcess::new(dir.path(), site, &urls))
+        .map(|site| AgentProcess::new(dir.path(), site, &urls, &topology_copy))
         .collect();
     let any = |replicas: &[Option<ReplicaProcess>]| replicas.iter().flatten().next().unwrap().addr;
     let all_up = eventually(Duration::from_secs(60), "three sites up", || async {
@@ -527,6 +530,54 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         status.assignments
     );
     assert_eq!(status.lease_state(), pb::LeaseState::Held);
+
+    // A rack of frankfurt is drained: the agent's rescan sends the change
+    // as a delta under its lease; no re-registration, no transition.
+    let before = sites(any(&replicas)).await.unwrap();
+    let frankfurt = |sites: &[pb::SiteStatus]| {
+        sites
+            .iter()
+            .find(|s| s.site.as_ref().is_some_and(|x| x.id == "frankfurt"))
+            .cloned()
+            .unwrap()
+    };
+    let text = std::fs::read_to_string(&topology_copy).unwrap();
+    let mut edited = Topology::from_toml("copy", &text).unwrap();
+    let group = &mut edited
+        .sites
+        .iter_mut()
+        .find(|s| s.id == "frankfurt")
+        .unwrap()
+        .buildings[0]
+        .domains[0];
+    let per_domain = group.gpus_per_domain();
+    group.count -= 1;
+    // Replaced atomically, as a scheduler's view changes: an agent reading
+    // a half-written file would see a building vanish.
+    let staged = dir.path().join("topology.toml.new");
+    std::fs::write(&staged, edited.to_toml().unwrap()).unwrap();
+    std::fs::rename(&staged, &topology_copy).unwrap();
+    let drained = eventually(
+        Duration::from_secs(30),
+        "the drained rack to reach the coordinator",
+        || async {
+            let site = frankfurt(&sites(any(&replicas)).await?);
+            (site.gpus + per_domain == frankfurt(&before).gpus).then_some(site)
+        },
+    )
+    .await;
+    assert_eq!(drained.state(), pb::SiteState::Up);
+    assert_eq!(drained.state_revision, frankfurt(&before).state_revision);
+    assert_eq!(
+        drained.state_reason,
+        frankfurt(&before).state_reason,
+        "frankfurt registered again instead of sending a delta:\n{}",
+        agents
+            .iter()
+            .find(|a| a.site == "frankfurt")
+            .unwrap()
+            .log_tail()
+    );
 
     for agent in &mut agents {
         agent.kill();
