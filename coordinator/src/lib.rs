@@ -4,5 +4,6 @@
 
 pub mod cli;
 pub mod consensus;
+pub mod daemon;
 pub mod server;
 pub mod testing;

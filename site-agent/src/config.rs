@@ -105,6 +105,10 @@ pub struct ProbeConfig {
     pub throughput_streams: u32,
     /// Base of every probe's seed (default 0); each probe's seed is logged.
     pub seed: u64,
+    /// Where to reach some sites' agents instead of the address they
+    /// registered (site id → host:port), e.g. through a NAT or the
+    /// rehearsal's emulated links.
+    pub peer_addresses: std::collections::BTreeMap<String, SocketAddr>,
 }
 
 impl Default for ProbeConfig {
@@ -120,6 +124,7 @@ impl Default for ProbeConfig {
             ),
             throughput_streams: defaults.throughput_streams,
             seed: defaults.seed,
+            peer_addresses: std::collections::BTreeMap::new(),
         }
     }
 }

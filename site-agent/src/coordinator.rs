@@ -61,8 +61,6 @@ struct Replica {
 pub struct Coordinators {
     replicas: Vec<Replica>,
     current: usize,
-    tls: Option<ClientTlsConfig>,
-    connect_timeout: Duration,
 }
 
 impl Coordinators {
@@ -104,8 +102,6 @@ impl Coordinators {
         Ok(Self {
             replicas,
             current: 0,
-            tls,
-            connect_timeout,
         })
     }
 
@@ -142,27 +138,13 @@ impl Coordinators {
         self.replicas.is_empty()
     }
 
-    /// Moves to the leader's URL as a renewal reported it, adding it to the
-    /// known replicas when it is new (a replica added at runtime).
+    /// Moves to the leader's URL as a renewal reported it, when it is one of
+    /// the configured replicas. An unknown URL is not dialled: the agent may
+    /// reach the replicas through addresses of its own (a proxy, a NAT), and
+    /// a follower forwards renewals to the leader anyway.
     pub fn prefer(&mut self, leader_url: &str) {
-        if leader_url.is_empty() || self.url() == leader_url {
-            return;
-        }
         if let Some(i) = self.replicas.iter().position(|r| r.url == leader_url) {
             self.current = i;
-            return;
-        }
-        match channel(leader_url, self.tls.as_ref(), self.connect_timeout) {
-            Ok(channel) => {
-                self.replicas.push(Replica {
-                    url: leader_url.to_string(),
-                    channel,
-                });
-                self.current = self.replicas.len() - 1;
-            }
-            Err(message) => {
-                tracing::warn!(url = leader_url, %message, "leader URL not usable; staying");
-            }
         }
     }
 }

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod assignment;
 pub mod config;
 pub mod coordinator;
+pub mod daemon;
 pub mod hostlist;
 pub mod inventory;
 pub mod launch;

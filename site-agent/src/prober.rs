@@ -58,6 +58,7 @@ fn peer_probe(report: &ProbeReport) -> pb::PeerProbe {
 pub async fn start(
     site_id: String,
     listen: SocketAddr,
+    overrides: BTreeMap<String, SocketAddr>,
     tls: AgentTls,
     options: SchedulerOptions,
     coordinators: Coordinators,
@@ -89,7 +90,10 @@ pub async fn start(
                             .filter(|s| s.state() == pb::SiteState::Up)
                             .filter_map(|s| {
                                 let id = s.site?.id;
-                                let addr = s.data_address.parse().ok()?;
+                                let addr = match overrides.get(&id) {
+                                    Some(addr) => *addr,
+                                    None => s.data_address.parse().ok()?,
+                                };
                                 (id != site_id).then_some(ProbePeer { site: id, addr })
                             })
                             .collect();
@@ -98,6 +102,11 @@ pub async fn start(
                             tracing::info!(peers = ?peers.iter().map(|p| &p.site).collect::<Vec<_>>(), "probe peers");
                             if scheduler.set_peers(peers.clone()).is_ok() {
                                 peer_count.store(peers.len(), std::sync::atomic::Ordering::Relaxed);
+                                // A site that appeared is probed now, not
+                                // at the next scheduled round.
+                                if peers.iter().any(|p| !known.contains(p)) {
+                                    let _ = scheduler.probe_now();
+                                }
                                 known = peers;
                             }
                         }

@@ -1,0 +1,237 @@
+//! The body of `site-agent run`: load the config, discover the inventory,
+//! start the lease and watch tasks, the probes and the status service, and
+//! run until interrupted. In the library so that `longhaul rehearse` can
+//! start agents as processes of its own binary; like a binary's `main`, it
+//! reports errors with `anyhow`.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use longhaul_proto::v1::site_agent_server::SiteAgentServer;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+use crate::agent::{self, Agent, Discover, Settings, StatusBoard};
+use crate::config::AgentConfig;
+use crate::coordinator::Coordinators;
+use crate::inventory::{Inventory, InventorySource, source_from_config};
+use crate::launch::RenderAndSubmit;
+use crate::prober;
+use crate::render::slurm::SlurmSubmitOptions;
+use crate::status::StatusService;
+use crate::store::Store;
+use crate::tls::AgentTls;
+
+/// Reads and checks an agent config file.
+pub fn load(path: &Path) -> anyhow::Result<AgentConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config {}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    Ok(AgentConfig::from_toml(
+        &path.display().to_string(),
+        &text,
+        base,
+    )?)
+}
+
+/// The inventory source as the agent runtime calls it.
+#[derive(Debug)]
+struct Source(Box<dyn InventorySource>);
+
+impl Discover for Source {
+    fn describe(&self) -> String {
+        self.0.describe()
+    }
+    fn discover(&self) -> Result<Inventory, String> {
+        self.0.discover().map_err(|e| e.to_string())
+    }
+}
+
+fn client_tls(config: &AgentConfig) -> anyhow::Result<Option<ClientTlsConfig>> {
+    let Some(files) = &config.tls else {
+        return Ok(None);
+    };
+    let read = |what: &str, path: &Path| {
+        std::fs::read_to_string(path)
+            .with_context(|| format!("tls.{what}: cannot read {}", path.display()))
+    };
+    let ca = read("ca", &files.ca)?;
+    let cert = read("cert", &files.cert)?;
+    let key = read("key", &files.key)?;
+    Ok(Some(
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(ca))
+            .identity(Identity::from_pem(cert, key)),
+    ))
+}
+
+/// Runs the agent of `config_path` until interrupted (Ctrl-C, SIGTERM).
+pub async fn run(config_path: &Path) -> anyhow::Result<()> {
+    let config = load(config_path)?;
+    let source = Source(source_from_config(&config.inventory)?);
+    let inventory = source
+        .0
+        .discover()
+        .with_context(|| format!("inventory from {}", source.0.describe()))?;
+    for unmapped in &inventory.unmapped {
+        tracing::warn!(object = %unmapped.object, reason = %unmapped.reason, "not in the inventory");
+    }
+    tracing::info!(
+        site = %config.site,
+        source = %source.0.describe(),
+        nodes = inventory.nodes.len(),
+        gpus = inventory.site.gpus(),
+        unmapped = inventory.unmapped.len(),
+        "inventory discovered"
+    );
+    let state_dir = config.state_dir();
+    let (store, state) = Store::open(&state_dir, &config.site)?;
+    let tls = client_tls(&config)?;
+    if tls.is_none() {
+        tracing::warn!(
+            "PLAINTEXT mode: the agent and the coordinator do not authenticate each other; use [tls] outside a lab"
+        );
+    }
+    // The agent's identity for probes: its certificate (which must name
+    // its site), or a throw-away one in plaintext mode.
+    let agent_tls = match &config.tls {
+        Some(files) => AgentTls::from_pem_files(&config.site, &files.ca, &files.cert, &files.key)?,
+        None => AgentTls::insecure_local(&config.site)?,
+    };
+    let plaintext = tls.is_none();
+    let call_timeout = AgentConfig::std_duration(config.call_timeout);
+    let coordinators = Coordinators::new(&config.coordinators, tls, Duration::from_secs(1))?;
+    let status = Arc::new(Mutex::new(StatusBoard {
+        plaintext,
+        ..StatusBoard::default()
+    }));
+    if let Some(addr) = config.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("metrics_listen: cannot serve metrics on {addr}"))?;
+    }
+    let handler = RenderAndSubmit {
+        site_id: config.site.clone(),
+        dir: state_dir.join("rendered"),
+        options: config.render.clone(),
+        submit: config.submit.as_ref().map(|s| SlurmSubmitOptions {
+            sbatch: s.sbatch.clone(),
+            args: s.args.clone(),
+            timeout: AgentConfig::std_duration(s.timeout),
+        }),
+    };
+    let settings = Settings {
+        site_id: config.site.clone(),
+        data_address: config.data_address().to_string(),
+        rescan_interval: AgentConfig::std_duration(config.rescan_interval),
+        call_timeout,
+    };
+    let mut probe_options = config.probe.scheduler_options();
+    if !config.probe.enabled {
+        // The server still answers the other sites' probes.
+        probe_options.interval = Duration::from_secs(365 * 24 * 3600);
+    }
+    let prober = prober::start(
+        config.site.clone(),
+        config.data_listen,
+        config.probe.peer_addresses.clone(),
+        agent_tls,
+        probe_options,
+        coordinators.clone(),
+        status.clone(),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "data_listen: cannot start link probes on {}",
+            config.data_listen
+        )
+    })?;
+    let status_listener = tokio::net::TcpListener::bind(config.status_listen)
+        .await
+        .with_context(|| format!("status_listen: cannot listen on {}", config.status_listen))?;
+    let tasks = agent::spawn(Agent {
+        settings,
+        coordinators,
+        discover: Arc::new(source),
+        inventory,
+        handler: Box::new(handler),
+        store,
+        state,
+        status: status.clone(),
+    });
+    let service = StatusService::new(
+        config.site.clone(),
+        status,
+        Some(prober.trigger.clone()),
+        Duration::from_secs(90),
+    );
+    tracing::info!(site = %config.site, status = %config.status_listen, state_dir = %state_dir.display(), "site agent running");
+    let server = tonic::transport::Server::builder()
+        .add_service(SiteAgentServer::new(service))
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(status_listener),
+            shutdown(),
+        );
+    server.await.context("status server failed")?;
+    for task in tasks {
+        task.abort();
+    }
+    tracing::info!("site agent stopped");
+    Ok(())
+}
+
+async fn shutdown() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+}
+
+/// `site-agent run` as a whole: logging to stderr, a runtime, [`run`].
+pub fn main(config_path: &Path, log: &str) -> std::process::ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(log)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the runtime: {error}");
+            return std::process::ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(config_path)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
