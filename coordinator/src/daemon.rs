@@ -279,26 +279,26 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs a replica until it fails or is interrupted.
-pub fn main(args: Args) -> ExitCode {
+/// Runs a replica until it fails or is interrupted: logging to stderr, a
+/// runtime, the replica.
+pub fn run_blocking(args: Args) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the runtime: {error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(args)) {
+        .context("cannot start the runtime")?;
+    runtime.block_on(run(args))
+}
+
+/// [`run_blocking`], with the error on stderr and an exit status.
+pub fn main(args: Args) -> ExitCode {
+    match run_blocking(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");

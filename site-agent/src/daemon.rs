@@ -207,7 +207,7 @@ async fn shutdown() {
 }
 
 /// `site-agent run` as a whole: logging to stderr, a runtime, [`run`].
-pub fn main(config_path: &Path, log: &str) -> std::process::ExitCode {
+pub fn run_blocking(config_path: &Path, log: &str) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_new(log)
@@ -216,22 +216,10 @@ pub fn main(config_path: &Path, log: &str) -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            eprintln!("error: cannot start the runtime: {error}");
-            return std::process::ExitCode::from(1);
-        }
-    };
-    match runtime.block_on(run(config_path)) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error:#}");
-            std::process::ExitCode::from(1)
-        }
-    }
+        .context("cannot start the runtime")?;
+    runtime.block_on(run(config_path))
 }

@@ -6,6 +6,7 @@
 
 pub mod emulate;
 pub mod plan;
+pub mod rehearse;
 mod remote;
 mod table;
 pub mod topology;
@@ -59,6 +60,13 @@ pub enum Command {
     /// Jobs stored in a running coordinator.
     #[command(subcommand)]
     Jobs(remote::JobsCommand),
+    /// Rehearse a distance scenario: real coordinator replicas and agents
+    /// on this machine, behind emulated WAN links; the job placed, the fault
+    /// timeline played, and a report of what happened.
+    Rehearse(rehearse::RehearseArgs),
+    /// Roles of the processes `rehearse` starts (not for direct use).
+    #[command(subcommand, hide = true)]
+    Internal(rehearse::InternalCommand),
     /// Run the network emulator for a scenario: loopback proxies behind
     /// emulated WAN links, and a control API. Runs until Ctrl-C.
     Emulate(emulate::EmulateArgs),
@@ -164,6 +172,8 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Sites(command) => remote::sites(command, out),
         Command::Links(command) => remote::links(command, out),
         Command::Jobs(command) => remote::jobs(command, out),
+        Command::Rehearse(args) => rehearse::rehearse(&args, out),
+        Command::Internal(command) => rehearse::internal(command),
         Command::Emulate(args) => emulate::emulate(&args, out),
         Command::Emulator(command) => emulate::emulator(&command, out),
     };

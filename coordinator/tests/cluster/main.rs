@@ -7,5 +7,6 @@
 
 mod in_process;
 mod processes;
+mod rehearse;
 mod tls;
 mod util;
