@@ -1,0 +1,166 @@
+//! An agent process configured with `[tls]` against a replica serving
+//! mutual TLS, with certificates made here: it registers its site; an agent
+//! configured for another site than its certificate names refuses to start,
+//! and says why. (The coordinator's side of the rule — a certificate for
+//! one site cannot register, renew or report another — is tested beside the
+//! replica, in `coordinator/tests/cluster/tls.rs`.)
+
+#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use longhaul_coordinator::server::Replica;
+use longhaul_coordinator::server::tls::TlsMaterial;
+use longhaul_coordinator::testing::{eventually, free_addr, replica_configs};
+use longhaul_core::identity::site_dns_name;
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+
+struct Pki {
+    ca_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).unwrap();
+        Self {
+            ca_pem: ca.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// (certificate, key) PEM for these names.
+    fn issue(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Writes ca.pem, NAME.pem and NAME.key into `dir`.
+    fn write(&self, dir: &Path, name: &str, names: &[&str]) {
+        let (cert, key) = self.issue(names);
+        std::fs::write(dir.join("ca.pem"), &self.ca_pem).unwrap();
+        std::fs::write(dir.join(format!("{name}.pem")), cert).unwrap();
+        std::fs::write(dir.join(format!("{name}.key")), key).unwrap();
+    }
+}
+
+fn agent_config(dir: &Path, site: &str, cert: &str, coordinator: &str) -> std::path::PathBuf {
+    let topology =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/two-campuses-80km.toml");
+    let text = format!(
+        r#"site = "{site}"
+coordinators = ["https://{coordinator}"]
+data_listen = "{data}"
+status_listen = "{status}"
+state_dir = {state:?}
+
+[tls]
+ca = "ca.pem"
+cert = "{cert}.pem"
+key = "{cert}.key"
+
+[inventory]
+source = "static"
+site = "{site}"
+static = {{ file = {topology:?} }}
+"#,
+        data = free_addr(),
+        status = free_addr(),
+        state = dir.join(format!("state-{site}")),
+    );
+    let path = dir.join(format!("{site}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_its_site_certificate_registers_over_mutual_tls() {
+    let pki = Pki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = replica_configs(dir.path(), 1).remove(0);
+    let (cert, key) = pki.issue(&["127.0.0.1", "localhost"]);
+    let replica_tls = TlsMaterial::from_pem(pki.ca_pem.clone(), cert, key);
+    config.tls = Some(replica_tls.clone());
+    config.initial_cluster = [(1, format!("https://{}", config.listen))].into();
+    let coordinator = config.listen.to_string();
+    let replica = Replica::start(config).await.unwrap();
+    pki.write(dir.path(), "north", &[&site_dns_name("north")]);
+
+    // The north agent, with north's certificate: registered.
+    let north = agent_config(dir.path(), "north", "north", &coordinator);
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_site-agent"))
+        .args(["run", "--config"])
+        .arg(&north)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("https://{coordinator}"))
+        .unwrap()
+        .tls_config(replica_tls.client())
+        .unwrap()
+        .connect_lazy();
+    let mut c = CoordinatorClient::new(channel);
+    eventually(
+        Duration::from_secs(60),
+        "north registered over mTLS",
+        || {
+            let mut c = c.clone();
+            async move {
+                let sites = c
+                    .list_sites(pb::ListSitesRequest { allow_stale: false })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .sites;
+                sites
+                    .iter()
+                    .any(|s| {
+                        s.site.as_ref().is_some_and(|x| x.id == "north")
+                            && s.state() == pb::SiteState::Up
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let _ = agent.kill();
+    let _ = agent.wait();
+
+    // An agent for south holding north's certificate refuses to start.
+    let south = agent_config(dir.path(), "south", "north", &coordinator);
+    let output = Command::new(env!("CARGO_BIN_EXE_site-agent"))
+        .args(["run", "--config"])
+        .arg(&south)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("does not name site \"south\"") && stderr.contains(&site_dns_name("south")),
+        "{stderr}"
+    );
+    let sites = c
+        .list_sites(pb::ListSitesRequest { allow_stale: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .sites;
+    assert!(
+        sites
+            .iter()
+            .all(|s| s.site.as_ref().is_some_and(|x| x.id != "south"))
+    );
+    replica.stop().await;
+}
