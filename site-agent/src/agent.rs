@@ -238,12 +238,24 @@ pub fn spawn(agent: Agent) -> Vec<tokio::task::JoinHandle<()>> {
         board.endpoint = coordinators.url().to_string();
     }
     let inventory = Arc::new(Mutex::new(inventory));
+    let (lease_tx, lease_rx) = tokio::sync::watch::channel(None);
+    let reregister = Arc::new(tokio::sync::Notify::new());
     let lease = tokio::spawn(lease_task(
+        settings.clone(),
+        coordinators.clone(),
+        inventory.clone(),
+        status.clone(),
+        lease_tx,
+        reregister.clone(),
+    ));
+    let rescan = tokio::spawn(rescan_task(
         settings.clone(),
         coordinators.clone(),
         discover,
         inventory.clone(),
         status.clone(),
+        lease_rx,
+        reregister,
     ));
     let watch = tokio::spawn(watch_task(
         settings,
@@ -254,7 +266,7 @@ pub fn spawn(agent: Agent) -> Vec<tokio::task::JoinHandle<()>> {
         state,
         status,
     ));
-    vec![lease, watch]
+    vec![lease, rescan, watch]
 }
 
 fn current(inventory: &Mutex<Inventory>) -> Inventory {
@@ -264,17 +276,21 @@ fn current(inventory: &Mutex<Inventory>) -> Inventory {
         .clone()
 }
 
-/// Registers, then renews; re-registers when the lease is lost.
+/// Registers, then renews; re-registers when the lease is lost or the
+/// rescan task asks for it. Publishes the lease held (`None` while
+/// registering). Nothing else runs in this loop, so a slow call elsewhere
+/// never delays a renewal.
 async fn lease_task(
     settings: Settings,
     mut coordinators: Coordinators,
-    discover: Arc<dyn Discover>,
     inventory: Arc<Mutex<Inventory>>,
     status: SharedStatus,
+    lease: tokio::sync::watch::Sender<Option<u64>>,
+    reregister: Arc<tokio::sync::Notify>,
 ) {
     let mut backoff = Backoff::new();
-    let mut next_rescan = Instant::now() + settings.rescan_interval;
     loop {
+        lease.send_replace(None);
         // Register (any replica; followers forward to the leader).
         let site = current(&inventory).site;
         let request = pb::RegisterRequest {
@@ -315,6 +331,7 @@ async fn lease_task(
             board.lease_ttl = ttl;
             board.last_renewal = Some(Instant::now());
         }
+        lease.send_replace(Some(lease_id));
         metrics::counter!("longhaul_agent_registrations_total").increment(1);
         tracing::info!(site = %settings.site_id, lease_id, ttl_ms = ttl.as_millis() as u64, endpoint = coordinators.url(), "registered");
 
@@ -324,7 +341,10 @@ async fn lease_task(
         let call_timeout = (ttl / 6).clamp(Duration::from_millis(100), settings.call_timeout);
         let mut next_renewal = Instant::now() + period;
         let lost = loop {
-            tokio::time::sleep_until(next_renewal.into()).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(next_renewal.into()) => {}
+                () = reregister.notified() => break "the inventory changed shape".to_string(),
+            }
             let mut call = tonic::Request::new(pb::KeepAliveRequest {
                 site_id: settings.site_id.clone(),
                 lease_id,
@@ -356,25 +376,56 @@ async fn lease_task(
                     continue;
                 }
             }
-            if Instant::now() >= next_rescan {
-                next_rescan = Instant::now() + settings.rescan_interval;
-                match rescan(
-                    &settings,
-                    &mut coordinators,
-                    &*discover,
-                    &inventory,
-                    &status,
-                    lease_id,
-                )
-                .await
-                {
-                    Rescan::Unchanged | Rescan::Reported => {}
-                    Rescan::NeedsRegistration => break "the inventory changed shape".to_string(),
-                }
-            }
         };
         lock(&status).registered = false;
         tracing::warn!(site = %settings.site_id, reason = %lost, "lease lost; registering again");
+    }
+}
+
+/// Rescans the inventory every `rescan_interval` (off the async threads: a
+/// scheduler command may take seconds) and reports what changed under the
+/// lease held.
+async fn rescan_task(
+    settings: Settings,
+    mut coordinators: Coordinators,
+    discover: Arc<dyn Discover>,
+    inventory: Arc<Mutex<Inventory>>,
+    status: SharedStatus,
+    lease: tokio::sync::watch::Receiver<Option<u64>>,
+    reregister: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        tokio::time::sleep(settings.rescan_interval).await;
+        let Some(lease_id) = *lease.borrow() else {
+            continue;
+        };
+        let source = discover.clone();
+        let fresh = match tokio::task::spawn_blocking(move || source.discover()).await {
+            Ok(Ok(fresh)) => fresh,
+            Ok(Err(error)) => {
+                // Keep the registered inventory: a scheduler that does not
+                // answer is not evidence that GPUs are gone.
+                tracing::warn!(%error, "inventory rescan failed; keeping the last inventory");
+                continue;
+            }
+            Err(error) => {
+                tracing::error!(%error, "inventory rescan task failed");
+                continue;
+            }
+        };
+        match rescan(
+            &settings,
+            &mut coordinators,
+            fresh,
+            &inventory,
+            &status,
+            lease_id,
+        )
+        .await
+        {
+            Rescan::Unchanged | Rescan::Reported => {}
+            Rescan::NeedsRegistration => reregister.notify_one(),
+        }
     }
 }
 
@@ -387,20 +438,11 @@ enum Rescan {
 async fn rescan(
     settings: &Settings,
     coordinators: &mut Coordinators,
-    discover: &dyn Discover,
+    fresh: Inventory,
     inventory: &Mutex<Inventory>,
     status: &SharedStatus,
     lease_id: u64,
 ) -> Rescan {
-    let fresh = match discover.discover() {
-        Ok(fresh) => fresh,
-        Err(error) => {
-            // Keep the registered inventory: a scheduler that does not
-            // answer is not evidence that GPUs are gone.
-            tracing::warn!(%error, "inventory rescan failed; keeping the last inventory");
-            return Rescan::Unchanged;
-        }
-    };
     let old = current(inventory);
     if fresh.site == old.site {
         if fresh != old {
@@ -474,11 +516,12 @@ async fn watch_task(
     settings: Settings,
     mut coordinators: Coordinators,
     inventory: Arc<Mutex<Inventory>>,
-    mut handler: Box<dyn Handle>,
+    handler: Box<dyn Handle>,
     store: Store,
     mut state: AgentState,
     status: SharedStatus,
 ) {
+    let handler: SharedHandler = Arc::new(Mutex::new(handler));
     let mut backoff = Backoff::new();
     loop {
         let after = state.last_revision;
@@ -524,7 +567,7 @@ async fn watch_task(
                         .collect();
                     for job in gone {
                         if let Some(record) = state.jobs.remove(&job) {
-                            handler.remove(&job, &record);
+                            lock_handler(&handler).remove(&job, &record);
                         }
                     }
                 }
@@ -536,7 +579,7 @@ async fn watch_task(
                 if let Some(listed) = listed.as_mut() {
                     listed.insert(message.job_id.clone());
                 }
-                match handle(&mut state, &mut *handler, &message, &inventory) {
+                match handle(&mut state, &handler, &message, &inventory).await {
                     Outcome::Nothing => {}
                     Outcome::Progress => changed = true,
                     Outcome::Handled => {
@@ -574,10 +617,19 @@ enum Outcome {
     Handled,
 }
 
-/// Applies one assignment message.
-fn handle(
+type SharedHandler = Arc<Mutex<Box<dyn Handle>>>;
+
+fn lock_handler(handler: &SharedHandler) -> std::sync::MutexGuard<'_, Box<dyn Handle>> {
+    handler
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Applies one assignment message. Rendering and submitting run off the
+/// async threads (a 100k-rank table, an `sbatch` that takes seconds).
+async fn handle(
     state: &mut AgentState,
-    handler: &mut dyn Handle,
+    handler: &SharedHandler,
     message: &pb::Assignment,
     inventory: &Mutex<Inventory>,
 ) -> Outcome {
@@ -596,11 +648,17 @@ fn handle(
     if message.removed {
         if let Some(record) = state.jobs.remove(&message.job_id) {
             tracing::info!(job = %message.job_id, revision = message.revision, "job no longer runs on this site");
-            handler.remove(&message.job_id, &record);
+            lock_handler(handler).remove(&message.job_id, &record);
         }
     } else {
         let inventory = current(inventory);
-        match handler.assign(message, &inventory) {
+        let worker = handler.clone();
+        let owned = message.clone();
+        let outcome =
+            tokio::task::spawn_blocking(move || lock_handler(&worker).assign(&owned, &inventory))
+                .await
+                .unwrap_or_else(|e| Err(format!("the rendering task failed: {e}")));
+        match outcome {
             Ok(record) => {
                 tracing::info!(job = %message.job_id, revision = message.revision, ranks = message.ranks.len(), "assignment handled");
                 state.jobs.insert(message.job_id.clone(), record);

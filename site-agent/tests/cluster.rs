@@ -226,6 +226,10 @@ async fn replica_process() {
         })
         .collect();
     config.lease_ttl = Duration::from_millis(parts[4].parse().unwrap());
+    // One building's timers (100 ms ticks, elections after 1-2 s), not the
+    // 20 ms of the consensus tests: six processes share a slow machine here,
+    // and a starved replica must not call spurious elections.
+    config.node.tick_interval = Duration::from_millis(100);
     let replica = Replica::start(config).await.unwrap();
     // Until killed; and never past the test's own bounds, nor its parent.
     let parent = std::os::unix::process::parent_id();
@@ -289,7 +293,10 @@ async fn leader(replicas: &[Option<ReplicaProcess>]) -> (usize, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_detected() {
     let dir = tempfile::tempdir().unwrap();
-    let configs = replica_configs(dir.path(), 3);
+    let mut configs = replica_configs(dir.path(), 3);
+    for config in &mut configs {
+        config.lease_ttl = Duration::from_secs(5);
+    }
     let ttl = configs[0].lease_ttl;
     let urls: Vec<String> = configs
         .iter()
@@ -566,8 +573,20 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         },
     )
     .await;
+    let log = || {
+        agents
+            .iter()
+            .find(|a| a.site == "frankfurt")
+            .unwrap()
+            .log_tail()
+    };
     assert_eq!(drained.state(), pb::SiteState::Up);
-    assert_eq!(drained.state_revision, frankfurt(&before).state_revision);
+    assert_eq!(
+        drained.state_revision,
+        frankfurt(&before).state_revision,
+        "frankfurt changed state while its rack drained:\n{}",
+        log()
+    );
     assert_eq!(
         drained.state_reason,
         frankfurt(&before).state_reason,
