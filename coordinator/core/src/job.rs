@@ -142,6 +142,31 @@ impl JobSpec {
         p * (2.0 * element + self.training.optimizer_state_bytes_per_parameter)
     }
 
+    /// The job as it can be placed on `topology` when that is the part of a
+    /// larger one that is up now: allowed sites that are not in it (down,
+    /// not registered) are dropped. Fails when the job allowed some sites
+    /// and none of them is there, rather than widening to every site.
+    pub fn restricted_to(&self, topology: &Topology) -> Result<JobSpec, String> {
+        let allowed = &self.constraints.allowed_sites;
+        if allowed.is_empty() {
+            return Ok(self.clone());
+        }
+        let present: Vec<String> = allowed
+            .iter()
+            .filter(|s| topology.site(s).is_some())
+            .cloned()
+            .collect();
+        if present.is_empty() {
+            return Err(format!(
+                "none of the job's allowed sites ({}) is up",
+                allowed.join(", ")
+            ));
+        }
+        let mut job = self.clone();
+        job.constraints.allowed_sites = present;
+        Ok(job)
+    }
+
     /// Problems that appear only against a particular topology: allowed
     /// sites that do not exist, a fixed tensor-parallel degree larger than
     /// every scale-up domain, more GPUs asked for than exist.

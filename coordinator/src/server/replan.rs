@@ -1,7 +1,8 @@
 //! Re-planning when a site goes down or comes back.
 //!
 //! Every replica watches applied events; only the leader acts. On a liveness
-//! transition it re-examines each live job against the sites that are up:
+//! transition (and when it becomes leader, and to retry what it could not
+//! store) it re-examines each live job against the sites that are up:
 //! a placed job whose plan still holds (every site it uses is up and the
 //! plan passes the hard-constraint checker) keeps its plan, so nothing moves
 //! that need not; any other job is placed again, and the new outcome (a plan,
@@ -13,6 +14,7 @@ use longhaul_core::state::{
 };
 
 use super::raft_loop::{RaftHandle, Role};
+use super::state_machine::ApplyResponse;
 
 /// Why a job's placement changes, for the log.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,14 +40,25 @@ pub fn replans(state: &ClusterState) -> Vec<Replan> {
         .collect()
 }
 
+/// Places `spec` on the sites that are up: its allowed sites that are down
+/// are left out (and it is infeasible when all of them are).
+pub fn place_live(
+    topology: &longhaul_core::Topology,
+    spec: &longhaul_core::JobSpec,
+) -> Result<Plan, String> {
+    let spec = spec.restricted_to(topology)?;
+    place(topology, &spec).map_err(|error| error.to_string())
+}
+
 fn replan(job: &JobRecord, topology: &longhaul_core::Topology) -> Option<Replan> {
     if let Placement::Placed { plan_json } = &job.placement
         && let Ok(plan) = serde_json::from_str::<Plan>(plan_json)
-        && validate_plan(topology, &job.spec, &plan).is_ok()
+        && let Ok(spec) = job.spec.restricted_to(topology)
+        && validate_plan(topology, &spec, &plan).is_ok()
     {
         return None;
     }
-    let (placement, reason) = match place(topology, &job.spec) {
+    let (placement, reason) = match place_live(topology, &job.spec) {
         Ok(plan) => match serde_json::to_string(&plan) {
             Ok(plan_json) => (
                 Placement::Placed { plan_json },
@@ -60,9 +73,9 @@ fn replan(job: &JobRecord, topology: &longhaul_core::Topology) -> Option<Replan>
         },
         Err(error) => (
             Placement::Infeasible {
-                reason: error.to_string(),
+                reason: error.clone(),
             },
-            error.to_string(),
+            error,
         ),
     };
     (placement != job.placement).then(|| Replan {
@@ -72,20 +85,57 @@ fn replan(job: &JobRecord, topology: &longhaul_core::Topology) -> Option<Replan>
     })
 }
 
-/// Starts the watcher on this replica.
+/// Starts the watcher on this replica. A pass runs on the leader after
+/// every site liveness transition, when this replica becomes leader (a
+/// transition the previous leader saw may not have been acted on), and
+/// again a second later when a pass could not store all its changes.
 pub fn spawn(raft: RaftHandle) {
     let mut events = raft.subscribe();
+    let mut status = raft.watch_status();
     tokio::spawn(async move {
+        let mut was_leader = false;
+        let mut retry_at: Option<tokio::time::Instant> = None;
         loop {
-            let event = match events.recv().await {
-                Ok(event) => event,
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            let retry = async {
+                match retry_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
             };
-            let Change::Site { record } = &event.change else {
-                continue;
+            let why = tokio::select! {
+                event = events.recv() => match event {
+                    Ok(event) => {
+                        let Change::Site { record } = &event.change else {
+                            continue;
+                        };
+                        if record.liveness_revision != event.revision {
+                            continue;
+                        }
+                        format!("site {} went {:?}", record.site.id, record.liveness)
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        "missed events".to_string()
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let leader = status.borrow_and_update().role == Role::Leader;
+                    let became = leader && !was_leader;
+                    was_leader = leader;
+                    if !became {
+                        continue;
+                    }
+                    "this replica became leader".to_string()
+                }
+                () = retry => {
+                    retry_at = None;
+                    "retrying changes not stored".to_string()
+                }
             };
-            if record.liveness_revision != event.revision || raft.status().role != Role::Leader {
+            if raft.status().role != Role::Leader {
                 continue;
             }
             let state = raft.state().clone();
@@ -97,15 +147,118 @@ pub fn spawn(raft: RaftHandle) {
                 }
             };
             for change in changes {
-                tracing::info!(job = %change.job_id, reason = %change.reason, site = %record.site.id, "re-planning after a site transition");
+                tracing::info!(job = %change.job_id, reason = %change.reason, trigger = %why, "re-planning");
                 let command = Command::SetPlacement {
                     job_id: change.job_id.clone(),
                     placement: change.placement,
                 };
-                if let Err(error) = raft.propose(Request::new(command)).await {
-                    tracing::warn!(job = %change.job_id, %error, "re-plan not stored; the next transition retries");
+                match raft.propose(Request::new(command)).await {
+                    Ok(ApplyResponse::Applied { .. }) => {}
+                    Ok(ApplyResponse::Refused { error }) => {
+                        tracing::warn!(job = %change.job_id, %error, "re-plan refused");
+                    }
+                    Err(error) => {
+                        tracing::warn!(job = %change.job_id, %error, "re-plan not stored; retrying in a second");
+                        retry_at =
+                            Some(tokio::time::Instant::now() + std::time::Duration::from_secs(1));
+                    }
                 }
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use longhaul_core::state::{Command, Liveness, Placement, Request};
+    use longhaul_core::{JobSpec, Topology};
+
+    use super::replans;
+
+    const TOPOLOGY: &str = include_str!("../../../deploy/examples/three-sites-two-continents.toml");
+    const JOB: &str = include_str!("../../../deploy/examples/dense-400b.job.toml");
+
+    /// The three sites up, links configured, the 400B job (which lists all
+    /// three as allowed) submitted unplaced.
+    fn state() -> longhaul_core::state::ClusterState {
+        let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
+        let mut state = longhaul_core::state::ClusterState::default();
+        for site in &topology.sites {
+            state
+                .apply(&Request::new(Command::RegisterSite {
+                    site: site.clone(),
+                    data_address: String::new(),
+                    at_unix_ms: 0,
+                    lease_id: 0,
+                    lease_ttl_ms: 0,
+                }))
+                .unwrap();
+        }
+        for link in &topology.links {
+            state
+                .apply(&Request::new(Command::PutLink { link: link.clone() }))
+                .unwrap();
+        }
+        let spec = JobSpec::from_toml("j.toml", JOB).unwrap();
+        assert_eq!(spec.constraints.allowed_sites.len(), 3);
+        state
+            .apply(&Request::new(Command::SubmitJob {
+                job_id: spec.name.clone(),
+                spec,
+                placement: Placement::Pending,
+            }))
+            .unwrap();
+        state
+    }
+
+    fn down(state: &mut longhaul_core::state::ClusterState, site: &str) {
+        state
+            .apply(&Request::new(Command::MarkSiteDown {
+                site_id: site.into(),
+                reason: "test".into(),
+                at_unix_ms: 0,
+                lease_id: None,
+            }))
+            .unwrap();
+    }
+
+    #[test]
+    fn an_allowed_site_that_is_down_is_left_out_not_fatal() {
+        let mut state = state();
+        down(&mut state, "virginia");
+        assert_eq!(state.site("virginia").unwrap().liveness, Liveness::Down);
+        let changes = replans(&state);
+        assert_eq!(changes.len(), 1);
+        let Placement::Placed { plan_json } = &changes[0].placement else {
+            panic!(
+                "the job is placeable on paris and frankfurt: {:?}",
+                changes[0]
+            );
+        };
+        let plan: longhaul_core::placement::Plan = serde_json::from_str(plan_json).unwrap();
+        assert!(
+            plan.site_order.iter().all(|s| s != "virginia"),
+            "{:?}",
+            plan.site_order
+        );
+    }
+
+    #[test]
+    fn a_job_whose_allowed_sites_are_all_down_is_infeasible_and_says_why() {
+        let mut state = state();
+        for site in ["paris", "frankfurt", "virginia"] {
+            down(&mut state, site);
+        }
+        let changes = replans(&state);
+        assert_eq!(changes.len(), 1);
+        match &changes[0].placement {
+            Placement::Infeasible { reason } => {
+                assert!(
+                    reason.contains("none of the job's allowed sites"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -202,11 +202,9 @@ impl CoordinatorService {
     ) -> Result<Result<longhaul_core::placement::Plan, String>, Status> {
         let topology = self.raft.state().read().live_topology("registered-sites");
         let spec = spec.clone();
-        tokio::task::spawn_blocking(move || {
-            longhaul_core::placement::place(&topology, &spec).map_err(|error| error.to_string())
-        })
-        .await
-        .map_err(|e| Status::internal(format!("placement task failed: {e}")))
+        tokio::task::spawn_blocking(move || super::replan::place_live(&topology, &spec))
+            .await
+            .map_err(|e| Status::internal(format!("placement task failed: {e}")))
     }
 
     pub(super) fn header_at(&self, revision: u64) -> pb::ResponseHeader {
