@@ -21,7 +21,9 @@ use tonic::{Request, Response, Status};
 use super::assignments::assignment_for;
 use super::convert::{self, invalid};
 use super::leases::{LeaseError, Leases};
-use super::service::{CoordinatorService, FORWARDED, async_stream, now_unix_ms, wait_for};
+use super::service::{
+    CoordinatorService, FORWARDED, async_stream, follow_live, now_unix_ms, wait_for,
+};
 
 /// The agent-facing service of one replica.
 #[derive(Debug, Clone)]
@@ -305,8 +307,8 @@ impl AgentService for AgentServiceImpl {
         let site = body.site_id;
         let raft = self.coordinator.raft().clone();
         // Subscribe before reading, so nothing falls between.
-        let mut live = raft.subscribe();
-        let (backlog, mut last) = {
+        let live = raft.subscribe();
+        let (backlog, last) = {
             let state = raft.state().read();
             if body.after_revision == 0 {
                 (current_assignments(&state, &site), state.revision())
@@ -333,46 +335,7 @@ impl AgentService for AgentServiceImpl {
                     return;
                 }
             }
-            loop {
-                let event = match live.recv().await {
-                    Ok(event) => event,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        let catch_up = state.read().events_after(last);
-                        match catch_up {
-                            Ok(events) => {
-                                for event in events {
-                                    last = event.revision;
-                                    if let Some(a) = assignments_of(&event, &site)
-                                        && tx.send(Ok(a)).await.is_err()
-                                    {
-                                        return;
-                                    }
-                                }
-                                continue;
-                            }
-                            Err(error) => {
-                                let _ = tx.send(Err(Status::out_of_range(error.to_string()))).await;
-                                return;
-                            }
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                        let _ = tx
-                            .send(Err(Status::unavailable("the replica is shutting down")))
-                            .await;
-                        return;
-                    }
-                };
-                if event.revision <= last {
-                    continue;
-                }
-                last = event.revision;
-                if let Some(assignment) = assignments_of(&event, &site)
-                    && tx.send(Ok(assignment)).await.is_err()
-                {
-                    return;
-                }
-            }
+            follow_live(live, state, last, &tx, |event| assignments_of(event, &site)).await;
         });
         Ok(Response::new(Box::pin(stream)))
     }

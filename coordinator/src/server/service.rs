@@ -692,7 +692,7 @@ impl Coordinator for CoordinatorService {
             }
         }
         // Subscribe before reading the history, so nothing falls between.
-        let mut live = self.raft.subscribe();
+        let live = self.raft.subscribe();
         let backlog = self
             .raft
             .state()
@@ -710,49 +710,55 @@ impl Coordinator for CoordinatorService {
                     return;
                 }
             }
-            loop {
-                match live.recv().await {
-                    Ok(event) => {
-                        // One event per revision: anything at or below
-                        // `last` was already sent from the history.
-                        if event.revision <= last {
-                            continue;
-                        }
-                        last = event.revision;
-                        if wanted(&event) && tx.send(Ok(watch_event(&event))).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                        // Fell behind the live feed: catch up from the history.
-                        let catch_up = state.read().events_after(last);
-                        match catch_up {
-                            Ok(events) => {
-                                for event in events {
-                                    last = event.revision;
-                                    if wanted(&event)
-                                        && tx.send(Ok(watch_event(&event))).await.is_err()
-                                    {
-                                        return;
-                                    }
-                                }
-                            }
-                            Err(error) => {
-                                let _ = tx.send(Err(Status::out_of_range(error.to_string()))).await;
-                                return;
-                            }
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                        let _ = tx
-                            .send(Err(Status::unavailable("the replica is shutting down")))
-                            .await;
+            follow_live(live, state, last, &tx, |event| {
+                wanted(event).then(|| watch_event(event))
+            })
+            .await;
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// Sends, through `map`, every live event with a revision above `last`
+/// (anything at or below it was already sent from the history); when the
+/// live feed lagged, catches up from the retained history. Returns when the
+/// receiver is gone or the feed ends, having said why on the stream.
+pub(super) async fn follow_live<T>(
+    mut live: tokio::sync::broadcast::Receiver<Event>,
+    state: super::state_machine::SharedState,
+    mut last: u64,
+    tx: &tokio::sync::mpsc::Sender<Result<T, Status>>,
+    mut map: impl FnMut(&Event) -> Option<T>,
+) {
+    loop {
+        let events = match live.recv().await {
+            Ok(event) if event.revision <= last => continue,
+            Ok(event) => vec![event],
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                let catch_up = state.read().events_after(last);
+                match catch_up {
+                    Ok(events) => events,
+                    Err(error) => {
+                        let _ = tx.send(Err(Status::out_of_range(error.to_string()))).await;
                         return;
                     }
                 }
             }
-        });
-        Ok(Response::new(Box::pin(stream)))
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                let _ = tx
+                    .send(Err(Status::unavailable("the replica is shutting down")))
+                    .await;
+                return;
+            }
+        };
+        for event in events {
+            last = event.revision;
+            if let Some(item) = map(&event)
+                && tx.send(Ok(item)).await.is_err()
+            {
+                return;
+            }
+        }
     }
 }
 
