@@ -29,12 +29,20 @@
 //! Environment: `VS_ETCD_SECONDS` (measured window per phase, default 10),
 //! `VS_ETCD_WARMUP` (seconds before it, default 1), `VS_ETCD_CLIENTS`
 //! (default `1,16,256`), `VS_ETCD_FAILOVERS` (rounds, default 5),
-//! `VS_ETCD_BIN` (default `etcd` on `PATH`). Not run in CI.
+//! `VS_ETCD_BIN` (default `etcd` on `PATH`), `VS_ETCD_COORDINATOR_BIN`
+//! (default: the `coordinator` cargo built, e.g. to compare a saved older
+//! build). Not run in CI.
+//!
+//! After each phase it prints, per member, what a committed entry cost from
+//! the members' own metrics (fsyncs, deferred commits, Ready passes; etcd's
+//! WAL fsyncs and backend commits), to show where the time goes.
 
 #[path = "vs_etcd/cluster.rs"]
 mod cluster;
 #[path = "vs_etcd/etcd_api.rs"]
 mod etcd_api;
+#[path = "vs_etcd/metrics.rs"]
+mod metrics;
 #[path = "vs_etcd/procs.rs"]
 mod procs;
 
@@ -94,7 +102,10 @@ fn settings() -> Result<Settings, BoxError> {
         clients,
         failovers: env_or("VS_ETCD_FAILOVERS", 5)?,
         bins: Binaries {
-            coordinator: PathBuf::from(env!("CARGO_BIN_EXE_coordinator")),
+            coordinator: PathBuf::from(env_or(
+                "VS_ETCD_COORDINATOR_BIN",
+                env!("CARGO_BIN_EXE_coordinator").to_string(),
+            )?),
             etcd: PathBuf::from(env_or("VS_ETCD_BIN", "etcd".to_string())?),
         },
     })
@@ -365,6 +376,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
             let mut pair = Vec::new();
             for cluster in [&mut longhaul, &mut etcd] {
                 let pool = leader_pool(cluster, &payload, clients).await?;
+                let before = cluster.scrape().await;
                 let result = run_phase(
                     &pool,
                     clients,
@@ -383,6 +395,19 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                     result.errors,
                     result.loadavg
                 );
+                let after = cluster.scrape().await;
+                let leader = cluster.leader(READY_LIMIT).await.ok();
+                for (i, (before, after)) in before.iter().zip(&after).enumerate() {
+                    let role = if Some(i) == leader {
+                        "leader"
+                    } else {
+                        "follower"
+                    };
+                    println!(
+                        "           {}",
+                        metrics::describe(cluster.system, role, before, after)
+                    );
+                }
                 pair.push(result);
             }
             let etcd_result = pair.pop().unwrap_or_default();
