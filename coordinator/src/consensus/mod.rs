@@ -27,7 +27,7 @@ mod tests;
 
 pub use kv::KvStateMachine;
 pub use node::{Event, Node, NodeConfig, NodeError, Output};
-pub use storage::{Batch, LogState, RedbStorage, StorageError};
+pub use storage::{Batch, LogState, RedbStorage, StorageError, SyncMode};
 
 /// Errors a state machine reports; boxed because each state machine has its own.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

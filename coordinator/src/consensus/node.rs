@@ -14,7 +14,7 @@ use raft::eraftpb::{
 };
 use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
 
-use super::storage::{Batch, RedbStorage, StorageError, compress_snapshot};
+use super::storage::{Batch, RedbStorage, StorageError, SyncMode, compress_snapshot};
 use super::{BoxError, StateMachine};
 
 /// Timing and flow-control settings of one replica.
@@ -130,8 +130,10 @@ pub enum NodeError {
 /// Something the caller must act on, produced by [`Node::handle_ready`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A committed command was applied (and is durable). `context` is what the proposer passed
-    /// to [`Node::propose`], so it can match the response to its request.
+    /// A committed command was applied. Its log entry is durable on a quorum; the applied state
+    /// may not be on this replica's disk yet, but a crash only makes the replica apply the entry
+    /// again. `context` is what the proposer passed to [`Node::propose`], so it can match the
+    /// response to its request.
     Applied {
         index: u64,
         term: u64,
@@ -247,7 +249,9 @@ impl<S: StateMachine> Node<S> {
         self.raw.raft.raft_log.committed
     }
 
-    /// The last applied (and durable) index.
+    /// The last applied index. It may not be durable yet (see [`Node::handle_ready`]); a crash
+    /// rolls it back only to an index whose state is on disk, and the replica re-applies the
+    /// rest of the committed log.
     pub fn applied_index(&self) -> u64 {
         self.raw.store().state().applied
     }
@@ -351,16 +355,28 @@ impl<S: StateMachine> Node<S> {
     /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
     ///    state.
     ///
-    ///    Steps 3, 4 and 5 are written in this order into ONE redb transaction, committed
-    ///    (fsynced) once: a crash loses all of them or none, and a Ready costs one fsync. This is
-    ///    safe because raft only hands out committed entries that an earlier Ready persisted,
-    ///    and the hard state written in step 4 always has a commit index at or past what step 5
-    ///    applies;
+    ///    Steps 3, 4 and 5 are written in this order into ONE redb transaction: a crash loses
+    ///    all of them or none. It is fsynced ([`SyncMode::Durable`]) when the Ready must sync
+    ///    (raft-rs's `must_sync`: a snapshot, new entries, or a new term or vote), so a Ready
+    ///    costs at most one fsync. Otherwise it only applies entries and moves the commit index,
+    ///    which raft allows to be lost, and it is committed without an fsync
+    ///    ([`SyncMode::Deferred`]): it becomes durable with the next fsynced commit, and a crash
+    ///    before that rolls the store back to an older (commit, applied index, state) that
+    ///    agree with each other, from which the restarted replica re-applies the committed log.
+    ///    This is safe because raft only hands out committed entries that an earlier Ready
+    ///    persisted durably, and the hard state written in step 4 always has a commit index at
+    ///    or past what step 5 applies;
     /// 6. take the persisted messages (votes, append responses): they promise state that is on
-    ///    disk only once that transaction has committed;
+    ///    disk once that transaction has committed (entries, term and vote are only ever written
+    ///    by durable commits);
     /// 7. report read states;
-    /// 8. `advance`, then handle the light ready the same way: persist the new commit index with
-    ///    the entries it lets us apply, take its messages, then `advance_apply`.
+    /// 8. `advance`, then handle the light ready the same way: record the new commit index with
+    ///    the entries it lets us apply (deferred: a light ready never must sync), take its
+    ///    messages, then `advance_apply`.
+    ///
+    /// Snapshots and log compaction run after the loop, in durable transactions of their own:
+    /// their fsync also makes every deferred apply before them durable, so the log is never
+    /// compacted past state that a crash could still lose.
     ///
     /// Call again while [`Node::has_ready`] (e.g. after leaving a joint configuration).
     pub fn handle_ready(&mut self) -> Result<Output, NodeError> {
@@ -399,11 +415,18 @@ impl<S: StateMachine> Node<S> {
                 || ready.hs().is_some()
                 || !committed.is_empty()
             {
-                let mut batch = self.raw.store().begin()?;
+                let sync = if ready.must_sync() {
+                    SyncMode::Durable
+                } else {
+                    SyncMode::Deferred
+                };
+                let mut batch = self.raw.store().begin_with(sync)?;
                 if has_snapshot {
                     self.install_snapshot(&mut batch, ready.snapshot(), &mut out)?;
                 }
                 batch.append(ready.entries())?;
+                metrics::counter!("longhaul_raft_entries_appended_total")
+                    .increment(ready.entries().len() as u64);
                 if let Some(hard_state) = ready.hs() {
                     batch.set_hard_state(hard_state)?;
                 }
@@ -424,7 +447,7 @@ impl<S: StateMachine> Node<S> {
             out.messages.extend(light.take_messages());
             let committed = light.take_committed_entries();
             if light.commit_index().is_some() || !committed.is_empty() {
-                let mut batch = self.raw.store().begin()?;
+                let mut batch = self.raw.store().begin_with(SyncMode::Deferred)?;
                 if let Some(commit) = light.commit_index() {
                     batch.set_commit(commit)?;
                 }
@@ -477,13 +500,14 @@ impl<S: StateMachine> Node<S> {
     }
 
     /// Applies committed entries into `batch`: state-machine changes, applied index and any new
-    /// conf state become durable together when the batch commits.
+    /// conf state are committed together, in one transaction.
     fn apply_entries(
         &mut self,
         batch: &mut Batch,
         entries: Vec<Entry>,
         out: &mut Output,
     ) -> Result<(), NodeError> {
+        metrics::counter!("longhaul_raft_entries_applied_total").increment(entries.len() as u64);
         for entry in entries {
             let index = entry.index;
             match entry.get_entry_type() {
@@ -517,8 +541,8 @@ impl<S: StateMachine> Node<S> {
         Ok(())
     }
 
-    /// Commits (fsyncs) a batch that may have applied entries, then reacts to a membership
-    /// change that removed this leader.
+    /// Commits a batch that may have applied entries, then reacts to a membership change that
+    /// removed this leader.
     fn commit_applied(&mut self, batch: Batch) -> Result<(), NodeError> {
         self.raw.mut_store().commit(batch)?;
         if self.is_removed_leader() {
@@ -704,5 +728,63 @@ mod tests {
             KvStateMachine::get(&txn, b"a").unwrap(),
             Some(b"v".to_vec())
         );
+    }
+
+    fn get(node: &Node<KvStateMachine>, key: &str) -> Option<Vec<u8>> {
+        let txn = node.storage().read().unwrap();
+        KvStateMachine::get(&txn, key.as_bytes()).unwrap()
+    }
+
+    /// Proposes `key` and runs the Ready loop until it is applied; returns its index.
+    fn put_and_apply(node: &mut Node<KvStateMachine>, key: &str) -> u64 {
+        node.propose(key.as_bytes().to_vec(), put(key)).unwrap();
+        let mut applied = None;
+        while node.has_ready() {
+            for event in node.handle_ready().unwrap().events {
+                if let Event::Applied { index, context, .. } = event
+                    && context == key.as_bytes()
+                {
+                    applied = Some(index);
+                }
+            }
+        }
+        applied.expect("applied")
+    }
+
+    #[test]
+    fn crash_after_an_acknowledged_write_replays_its_deferred_apply_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("raft.redb");
+        let mut node = open(&dir, NodeConfig::new(1)).unwrap();
+        node.campaign().unwrap();
+        while node.has_ready() {
+            node.handle_ready().unwrap();
+        }
+        let a = put_and_apply(&mut node, "a");
+        // Appending b is fsynced, which makes a's (deferred) apply durable; b's apply is not.
+        let b = put_and_apply(&mut node, "b");
+        assert_eq!(node.applied_index(), b);
+        assert_eq!(get(&node, "b"), Some(b"v".to_vec()));
+        crate::consensus::harness::crash(node, &store);
+
+        let mut node = open(&dir, NodeConfig::new(1)).unwrap();
+        // Back to a consistent older pair: a applied, b only in the log.
+        assert_eq!(node.applied_index(), a);
+        assert_eq!(get(&node, "a"), Some(b"v".to_vec()));
+        assert_eq!(get(&node, "b"), None);
+        assert_eq!(node.storage().state().last_index, b);
+        // Once leader again, the replica commits its log and applies b again: the acknowledged
+        // write is back before any new one.
+        node.campaign().unwrap();
+        let mut replayed = Vec::new();
+        while node.has_ready() {
+            for event in node.handle_ready().unwrap().events {
+                if let Event::Applied { index, .. } = event {
+                    replayed.push(index);
+                }
+            }
+        }
+        assert_eq!(replayed, vec![b]);
+        assert_eq!(get(&node, "b"), Some(b"v".to_vec()));
     }
 }

@@ -1,9 +1,16 @@
 //! Durable Raft storage over redb.
 //!
-//! Every change goes through a [`Batch`]: one redb write transaction committed with
-//! [`Durability::Immediate`], so when a commit returns the change is fsynced. The in-memory
-//! [`LogState`] cache is only replaced after a successful commit, so a failed write never leaves
-//! the cache ahead of the disk.
+//! Every change goes through a [`Batch`]: one redb write transaction. A [`SyncMode::Durable`] batch
+//! is committed with [`Durability::Immediate`], so when the commit returns the change is
+//! fsynced. A [`SyncMode::Deferred`] batch is committed with [`Durability::None`]: it is visible at
+//! once, and becomes durable with the next durable commit. redb commits are totally ordered and
+//! a crash recovers the database as of the last durable commit, so a crash loses a suffix of
+//! deferred batches, never a batch in the middle and never part of one. The node defers only
+//! batches that raft allows to be lost (applying committed entries, moving the commit index);
+//! see `ARCHITECTURE.md`, "Durability".
+//!
+//! The in-memory [`LogState`] cache is only replaced after a successful commit, so a failed
+//! write never leaves the cache ahead of the last commit.
 //!
 //! Layout (one redb file per replica):
 //!
@@ -151,16 +158,32 @@ impl LogState {
     }
 }
 
-/// One atomic, durable change to the store: a redb write transaction plus the cache as it will
-/// be after commit. Obtain with [`RedbStorage::begin`], finish with [`RedbStorage::commit`].
+/// When a committed [`Batch`] reaches the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncMode {
+    /// fsynced before the commit returns ([`Durability::Immediate`]). Required for log entries,
+    /// term and vote, snapshots and compaction: raft promises them to peers.
+    Durable,
+    /// Written without an fsync ([`Durability::None`]); durable with the next `Durable` commit.
+    /// A crash before that loses this batch and every later deferred one, and nothing else.
+    Deferred,
+}
+
+/// One atomic change to the store: a redb write transaction plus the cache as it will be after
+/// commit. Obtain with [`RedbStorage::begin`] (durable) or [`RedbStorage::begin_with`], finish
+/// with [`RedbStorage::commit`].
 pub struct Batch {
     txn: WriteTransaction,
     state: LogState,
+    sync: SyncMode,
 }
 
 impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Batch").field("state", &self.state).finish()
+        f.debug_struct("Batch")
+            .field("state", &self.state)
+            .field("sync", &self.sync)
+            .finish()
     }
 }
 
@@ -182,6 +205,11 @@ impl Batch {
     /// The state as it will be once this batch commits.
     pub fn state(&self) -> &LogState {
         &self.state
+    }
+
+    /// Whether this batch is fsynced when it commits.
+    pub fn sync(&self) -> SyncMode {
+        self.sync
     }
 
     /// Appends entries, first removing any conflicting suffix of the log (entries at or after
@@ -443,7 +471,8 @@ impl RedbStorage {
         Ok(state)
     }
 
-    /// The cached state (equal to what is on disk).
+    /// The cached state: the store as of its last commit. After a deferred commit this is
+    /// ahead of what a crash would leave (see [`SyncMode::Deferred`]).
     pub fn state(&self) -> &LogState {
         &self.state
     }
@@ -455,21 +484,35 @@ impl RedbStorage {
 
     /// Starts an atomic, durable change.
     pub fn begin(&self) -> Result<Batch> {
+        self.begin_with(SyncMode::Durable)
+    }
+
+    /// Starts an atomic change that is fsynced on commit or not, as `sync` says.
+    pub fn begin_with(&self, sync: SyncMode) -> Result<Batch> {
         let mut txn = self.db.begin_write()?;
-        txn.set_durability(Durability::Immediate);
+        txn.set_durability(match sync {
+            SyncMode::Durable => Durability::Immediate,
+            SyncMode::Deferred => Durability::None,
+        });
         Ok(Batch {
             txn,
             state: self.state.clone(),
+            sync,
         })
     }
 
-    /// Commits a batch: when this returns `Ok` the batch is fsynced and the cache updated.
+    /// Commits a batch and updates the cache. A durable batch is fsynced when this returns `Ok`,
+    /// together with every deferred batch committed before it.
     pub fn commit(&mut self, batch: Batch) -> Result<()> {
-        // The commit is the fsync (durability `Immediate`): its latency is
-        // what every acknowledged write waits for.
         let started = std::time::Instant::now();
         batch.txn.commit()?;
-        metrics::histogram!("longhaul_fsync_seconds").record(started.elapsed().as_secs_f64());
+        match batch.sync {
+            // The commit is the fsync: its latency is what every acknowledged write waits for.
+            SyncMode::Durable => metrics::histogram!("longhaul_fsync_seconds")
+                .record(started.elapsed().as_secs_f64()),
+            SyncMode::Deferred => metrics::histogram!("longhaul_deferred_commit_seconds")
+                .record(started.elapsed().as_secs_f64()),
+        }
         self.state = batch.state;
         Ok(())
     }

@@ -308,3 +308,110 @@ fn snapshot_compression_round_trips_and_actually_compresses() {
     assert_eq!(decompress_snapshot(&compressed).unwrap(), data);
     assert!(decompress_snapshot(b"not zstd").is_err());
 }
+
+/// Applies log entries `indexes` the way the node does: each entry's data under its index in the
+/// state-machine table, and the applied index, in one batch committed as `sync` says.
+fn apply(store: &mut RedbStorage, sync: SyncMode, indexes: std::ops::RangeInclusive<u64>) {
+    let entries = store
+        .entries(*indexes.start(), indexes.end() + 1, None, ctx())
+        .unwrap();
+    let mut batch = store.begin_with(sync).unwrap();
+    for entry in entries {
+        batch
+            .txn()
+            .open_table(STATE_MACHINE)
+            .unwrap()
+            .insert(entry.index.to_be_bytes().as_slice(), &*entry.data)
+            .unwrap();
+        batch.set_applied(entry.index).unwrap();
+    }
+    store.commit(batch).unwrap();
+}
+
+/// The indexes whose entries the state machine holds, in order.
+fn applied_keys(store: &RedbStorage) -> Vec<u64> {
+    let txn = store.read().unwrap();
+    let table = txn.open_table(STATE_MACHINE).unwrap();
+    table
+        .iter()
+        .unwrap()
+        .map(|item| {
+            let (key, _) = item.unwrap();
+            u64::from_be_bytes(key.value().try_into().unwrap())
+        })
+        .collect()
+}
+
+/// SIGKILL of the process that has `store` open, then a restart (see `harness::crash`).
+fn crash_and_reopen(store: RedbStorage, dir: &tempfile::TempDir) -> RedbStorage {
+    crate::consensus::harness::crash(store, &dir.path().join("raft.redb"));
+    open(dir)
+}
+
+#[test]
+fn crash_loses_deferred_applies_only_back_to_a_consistent_state_and_the_log_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=4).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 4)))
+        .unwrap();
+    apply(&mut store, SyncMode::Durable, 1..=2);
+    apply(&mut store, SyncMode::Deferred, 3..=3);
+    apply(&mut store, SyncMode::Deferred, 4..=4);
+    // A deferred apply is visible at once.
+    assert_eq!(store.state().applied, 4);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+
+    let mut store = crash_and_reopen(store, &dir);
+    // Both deferred batches are gone, and nothing else: the applied index and the state agree.
+    assert_eq!(store.state().applied, 2);
+    assert_eq!(applied_keys(&store), vec![1, 2]);
+    // The log and hard state were durable, so everything past the applied index replays.
+    let state = store.initial_state().unwrap();
+    assert_eq!(state.hard_state, hard_state(1, 1, 4));
+    assert_eq!(store.last_index().unwrap(), 4);
+    let (from, to) = (store.state().applied + 1, state.hard_state.commit);
+    apply(&mut store, SyncMode::Deferred, from..=to);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+
+    // A durable commit (here the next append) makes the deferred applies before it durable.
+    store
+        .append_and_persist(&[entry(5, 1)], Some(&hard_state(1, 1, 5)))
+        .unwrap();
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 4);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn compaction_after_a_deferred_apply_never_outlives_the_state_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=6).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 6)))
+        .unwrap();
+    apply(&mut store, SyncMode::Deferred, 1..=5);
+    // The node snapshots and compacts in durable batches after applying, as here.
+    let meta = SnapshotMetadata {
+        index: 5,
+        term: 1,
+        ..Default::default()
+    };
+    store
+        .write(|b| b.store_snapshot(&meta, &compress_snapshot(b"state at 5")?))
+        .unwrap();
+    store.compact(6).unwrap();
+
+    let store = crash_and_reopen(store, &dir);
+    // The compaction's fsync took the deferred apply with it: no entry is missing from both
+    // the state and the log.
+    assert_eq!(store.first_index().unwrap(), 6);
+    assert_eq!(store.state().applied, 5);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4, 5]);
+    assert_eq!(
+        indexes(&store.entries(6, 7, None, ctx()).unwrap()),
+        vec![(6, 1)]
+    );
+}
