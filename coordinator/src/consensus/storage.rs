@@ -231,10 +231,10 @@ impl Batch {
                 last: self.state.last_index,
             });
         }
-        let mut log = self.txn.open_table(LOG)?;
         if first_new <= self.state.last_index {
-            log.retain_in(first_new.., |_, _| false)?;
+            remove_entries(&self.txn, first_new..=self.state.last_index)?;
         }
+        let mut log = self.txn.open_table(LOG)?;
         for entry in entries {
             log.insert(entry.index, encode("log entry", entry)?.as_slice())?;
         }
@@ -313,7 +313,7 @@ impl Batch {
                 })?;
             decode::<Entry>("log entry", bytes.value())?.term
         };
-        self.txn.open_table(LOG)?.retain_in(..to, |_, _| false)?;
+        remove_entries(&self.txn, self.state.first_index()..=truncated_index)?;
         self.set_truncated(truncated_index, truncated_term)
     }
 
@@ -369,7 +369,7 @@ impl Batch {
         restore(&self.txn, &data)?;
         // Raft only hands out a snapshot that does not match the local log, so the whole log
         // is replaced, as raft-rs's MemStorage does.
-        self.txn.open_table(LOG)?.retain(|_, _| false)?;
+        remove_entries(&self.txn, self.state.first_index()..=self.state.last_index)?;
         self.state.last_index = meta.index;
         self.set_truncated(meta.index, meta.term)?;
         self.store_snapshot(meta, &snapshot.data)?;
@@ -380,6 +380,18 @@ impl Batch {
         self.set_hard_state(&hard_state)?;
         self.set_applied(meta.index)
     }
+}
+
+/// Removes the log entries at `indexes` (the log holds every index from its first to its last).
+/// One `remove` per index rather than `retain_in`: redb 2.6's `retain_in` does not change the
+/// transaction's own dirty pages in place but copies the path to every entry it deletes, which
+/// made compacting ten thousand entries about seven times slower (~280 ms against ~40 ms).
+fn remove_entries(txn: &WriteTransaction, indexes: std::ops::RangeInclusive<u64>) -> Result<()> {
+    let mut log = txn.open_table(LOG)?;
+    for index in indexes {
+        log.remove(index)?;
+    }
+    Ok(())
 }
 
 /// Compresses a serialized state machine for a snapshot.
@@ -554,7 +566,11 @@ impl RedbStorage {
 
     /// Removes log entries before `to`; see [`Batch::compact`].
     pub fn compact(&mut self, to: u64) -> Result<()> {
-        self.write(|batch| batch.compact(to))
+        let started = std::time::Instant::now();
+        self.write(|batch| batch.compact(to))?;
+        metrics::histogram!("longhaul_log_compaction_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(())
     }
 
     /// Records the applied index alone (for entries that change no state).
