@@ -1,7 +1,7 @@
 //! Where each system spends a write: its members' Prometheus counters,
-//! scraped before and after a phase. For longhaul: fsynced and deferred
-//! store commits, Ready passes, entries appended and applied; for etcd: WAL
-//! fsyncs and backend commits. Per committed entry, so the two compare.
+//! scraped before and after a phase. For longhaul: log fsyncs, deferred and
+//! fsynced state commits, Ready passes, snapshots and compactions; for etcd:
+//! WAL fsyncs and backend commits. Per committed entry, so the two compare.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -93,15 +93,17 @@ pub fn describe(system: System, role: &str, before: &Samples, after: &Samples) -
             let appended = delta.counter("longhaul_raft_entries_appended_total");
             let (fsyncs, fsync_ms) = delta.timing("longhaul_fsync_seconds");
             let (deferred, deferred_ms) = delta.timing("longhaul_deferred_commit_seconds");
+            let (state_syncs, state_sync_ms) = delta.timing("longhaul_state_sync_seconds");
             let (readies, ready_ms) = delta.timing("longhaul_ready_seconds");
             let (_, apply_ms) = delta.timing("longhaul_apply_seconds");
             let (snapshots, snapshot_ms) = delta.timing("longhaul_snapshot_serialize_seconds");
             let (compactions, compaction_ms) = delta.timing("longhaul_log_compaction_seconds");
             let per = |n: f64| if applied > 0.0 { n / applied } else { f64::NAN };
             format!(
-                "{role:<8} per entry: {:.2} fsyncs (mean {fsync_ms:.2} ms), {:.2} deferred commits (mean {deferred_ms:.2} ms), {:.2} Ready passes (mean {ready_ms:.2} ms), apply {apply_ms:.3} ms; {:.1} entries per fsync; {snapshots} snapshots (mean {snapshot_ms:.0} ms), {compactions} compactions (mean {compaction_ms:.0} ms)",
+                "{role:<8} per entry: {:.2} fsyncs (mean {fsync_ms:.2} ms), {:.2} deferred commits (mean {deferred_ms:.2} ms), {:.3} state fsyncs (mean {state_sync_ms:.2} ms), {:.2} Ready passes (mean {ready_ms:.2} ms), apply {apply_ms:.3} ms; {:.1} entries per fsync; {snapshots} snapshots (mean {snapshot_ms:.0} ms), {compactions} compactions (mean {compaction_ms:.0} ms)",
                 per(fsyncs),
                 per(deferred),
+                per(state_syncs),
                 per(readies),
                 if fsyncs > 0.0 {
                     appended / fsyncs

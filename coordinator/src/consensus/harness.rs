@@ -21,15 +21,21 @@ use super::kv::{KvCommand, KvStateMachine};
 use super::{Event, Node, NodeConfig, RedbStorage};
 
 /// Crashes the owner of a store (a [`Node`] or a bare [`RedbStorage`]) the way SIGKILL does.
-/// The OS keeps what the process wrote to the redb file, but redb's record of the commits made
-/// since the last durable (fsynced) one lived only in the process, so the reopened store is at
-/// the last durable commit: deferred batches are lost. Dropping the owner instead would be a
-/// clean shutdown, which makes everything durable; so the file is copied while the owner runs,
-/// the owner is dropped, and the copy is put back.
+/// The OS keeps what the process wrote to the redb files, but redb's record of the commits made
+/// since the last durable (fsynced) one lived only in the process, so each reopened file is at
+/// its last durable commit: deferred commits are lost. Dropping the owner instead would be a
+/// clean shutdown, which makes everything durable; so the files are copied while the owner
+/// runs, the owner is dropped, and the copies are put back.
 pub(super) fn crash<T>(owner: T, store: &std::path::Path) {
-    let image = std::fs::read(store).expect("read the store to crash it");
+    let files = RedbStorage::files(store);
+    let images: Vec<Vec<u8>> = files
+        .iter()
+        .map(|file| std::fs::read(file).expect("read the store to crash it"))
+        .collect();
     drop(owner);
-    std::fs::write(store, image).expect("put back the crashed store");
+    for (file, image) in files.iter().zip(images) {
+        std::fs::write(file, image).expect("put back the crashed store");
+    }
 }
 
 /// The redb file of a replica whose store lives in `dir`.

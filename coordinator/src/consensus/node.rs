@@ -14,7 +14,7 @@ use raft::eraftpb::{
 };
 use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
 
-use super::storage::{Batch, RedbStorage, StorageError, SyncMode, compress_snapshot};
+use super::storage::{Batch, RedbStorage, StorageError, compress_snapshot};
 use super::{BoxError, StateMachine};
 
 /// Timing and flow-control settings of one replica.
@@ -193,7 +193,7 @@ impl<S: StateMachine> Node<S> {
     pub fn open(
         config: NodeConfig,
         mut storage: RedbStorage,
-        state_machine: S,
+        mut state_machine: S,
         initial_voters: &[u64],
     ) -> Result<Self, NodeError> {
         if !storage.is_initialized() && !initial_voters.is_empty() {
@@ -205,6 +205,21 @@ impl<S: StateMachine> Node<S> {
                 .snapshot(&storage.read()?)
                 .map_err(|source| NodeError::StateMachine { index: 0, source })?;
             storage.write(|batch| batch.bootstrap(&conf_state, &empty_state))?;
+        }
+        // A crash between the log and the state commits of a snapshot install (or bootstrap)
+        // leaves the state behind the log's start: restore it from the snapshot stored first.
+        if storage.state_behind_log() {
+            let snapshot = storage
+                .stored_snapshot()?
+                .ok_or(StorageError::NoSnapshotToRestore)?;
+            let machine = &mut state_machine;
+            storage.write(|batch| {
+                batch.restore_state(&snapshot, |txn, data| {
+                    machine
+                        .restore(txn, data)
+                        .map_err(StorageError::StateMachine)
+                })
+            })?;
         }
         let raft_config = config.to_raft(storage.state().applied);
         raft_config.validate()?;
@@ -351,32 +366,25 @@ impl<S: StateMachine> Node<S> {
     ///    entries (Raft thesis §10.2.1), so they go first in the out-box;
     /// 3. install a snapshot from the leader, if any: state machine, log, conf state and applied
     ///    index move to it;
-    /// 4. append the new entries (truncating a conflicting suffix) and the hard state;
+    /// 4. append the new entries (truncating a conflicting suffix) and the hard state, in one
+    ///    fsynced commit of the log store. The store writes it when raft-rs's `must_sync` holds
+    ///    (a snapshot, new entries, or a new term or vote); a new commit index alone is kept for
+    ///    the next log commit, which raft allows (the leader tells it again), so a Ready that
+    ///    only moves the commit index and applies costs no fsync;
     /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
-    ///    state.
-    ///
-    ///    Steps 3, 4 and 5 are written in this order into ONE redb transaction: a crash loses
-    ///    all of them or none. It is fsynced ([`SyncMode::Durable`]) when the Ready must sync
-    ///    (raft-rs's `must_sync`: a snapshot, new entries, or a new term or vote), so a Ready
-    ///    costs at most one fsync. Otherwise it only applies entries and moves the commit index,
-    ///    which raft allows to be lost, and it is committed without an fsync
-    ///    ([`SyncMode::Deferred`]): it becomes durable with the next fsynced commit, and a crash
-    ///    before that rolls the store back to an older (commit, applied index, state) that
-    ///    agree with each other, from which the restarted replica re-applies the committed log.
-    ///    This is safe because raft only hands out committed entries that an earlier Ready
-    ///    persisted durably, and the hard state written in step 4 always has a commit index at
-    ///    or past what step 5 applies;
-    /// 6. take the persisted messages (votes, append responses): they promise state that is on
-    ///    disk once that transaction has committed (entries, term and vote are only ever written
-    ///    by durable commits);
+    ///    state, in one transaction of the state store, committed without an fsync (see
+    ///    [`RedbStorage`]: it becomes durable with the state store's next fsync). Raft only hands
+    ///    out committed entries that an earlier Ready made durable in the log, so a crash rolls
+    ///    the state store back to an older applied index whose state agrees with it, and the
+    ///    restarted replica applies the rest of the log again;
+    /// 6. take the persisted messages (votes, append responses): they promise log entries, term
+    ///    and vote, which are on disk once step 4 returned;
     /// 7. report read states;
-    /// 8. `advance`, then handle the light ready the same way: record the new commit index with
-    ///    the entries it lets us apply (deferred: a light ready never must sync), take its
-    ///    messages, then `advance_apply`.
+    /// 8. `advance`, then handle the light ready the same way: the new commit index and the
+    ///    entries it lets us apply, its messages, then `advance_apply`.
     ///
-    /// Snapshots and log compaction run after the loop, in durable transactions of their own:
-    /// their fsync also makes every deferred apply before them durable, so the log is never
-    /// compacted past state that a crash could still lose.
+    /// Snapshots and log compaction run after the loop. Compaction first fsyncs the state
+    /// store, so the log never loses an entry that durable state does not hold yet.
     ///
     /// Call again while [`Node::has_ready`] (e.g. after leaving a joint configuration).
     pub fn handle_ready(&mut self) -> Result<Output, NodeError> {
@@ -407,20 +415,11 @@ impl<S: StateMachine> Node<S> {
             if !leader_messages.is_empty() {
                 send_now(leader_messages);
             }
-            // 3., 4. and 5., one transaction.
             let committed = ready.take_committed_entries();
+            // 3. and 4., one fsynced commit of the log store when raft must sync.
             let has_snapshot = !ready.snapshot().is_empty();
-            if has_snapshot
-                || !ready.entries().is_empty()
-                || ready.hs().is_some()
-                || !committed.is_empty()
-            {
-                let sync = if ready.must_sync() {
-                    SyncMode::Durable
-                } else {
-                    SyncMode::Deferred
-                };
-                let mut batch = self.raw.store().begin_with(sync)?;
+            if has_snapshot || !ready.entries().is_empty() || ready.hs().is_some() {
+                let mut batch = self.raw.store().begin()?;
                 if has_snapshot {
                     self.install_snapshot(&mut batch, ready.snapshot(), &mut out)?;
                 }
@@ -430,6 +429,11 @@ impl<S: StateMachine> Node<S> {
                 if let Some(hard_state) = ready.hs() {
                     batch.set_hard_state(hard_state)?;
                 }
+                self.raw.mut_store().commit(batch)?;
+            }
+            // 5.
+            if !committed.is_empty() {
+                let mut batch = self.raw.store().begin()?;
                 self.apply_entries(&mut batch, committed, &mut out)?;
                 self.commit_applied(batch)?;
             }
@@ -447,7 +451,7 @@ impl<S: StateMachine> Node<S> {
             out.messages.extend(light.take_messages());
             let committed = light.take_committed_entries();
             if light.commit_index().is_some() || !committed.is_empty() {
-                let mut batch = self.raw.store().begin_with(SyncMode::Deferred)?;
+                let mut batch = self.raw.store().begin()?;
                 if let Some(commit) = light.commit_index() {
                     batch.set_commit(commit)?;
                 }
@@ -516,7 +520,7 @@ impl<S: StateMachine> Node<S> {
                     if !entry.data.is_empty() {
                         let response = self
                             .state_machine
-                            .apply(batch.txn(), index, &entry.data)
+                            .apply(batch.state_txn()?, index, &entry.data)
                             .map_err(|source| NodeError::StateMachine { index, source })?;
                         out.events.push(Event::Applied {
                             index,
@@ -541,8 +545,8 @@ impl<S: StateMachine> Node<S> {
         Ok(())
     }
 
-    /// Commits a batch that may have applied entries, then reacts to a membership change that
-    /// removed this leader.
+    /// Commits a batch of applied entries, then reacts to a membership change that removed
+    /// this leader.
     fn commit_applied(&mut self, batch: Batch) -> Result<(), NodeError> {
         self.raw.mut_store().commit(batch)?;
         if self.is_removed_leader() {
@@ -617,7 +621,14 @@ impl<S: StateMachine> Node<S> {
         Ok(index)
     }
 
-    /// Removes log entries before `to` (bounded by the stored snapshot and the applied index).
+    /// Makes everything applied so far durable (one fsync of the state store, if needed), e.g.
+    /// before a planned shutdown, so that the restart re-applies nothing.
+    pub fn sync_state(&mut self) -> Result<(), NodeError> {
+        Ok(self.raw.mut_store().sync_state()?)
+    }
+
+    /// Removes log entries before `to` (bounded by the stored snapshot and the applied index;
+    /// the state store is fsynced first).
     pub fn compact_log(&mut self, to: u64) -> Result<(), NodeError> {
         Ok(self.raw.mut_store().compact(to)?)
     }
@@ -752,7 +763,7 @@ mod tests {
     }
 
     #[test]
-    fn crash_after_an_acknowledged_write_replays_its_deferred_apply_from_the_log() {
+    fn crash_after_acknowledged_writes_replays_their_deferred_applies_from_the_log() {
         let dir = tempfile::tempdir().unwrap();
         let store = dir.path().join("raft.redb");
         let mut node = open(&dir, NodeConfig::new(1)).unwrap();
@@ -761,9 +772,12 @@ mod tests {
             node.handle_ready().unwrap();
         }
         let a = put_and_apply(&mut node, "a");
-        // Appending b is fsynced, which makes a's (deferred) apply durable; b's apply is not.
+        node.sync_state().unwrap();
+        // b's entry is fsynced in the log before it is applied and acknowledged; its apply is
+        // not fsynced.
         let b = put_and_apply(&mut node, "b");
         assert_eq!(node.applied_index(), b);
+        assert_eq!(node.storage().state().durable_applied, a);
         assert_eq!(get(&node, "b"), Some(b"v".to_vec()));
         crate::consensus::harness::crash(node, &store);
 

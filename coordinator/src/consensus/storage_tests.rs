@@ -195,7 +195,7 @@ fn reopen_restores_log_hard_state_conf_state_and_applied_state() {
             .unwrap();
         store
             .write(|b| {
-                b.txn()
+                b.state_txn()?
                     .open_table(STATE_MACHINE)?
                     .insert(b"k".as_slice(), b"v".as_slice())?;
                 b.set_applied(2)
@@ -310,20 +310,25 @@ fn snapshot_compression_round_trips_and_actually_compresses() {
 }
 
 /// Applies log entries `indexes` the way the node does: each entry's data under its index in the
-/// state-machine table, and the applied index, in one batch committed as `sync` says.
-fn apply(store: &mut RedbStorage, sync: SyncMode, indexes: std::ops::RangeInclusive<u64>) {
+/// state-machine table, and the applied index, in one batch; the state store is fsynced if
+/// `sync`.
+fn apply(store: &mut RedbStorage, sync: bool, indexes: std::ops::RangeInclusive<u64>) {
     let entries = store
         .entries(*indexes.start(), indexes.end() + 1, None, ctx())
         .unwrap();
-    let mut batch = store.begin_with(sync).unwrap();
+    let mut batch = store.begin().unwrap();
     for entry in entries {
         batch
-            .txn()
+            .state_txn()
+            .unwrap()
             .open_table(STATE_MACHINE)
             .unwrap()
             .insert(entry.index.to_be_bytes().as_slice(), &*entry.data)
             .unwrap();
         batch.set_applied(entry.index).unwrap();
+    }
+    if sync {
+        batch.sync_state();
     }
     store.commit(batch).unwrap();
 }
@@ -354,46 +359,70 @@ fn crash_loses_deferred_applies_only_back_to_a_consistent_state_and_the_log_repl
     let mut store = open(&dir);
     let log: Vec<_> = (1..=4).map(|i| entry(i, 1)).collect();
     store
-        .append_and_persist(&log, Some(&hard_state(1, 1, 4)))
+        .append_and_persist(&log, Some(&hard_state(1, 1, 2)))
         .unwrap();
-    apply(&mut store, SyncMode::Durable, 1..=2);
-    apply(&mut store, SyncMode::Deferred, 3..=3);
-    apply(&mut store, SyncMode::Deferred, 4..=4);
+    apply(&mut store, true, 1..=2);
+    // The commit index moves on alone: kept for the next log commit, not written by itself.
+    store.write(|b| b.set_commit(4)).unwrap();
+    apply(&mut store, false, 3..=3);
+    apply(&mut store, false, 4..=4);
     // A deferred apply is visible at once.
     assert_eq!(store.state().applied, 4);
+    assert_eq!(store.state().durable_applied, 2);
     assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
 
     let mut store = crash_and_reopen(store, &dir);
-    // Both deferred batches are gone, and nothing else: the applied index and the state agree.
+    // Both deferred commits are gone, and nothing else: the applied index and the state agree.
     assert_eq!(store.state().applied, 2);
     assert_eq!(applied_keys(&store), vec![1, 2]);
-    // The log and hard state were durable, so everything past the applied index replays.
+    // The log was fsynced, so everything past the applied index is there to re-apply once the
+    // commit index is known again.
     let state = store.initial_state().unwrap();
-    assert_eq!(state.hard_state, hard_state(1, 1, 4));
+    assert_eq!(state.hard_state, hard_state(1, 1, 2));
     assert_eq!(store.last_index().unwrap(), 4);
-    let (from, to) = (store.state().applied + 1, state.hard_state.commit);
-    apply(&mut store, SyncMode::Deferred, from..=to);
+    apply(&mut store, false, 3..=4);
     assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
 
-    // A durable commit (here the next append) makes the deferred applies before it durable.
-    store
-        .append_and_persist(&[entry(5, 1)], Some(&hard_state(1, 1, 5)))
-        .unwrap();
+    // An fsync of the state store makes the deferred applies before it durable.
+    store.sync_state().unwrap();
     let store = crash_and_reopen(store, &dir);
     assert_eq!(store.state().applied, 4);
     assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+    // The commit index on disk predates the last applies; opening raises it to the applied
+    // index, as raft requires (committed entries were applied, so they were committed).
+    assert_eq!(store.initial_state().unwrap().hard_state.commit, 4);
 }
 
 #[test]
-fn compaction_after_a_deferred_apply_never_outlives_the_state_it_needs() {
+fn the_log_is_fsynced_alone_and_a_log_commit_does_not_make_applies_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1)], Some(&hard_state(1, 1, 1)))
+        .unwrap();
+    apply(&mut store, false, 1..=1);
+    store
+        .append_and_persist(&[entry(2, 1)], Some(&hard_state(1, 1, 2)))
+        .unwrap();
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.last_index().unwrap(), 2);
+    assert_eq!(
+        store.initial_state().unwrap().hard_state,
+        hard_state(1, 1, 2)
+    );
+    assert_eq!(store.state().applied, 0);
+    assert_eq!(applied_keys(&store), Vec::<u64>::new());
+}
+
+#[test]
+fn compaction_fsyncs_the_state_first_so_no_entry_is_lost_from_both() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(&dir);
     let log: Vec<_> = (1..=6).map(|i| entry(i, 1)).collect();
     store
         .append_and_persist(&log, Some(&hard_state(1, 1, 6)))
         .unwrap();
-    apply(&mut store, SyncMode::Deferred, 1..=5);
-    // The node snapshots and compacts in durable batches after applying, as here.
+    apply(&mut store, false, 1..=5);
     let meta = SnapshotMetadata {
         index: 5,
         term: 1,
@@ -402,11 +431,16 @@ fn compaction_after_a_deferred_apply_never_outlives_the_state_it_needs() {
     store
         .write(|b| b.store_snapshot(&meta, &compress_snapshot(b"state at 5")?))
         .unwrap();
+    // A batch cannot compact past what the state store has fsynced ...
+    let err = store.write(|b| b.compact(6)).unwrap_err();
+    assert!(
+        matches!(err, StorageError::CompactTooFar { limit: 1, .. }),
+        "{err}"
+    );
+    // ... and compacting through the store fsyncs it first.
     store.compact(6).unwrap();
 
     let store = crash_and_reopen(store, &dir);
-    // The compaction's fsync took the deferred apply with it: no entry is missing from both
-    // the state and the log.
     assert_eq!(store.first_index().unwrap(), 6);
     assert_eq!(store.state().applied, 5);
     assert_eq!(applied_keys(&store), vec![1, 2, 3, 4, 5]);
@@ -414,4 +448,129 @@ fn compaction_after_a_deferred_apply_never_outlives_the_state_it_needs() {
         indexes(&store.entries(6, 7, None, ctx()).unwrap()),
         vec![(6, 1)]
     );
+}
+
+#[test]
+fn state_store_fsyncs_on_its_own_every_so_many_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let n = STATE_SYNC_COMMITS + 2;
+    let log: Vec<_> = (1..=n).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, n)))
+        .unwrap();
+    for index in 1..=n {
+        apply(&mut store, false, index..=index);
+    }
+    assert_eq!(store.state().durable_applied, STATE_SYNC_COMMITS);
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, STATE_SYNC_COMMITS);
+}
+
+#[test]
+fn crash_inside_a_snapshot_install_leaves_the_state_behind_the_log_for_the_node_to_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], Some(&hard_state(1, 0, 1)))
+        .unwrap();
+    apply(&mut store, true, 1..=1);
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 20;
+    snapshot.mut_metadata().term = 3;
+    snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+    snapshot.data = compress_snapshot(b"restored").unwrap().into();
+    // The crash image of the state file is taken before the install, that of the log file
+    // after: as if the process died between the install's two commits.
+    let [log_file, state_file] = RedbStorage::files(&path);
+    let state_before = std::fs::read(&state_file).unwrap();
+    store.apply_snapshot(&snapshot, |_, _| Ok(())).unwrap();
+    let log_after = std::fs::read(&log_file).unwrap();
+    drop(store);
+    std::fs::write(&log_file, log_after).unwrap();
+    std::fs::write(&state_file, state_before).unwrap();
+
+    let mut store = open(&dir);
+    assert!(store.state_behind_log());
+    assert_eq!(
+        (store.state().applied, store.first_index().unwrap()),
+        (1, 21)
+    );
+    let stored = store.stored_snapshot().unwrap().unwrap();
+    store
+        .write(|b| {
+            b.restore_state(&stored, |txn, data| {
+                txn.open_table(STATE_MACHINE)?
+                    .insert(b"x".as_slice(), data)?;
+                Ok(())
+            })
+        })
+        .unwrap();
+    assert!(!store.state_behind_log());
+    assert_eq!(store.state().applied, 20);
+    assert_eq!(store.state().conf_state.voters, vec![1, 2, 3]);
+    assert_eq!(store.initial_state().unwrap().hard_state.commit, 20);
+}
+
+#[test]
+fn a_store_written_in_one_file_moves_its_state_to_the_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    {
+        // The layout before the split: state tables in the log file.
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(LOG)
+            .unwrap()
+            .insert(1, encode("log entry", &entry(1, 1)).unwrap().as_slice())
+            .unwrap();
+        txn.open_table(HARD_STATE)
+            .unwrap()
+            .insert(
+                (),
+                encode("hard state", &hard_state(1, 1, 1))
+                    .unwrap()
+                    .as_slice(),
+            )
+            .unwrap();
+        txn.open_table(APPLIED).unwrap().insert((), 1).unwrap();
+        let cs = ConfState {
+            voters: vec![1, 2, 3],
+            ..Default::default()
+        };
+        txn.open_table(CONF_STATE)
+            .unwrap()
+            .insert((), encode("conf state", &cs).unwrap().as_slice())
+            .unwrap();
+        txn.open_table(STATE_MACHINE)
+            .unwrap()
+            .insert(b"k".as_slice(), b"v".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = open(&dir);
+    assert_eq!(store.state().applied, 1);
+    assert_eq!(store.state().conf_state.voters, vec![1, 2, 3]);
+    assert_eq!(store.last_index().unwrap(), 1);
+    let txn = store.read().unwrap();
+    let table = txn.open_table(STATE_MACHINE).unwrap();
+    assert_eq!(table.get(b"k".as_slice()).unwrap().unwrap().value(), b"v");
+    drop((table, txn, store));
+    // Moved, not copied: the log file holds no state tables any more, and a second open is
+    // the same.
+    let db = Database::create(&path).unwrap();
+    let names: Vec<String> = db
+        .begin_read()
+        .unwrap()
+        .list_tables()
+        .unwrap()
+        .map(|t| t.name().to_string())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n == STATE_MACHINE.name()),
+        "{names:?}"
+    );
+    drop(db);
+    assert_eq!(open(&dir).state().applied, 1);
 }
