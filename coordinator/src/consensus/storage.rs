@@ -7,19 +7,24 @@
 //!   peers, and an acknowledged write is an entry in it on a quorum.
 //! - the **state store** beside it ([`RedbStorage::files`], e.g. `store.state.redb`): the state
 //!   machine's table, the applied index and the applied membership (conf state), which change
-//!   together, in one transaction, when committed entries are applied. Its commits are not
-//!   fsynced ([`Durability::None`]): visible at once, durable with its next fsynced commit, which
-//!   comes every [`STATE_SYNC_COMMITS`] commits, before the log is compacted, and when a
-//!   snapshot is installed.
+//!   together whenever committed entries are applied. Applies accumulate in one open write
+//!   transaction of the state store (as etcd batches its backend), committed and fsynced once
+//!   [`STATE_SYNC_ENTRIES`] entries were applied since the last time, on
+//!   [`RedbStorage::sync_state`] (the runtime calls it on a timer), before the log is compacted,
+//!   when a snapshot is installed, and when the store is closed. A read of the state store
+//!   ([`RedbStorage::read`]) first commits the open transaction without an fsync
+//!   ([`Durability::None`]), so readers see every apply.
 //!
 //! Two files because an fsync flushes every page of its file written since the previous one: in
 //! one file, every log append paid for the state machine's pages too (~12 scattered pages per
 //! write instead of ~6, twice the fsync time on the machines measured). Applying needs no fsync:
-//! the entries it applies are already durable in the log.
+//! the entries it applies are already durable in the log. One open transaction because redb
+//! copies a page on its first change in each transaction: across many applies, each page is
+//! written once.
 //!
 //! **Crash recovery.** redb recovers each file to its last fsynced commit, and its commits are
-//! totally ordered, so a crash loses a suffix of the state store's deferred commits, never part
-//! of one: the state machine, applied index and membership on disk always agree, only older. The
+//! totally ordered, so a crash loses the open transaction and a suffix of unsynced commits, never
+//! part of one: the state machine, applied index and membership on disk always agree, only older. The
 //! log keeps every entry after the state store's durable applied index (the log is only
 //! compacted after the state store was fsynced, see [`RedbStorage::compact`]), so a restarted
 //! replica re-applies them once it learns the commit index again. On open: a commit index below
@@ -48,6 +53,7 @@
 //! Stores written before the split kept the state tables in the log file; [`RedbStorage::open`]
 //! moves them.
 
+use std::cell::Cell;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -62,6 +68,7 @@ use redb::{
 mod batch;
 
 pub use batch::Batch;
+use batch::PendingState;
 
 const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_log");
 const HARD_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_hard_state");
@@ -89,10 +96,10 @@ pub const MAX_SNAPSHOT_BYTES: u64 = 4 << 30;
 /// zstd level for snapshots: level 3 is zstd's default speed/ratio trade-off.
 const SNAPSHOT_ZSTD_LEVEL: i32 = 3;
 
-/// Every this many state-store commits one is fsynced, even if nothing asks for it. redb frees
-/// the pages a deferred commit replaced only at the next fsynced commit, so this bounds how much
-/// the state file grows between them (a few MB), and how much a restart re-applies.
-pub const STATE_SYNC_COMMITS: u64 = 128;
+/// The state store is committed and fsynced once this many entries were applied since its last
+/// fsync, even if nothing else asks for it: this bounds the open transaction, the fsync that ends
+/// it, and what a restart re-applies.
+pub const STATE_SYNC_ENTRIES: u64 = 1024;
 
 /// Errors of the durable Raft store.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +155,8 @@ pub enum StorageError {
     StateAheadOfLog { applied: u64, last: u64 },
     #[error("the state store is behind the log's start and there is no snapshot to restore")]
     NoSnapshotToRestore,
+    #[error("a failed batch dropped applied entries that were not committed; reopen the store")]
+    AppliesLost,
     #[error("state machine: {0}")]
     StateMachine(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -243,17 +252,20 @@ pub struct RedbStorage {
     state: LogState,
     /// The hard state as last written to the log store.
     persisted_hard_state: HardState,
-    /// State-store commits since its last fsync.
-    deferred_state_commits: u64,
+    /// The state store's open write transaction, shared with the batch that holds it.
+    pending_state: Arc<PendingState>,
+    /// Whether the state store holds changes a crash would lose (an open transaction, or
+    /// commits not fsynced yet).
+    state_unsynced: Cell<bool>,
     // Set when raft asked for a snapshot that is not there yet; the node then builds one.
-    snapshot_wanted: std::cell::Cell<bool>,
+    snapshot_wanted: Cell<bool>,
 }
 
 impl std::fmt::Debug for RedbStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedbStorage")
             .field("state", &self.state)
-            .field("deferred_state_commits", &self.deferred_state_commits)
+            .field("state_unsynced", &self.state_unsynced.get())
             .finish_non_exhaustive()
     }
 }
@@ -316,8 +328,9 @@ impl RedbStorage {
             state_db: Arc::new(state_db),
             state,
             persisted_hard_state,
-            deferred_state_commits: 0,
-            snapshot_wanted: std::cell::Cell::new(false),
+            pending_state: Arc::new(PendingState::default()),
+            state_unsynced: Cell::new(false),
+            snapshot_wanted: Cell::new(false),
         })
     }
 
@@ -420,23 +433,38 @@ impl RedbStorage {
         self.state.applied < self.state.truncated_index
     }
 
-    /// Starts an atomic change.
+    /// Starts a change. One batch at a time: it holds the state store's open transaction.
     pub fn begin(&self) -> Result<Batch> {
+        if self.pending_state.is_lost() {
+            return Err(StorageError::AppliesLost);
+        }
         Ok(Batch::new(
             self.log_db.clone(),
             self.state_db.clone(),
+            self.pending_state.clone(),
             self.state.clone(),
         ))
     }
 
-    /// Commits a batch and updates the cache: first its log part, fsynced, then its state part,
-    /// fsynced only if the batch asks for it ([`Batch::sync_state`]) or every
-    /// [`STATE_SYNC_COMMITS`] commits. The log part is written when the batch changed the log or
-    /// the term or vote; a change of the commit index alone waits for the next one.
+    /// Commits a batch and updates the cache: first its log part, fsynced, then its state part.
+    /// The log part is written when the batch changed the log or the term or vote; a change of
+    /// the commit index alone waits for the next one. The state part stays in the state store's
+    /// open transaction, unless the batch asks for an fsync ([`Batch::sync_state`]) or
+    /// [`STATE_SYNC_ENTRIES`] entries were applied since the last one: then that transaction is
+    /// committed and fsynced, and with it everything the state store holds.
     ///
-    /// After an error the store must be reopened: one file may have committed and the other not.
+    /// After an error the store must be reopened: one file may have committed and the other
+    /// not, and the open transaction is gone.
     pub fn commit(&mut self, batch: Batch) -> Result<()> {
-        let parts = batch.into_parts();
+        let result = self.commit_parts(batch.into_parts());
+        if result.is_err() {
+            // The state store's open transaction went with the failed commit.
+            self.pending_state.mark_lost();
+        }
+        result
+    }
+
+    fn commit_parts(&mut self, parts: batch::Parts) -> Result<()> {
         let mut state = parts.state;
         let hard_state_changed = state.hard_state != self.persisted_hard_state;
         let term_or_vote_changed = state.hard_state.term != self.persisted_hard_state.term
@@ -457,29 +485,25 @@ impl RedbStorage {
             metrics::histogram!("longhaul_fsync_seconds").record(started.elapsed().as_secs_f64());
             self.persisted_hard_state = state.hard_state.clone();
         }
-        let sync = parts.sync_state
-            || (parts.state_txn.is_some() && self.deferred_state_commits + 1 >= STATE_SYNC_COMMITS);
+        let sync = parts.sync_state || state.applied >= state.durable_applied + STATE_SYNC_ENTRIES;
         let state_txn = match parts.state_txn {
             Some(txn) => Some(txn),
-            // Nothing to write, but the deferred commits before must become durable.
-            None if sync && self.deferred_state_commits > 0 => Some(self.state_db.begin_write()?),
+            // Nothing open, but earlier commits must become durable.
+            None if sync && self.state_unsynced.get() => Some(self.state_db.begin_write()?),
             None => None,
         };
         if let Some(mut txn) = state_txn {
-            let started = std::time::Instant::now();
             if sync {
+                let started = std::time::Instant::now();
                 txn.set_durability(Durability::Immediate);
                 txn.commit()?;
                 metrics::histogram!("longhaul_state_sync_seconds")
                     .record(started.elapsed().as_secs_f64());
-                self.deferred_state_commits = 0;
+                self.state_unsynced.set(false);
                 state.durable_applied = state.applied;
             } else {
-                txn.set_durability(Durability::None);
-                txn.commit()?;
-                metrics::histogram!("longhaul_deferred_commit_seconds")
-                    .record(started.elapsed().as_secs_f64());
-                self.deferred_state_commits += 1;
+                self.pending_state.put(txn);
+                self.state_unsynced.set(true);
             }
         }
         self.state = state;
@@ -546,8 +570,19 @@ impl RedbStorage {
     }
 
     /// Opens a read transaction on the state store, e.g. for the state machine to read or
-    /// serialize itself.
+    /// serialize itself. The open transaction is committed first (without an fsync), so the
+    /// read sees every apply.
     pub fn read(&self) -> Result<ReadTransaction> {
+        if self.pending_state.is_lost() {
+            return Err(StorageError::AppliesLost);
+        }
+        if let Some(mut txn) = self.pending_state.take() {
+            let started = std::time::Instant::now();
+            txn.set_durability(Durability::None);
+            txn.commit()?;
+            metrics::histogram!("longhaul_deferred_commit_seconds")
+                .record(started.elapsed().as_secs_f64());
+        }
         Ok(self.state_db.begin_read()?)
     }
 
@@ -624,6 +659,22 @@ impl RedbStorage {
             return Err(self.missing(next).into());
         }
         Ok(entries)
+    }
+}
+
+/// Closing the store commits and fsyncs the state store's open transaction, so a clean shutdown
+/// re-applies nothing on the next start. A crash skips this, which is safe (see the module
+/// documentation).
+impl Drop for RedbStorage {
+    fn drop(&mut self) {
+        if let Some(mut txn) = self.pending_state.take()
+            && !self.pending_state.is_lost()
+        {
+            txn.set_durability(Durability::Immediate);
+            if let Err(error) = txn.commit() {
+                tracing::warn!(%error, "could not commit the applied state on close; it will be applied again on start");
+            }
+        }
     }
 }
 

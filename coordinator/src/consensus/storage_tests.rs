@@ -217,6 +217,34 @@ fn reopen_restores_log_hard_state_conf_state_and_applied_state() {
 }
 
 #[test]
+fn a_failed_batch_that_dropped_applies_stops_the_store_until_it_is_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], None)
+        .unwrap();
+    apply(&mut store, false, 1..=1);
+    // A batch that fails before touching the state hands the open transaction back.
+    assert!(store.write(|b| b.append(&[entry(5, 1)])).is_err());
+    apply(&mut store, false, 2..=2);
+    assert_eq!(applied_keys(&store), vec![1, 2]);
+    // One that applied something and then failed took applies with it: no more batches.
+    let result = store.write(|b| {
+        b.set_applied(3)?;
+        b.append(&[entry(9, 1)])
+    });
+    assert!(result.is_err());
+    assert!(matches!(store.begin(), Err(StorageError::AppliesLost)));
+    assert!(matches!(store.read(), Err(StorageError::AppliesLost)));
+    // Reopened, it is as consistent as after a crash.
+    drop(store);
+    let store = open(&dir);
+    let applied = store.state().applied;
+    assert!(applied <= 2);
+    assert_eq!(applied_keys(&store), (1..=applied).collect::<Vec<_>>());
+}
+
+#[test]
 fn failed_batch_leaves_disk_and_cache_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(&dir);
@@ -451,10 +479,10 @@ fn compaction_fsyncs_the_state_first_so_no_entry_is_lost_from_both() {
 }
 
 #[test]
-fn state_store_fsyncs_on_its_own_every_so_many_commits() {
+fn state_store_fsyncs_on_its_own_every_so_many_entries() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(&dir);
-    let n = STATE_SYNC_COMMITS + 2;
+    let n = STATE_SYNC_ENTRIES + 2;
     let log: Vec<_> = (1..=n).map(|i| entry(i, 1)).collect();
     store
         .append_and_persist(&log, Some(&hard_state(1, 1, n)))
@@ -462,9 +490,30 @@ fn state_store_fsyncs_on_its_own_every_so_many_commits() {
     for index in 1..=n {
         apply(&mut store, false, index..=index);
     }
-    assert_eq!(store.state().durable_applied, STATE_SYNC_COMMITS);
+    assert_eq!(store.state().durable_applied, STATE_SYNC_ENTRIES);
     let store = crash_and_reopen(store, &dir);
-    assert_eq!(store.state().applied, STATE_SYNC_COMMITS);
+    assert_eq!(store.state().applied, STATE_SYNC_ENTRIES);
+}
+
+#[test]
+fn applies_wait_in_one_open_transaction_that_a_crash_loses_and_a_close_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=3).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 3)))
+        .unwrap();
+    apply(&mut store, false, 1..=1);
+    apply(&mut store, false, 2..=2);
+    // Never committed: a crash loses both.
+    let mut store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 0);
+    apply(&mut store, false, 1..=3);
+    // A clean close commits and fsyncs them.
+    drop(store);
+    let store = crash_and_reopen(open(&dir), &dir);
+    assert_eq!(store.state().applied, 3);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3]);
 }
 
 #[test]

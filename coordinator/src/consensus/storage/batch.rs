@@ -1,6 +1,7 @@
 //! [`Batch`]: one atomic change to the store, spanning its two files.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use redb::{Database, Durability, ReadableTable, WriteTransaction};
@@ -11,18 +12,57 @@ use super::{
     encode,
 };
 
-/// One change to the store: a write transaction on the log store and one on the state store,
-/// each begun when first needed, plus the cache as it will be after commit. Obtain with
-/// [`RedbStorage::begin`](super::RedbStorage::begin), finish with
+/// One change to the store: a write transaction on the log store, begun when first needed, and
+/// the state store's open write transaction (begun if there is none), plus the cache as it will
+/// be after commit. Obtain with [`RedbStorage::begin`](super::RedbStorage::begin), finish with
 /// [`RedbStorage::commit`](super::RedbStorage::commit), which commits the log part (fsynced),
-/// then the state part. Each part is atomic; a crash between them is recovered on open.
+/// then keeps or commits the state part. Each part is atomic; a crash between them is
+/// recovered on open.
 pub struct Batch {
     log_db: Arc<Database>,
     state_db: Arc<Database>,
     log: Option<WriteTransaction>,
     state_txn: Option<WriteTransaction>,
+    /// Whether `state_txn` was handed out for writing.
+    state_changed: bool,
+    pending: Arc<PendingState>,
     sync_state: bool,
     state: LogState,
+}
+
+/// The state store's open write transaction, between batches. A batch that fails (is dropped
+/// without being committed) hands it back if it did not change it; if it did, the applies in it
+/// are gone while the store's cache counts them, and the store refuses further batches until
+/// it is reopened.
+#[derive(Default)]
+pub(super) struct PendingState {
+    txn: Mutex<Option<WriteTransaction>>,
+    lost: AtomicBool,
+}
+
+impl PendingState {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<WriteTransaction>> {
+        // Nothing panics while holding the lock, so a poisoned lock still holds a sound value.
+        self.txn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn take(&self) -> Option<WriteTransaction> {
+        self.slot().take()
+    }
+
+    pub(super) fn put(&self, txn: WriteTransaction) {
+        *self.slot() = Some(txn);
+    }
+
+    pub(super) fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
+    pub(super) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
 }
 
 /// What [`RedbStorage::commit`](super::RedbStorage::commit) takes apart.
@@ -56,24 +96,44 @@ fn remove_entries(txn: &WriteTransaction, indexes: std::ops::RangeInclusive<u64>
     Ok(())
 }
 
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Still here: the batch was not committed (into_parts takes it).
+        if let Some(txn) = self.state_txn.take() {
+            if self.state_changed {
+                self.pending.mark_lost();
+            } else {
+                self.pending.put(txn);
+            }
+        }
+    }
+}
+
 impl Batch {
-    pub(super) fn new(log_db: Arc<Database>, state_db: Arc<Database>, state: LogState) -> Self {
+    pub(super) fn new(
+        log_db: Arc<Database>,
+        state_db: Arc<Database>,
+        pending: Arc<PendingState>,
+        state: LogState,
+    ) -> Self {
         Self {
             log_db,
             state_db,
             log: None,
-            state_txn: None,
+            state_txn: pending.take(),
+            state_changed: false,
+            pending,
             sync_state: false,
             state,
         }
     }
 
-    pub(super) fn into_parts(self) -> Parts {
+    pub(super) fn into_parts(mut self) -> Parts {
         Parts {
-            log: self.log,
-            state_txn: self.state_txn,
+            log: self.log.take(),
+            state_txn: self.state_txn.take(),
             sync_state: self.sync_state,
-            state: self.state,
+            state: std::mem::take(&mut self.state),
         }
     }
 
@@ -96,6 +156,7 @@ impl Batch {
             Some(txn) => txn,
             None => self.state_db.begin_write()?,
         };
+        self.state_changed = true;
         Ok(self.state_txn.insert(txn))
     }
 
