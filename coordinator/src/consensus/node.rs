@@ -45,11 +45,14 @@ pub struct NodeConfig {
     pub max_size_per_msg: u64,
     /// How many append messages may be in flight to one follower.
     pub max_inflight_msgs: usize,
-    /// Take a snapshot and compact the log once this many entries were applied since the last
-    /// snapshot (0: only when asked). Bounds the log on disk and the replay after a restart.
+    /// Compact the log once it holds this many applied entries beyond the retained ones (0:
+    /// only when asked). Bounds the log on disk. No snapshot is taken on this schedule: building
+    /// one serializes the whole state, so it is built when a peer needs one (it is behind the
+    /// compacted log) or on request ([`Node::create_snapshot`]); a restart needs none, the
+    /// state is on disk.
     pub snapshot_interval_entries: u64,
-    /// Entries kept before a snapshot when compacting, so that a follower only slightly behind
-    /// catches up from the log instead of needing the whole snapshot (etcd keeps 5000).
+    /// Applied entries kept when compacting, so that a follower only slightly behind catches up
+    /// from the log instead of needing a snapshot (etcd keeps 5000).
     pub compaction_retained_entries: u64,
 }
 
@@ -383,8 +386,9 @@ impl<S: StateMachine> Node<S> {
     /// 8. `advance`, then handle the light ready the same way: the new commit index and the
     ///    entries it lets us apply, its messages, then `advance_apply`.
     ///
-    /// Snapshots and log compaction run after the loop. Compaction first fsyncs the state
-    /// store, so the log never loses an entry that durable state does not hold yet.
+    /// Snapshots (when a peer needs one) and log compaction run after the loop. Compaction first
+    /// fsyncs the state store, so the log never loses an entry that durable state does not hold
+    /// yet.
     ///
     /// Call again while [`Node::has_ready`] (e.g. after leaving a joint configuration).
     pub fn handle_ready(&mut self) -> Result<Output, NodeError> {
@@ -627,22 +631,24 @@ impl<S: StateMachine> Node<S> {
         Ok(self.raw.mut_store().sync_state()?)
     }
 
-    /// Removes log entries before `to` (bounded by the stored snapshot and the applied index;
-    /// the state store is fsynced first).
+    /// Removes log entries before `to` (bounded by the applied index; the state store is
+    /// fsynced first). A peer that needs a removed entry gets a snapshot, built when raft asks
+    /// for it.
     pub fn compact_log(&mut self, to: u64) -> Result<(), NodeError> {
         Ok(self.raw.mut_store().compact(to)?)
     }
 
-    /// The automatic policy of [`NodeConfig::snapshot_interval_entries`].
+    /// The automatic policy of [`NodeConfig::snapshot_interval_entries`]: once the log holds
+    /// that many applied entries beyond the retained ones, compact it down to those.
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let interval = self.config.snapshot_interval_entries;
+        let retained = self.config.compaction_retained_entries;
         let state = self.raw.store().state();
-        if interval == 0 || state.applied < state.snapshot.index + interval {
+        let keep_from = (state.applied + 1).saturating_sub(retained);
+        if interval == 0 || keep_from < state.first_index() + interval {
             return Ok(());
         }
-        let index = self.create_snapshot()?;
-        let retained = self.config.compaction_retained_entries;
-        self.compact_log((index + 1).saturating_sub(retained))
+        self.compact_log(keep_from)
     }
 
     /// Snapshots the state machine at the applied index and compacts the log up to it. Peers

@@ -74,8 +74,8 @@ const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_log");
 const HARD_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_hard_state");
 const CONF_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_conf_state");
 const APPLIED: TableDefinition<'_, (), u64> = TableDefinition::new("raft_applied_index");
-// The log start is kept apart from the snapshot because the log may be compacted up to (but
-// not past) the snapshot, and raft still needs the term of the entry just before the log.
+// The log start is kept apart from the snapshot because the log may be compacted past the
+// stored snapshot, and raft still needs the term of the entry just before the log.
 const LOG_TRUNCATED: TableDefinition<'_, (), (u64, u64)> =
     TableDefinition::new("raft_log_truncated");
 const SNAPSHOT_META: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_snapshot_meta");
@@ -427,8 +427,9 @@ impl RedbStorage {
 
     /// Whether the state store is behind the start of the log: the entries it would need were
     /// replaced by the stored snapshot (a crash between the two commits of a snapshot install
-    /// or of a bootstrap). The node then restores it from that snapshot
-    /// ([`Batch::restore_state`]).
+    /// or of a bootstrap; compaction fsyncs the state store first, so it never causes this).
+    /// The node then restores it from that snapshot, which starts the log in exactly these
+    /// cases ([`Batch::restore_state`]).
     pub fn state_behind_log(&self) -> bool {
         self.state.applied < self.state.truncated_index
     }

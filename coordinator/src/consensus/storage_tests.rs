@@ -131,7 +131,7 @@ fn compaction_keeps_term_of_truncated_entry_and_reports_compacted() {
     let mut store = open(&dir);
     let all: Vec<_> = (1..=10).map(|i| entry(i, i / 4 + 1)).collect();
     store.append_and_persist(&all, None).unwrap();
-    // Without a snapshot nothing may be compacted: a lagging peer would have no way to catch up.
+    // Nothing applied, nothing may be compacted: a crash must find what it re-applies.
     let err = store.compact(5).unwrap_err();
     assert!(
         matches!(err, StorageError::CompactTooFar { to: 5, .. }),

@@ -248,15 +248,15 @@ impl Batch {
         Ok(())
     }
 
-    /// Removes every log entry before `to`. `to` may not pass the stored snapshot (a peer that
-    /// needs those entries must be able to get the snapshot instead), nor the applied index as
-    /// of the state store's last fsync (a crash must find every entry it re-applies).
+    /// Removes every log entry before `to`. `to` may not pass the applied index as of the state
+    /// store's last fsync: a crash must find every entry it re-applies. It may pass the stored
+    /// snapshot: a peer that needs the removed entries gets a new snapshot, which the node
+    /// builds from the applied state when raft asks for it (see `raft::Storage::snapshot`).
     pub fn compact(&mut self, to: u64) -> Result<()> {
         if to <= self.state.first_index() {
             return Ok(());
         }
         let limits = [
-            (self.state.snapshot.index + 1, "past the stored snapshot"),
             (
                 self.state.durable_applied + 1,
                 "past the applied index on disk",
