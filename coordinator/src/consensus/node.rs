@@ -371,9 +371,9 @@ impl<S: StateMachine> Node<S> {
     ///    index move to it;
     /// 4. append the new entries (truncating a conflicting suffix) and the hard state, in one
     ///    fsynced commit of the log store. The store writes it when raft-rs's `must_sync` holds
-    ///    (a snapshot, new entries, or a new term or vote); a new commit index alone is kept for
-    ///    the next log commit, which raft allows (the leader tells it again), so a Ready that
-    ///    only moves the commit index and applies costs no fsync;
+    ///    (a snapshot, new entries, or a new term or vote); a new commit index alone is not
+    ///    written, as Raft keeps it in volatile state (the leader tells it again), so a Ready
+    ///    that only moves the commit index and applies costs no fsync;
     /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
     ///    state, in one transaction of the state store, committed without an fsync (see
     ///    [`RedbStorage`]: it becomes durable with the state store's next fsync). Raft only hands
@@ -516,6 +516,8 @@ impl<S: StateMachine> Node<S> {
         out: &mut Output,
     ) -> Result<(), NodeError> {
         metrics::counter!("longhaul_raft_entries_applied_total").increment(entries.len() as u64);
+        // Written once, after the last entry: the batch commits whole or not at all.
+        let last = entries.last().map(|entry| entry.index);
         for entry in entries {
             let index = entry.index;
             match entry.get_entry_type() {
@@ -544,6 +546,8 @@ impl<S: StateMachine> Node<S> {
                     });
                 }
             }
+        }
+        if let Some(index) = last {
             batch.set_applied(index)?;
         }
         Ok(())
@@ -629,6 +633,13 @@ impl<S: StateMachine> Node<S> {
     /// before a planned shutdown, so that the restart re-applies nothing.
     pub fn sync_state(&mut self) -> Result<(), NodeError> {
         Ok(self.raw.mut_store().sync_state()?)
+    }
+
+    /// Starts making the applied state durable without waiting for the bulk of the writing:
+    /// see [`RedbStorage::stage_state_sync`]. The caller fsyncs the returned file away from the
+    /// loop, then calls [`Node::sync_state`].
+    pub fn stage_state_sync(&mut self) -> Result<Option<std::fs::File>, NodeError> {
+        Ok(self.raw.store().stage_state_sync()?)
     }
 
     /// Removes log entries before `to` (bounded by the applied index; the state store is

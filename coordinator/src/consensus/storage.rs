@@ -28,8 +28,9 @@
 //! log keeps every entry after the state store's durable applied index (the log is only
 //! compacted after the state store was fsynced, see [`RedbStorage::compact`]), so a restarted
 //! replica re-applies them once it learns the commit index again. On open: a commit index below
-//! the applied index is raised to it (commit-only hard-state changes are written with the next log
-//! commit, not on their own, as raft allows), and a state store left behind the start of the log
+//! the applied index is raised to it (the hard state is written when its term or vote changes,
+//! not for a new commit index, which Raft keeps in volatile state), and a state store left behind
+//! the start of the log
 //! (a crash between the two commits of a snapshot install) is restored from the stored snapshot
 //! by the node ([`RedbStorage::state_behind_log`]).
 //!
@@ -157,6 +158,8 @@ pub enum StorageError {
     NoSnapshotToRestore,
     #[error("a failed batch dropped applied entries that were not committed; reopen the store")]
     AppliesLost,
+    #[error("cannot open the state file to flush it: {0}")]
+    StateFile(#[source] std::io::Error),
     #[error("state machine: {0}")]
     StateMachine(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -191,8 +194,9 @@ pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 /// the batch that changed it has committed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LogState {
-    /// The latest hard state. A change of the commit index alone reaches the disk with the next
-    /// log commit (raft allows it to be lost: the leader tells it again).
+    /// The latest hard state. On disk its term and vote are always current; its commit index
+    /// is only as of the last term or vote change (Raft keeps the commit index in volatile
+    /// state: the leader tells it again).
     pub hard_state: HardState,
     /// The membership as of the applied index.
     pub conf_state: ConfState,
@@ -249,6 +253,7 @@ pub fn decompress_snapshot(data: &[u8]) -> Result<Vec<u8>> {
 pub struct RedbStorage {
     log_db: Arc<Database>,
     state_db: Arc<Database>,
+    state_path: PathBuf,
     state: LogState,
     /// The hard state as last written to the log store.
     persisted_hard_state: HardState,
@@ -326,6 +331,7 @@ impl RedbStorage {
         Ok(Self {
             log_db: Arc::new(log_db),
             state_db: Arc::new(state_db),
+            state_path,
             state,
             persisted_hard_state,
             pending_state: Arc::new(PendingState::default()),
@@ -448,8 +454,10 @@ impl RedbStorage {
     }
 
     /// Commits a batch and updates the cache: first its log part, fsynced, then its state part.
-    /// The log part is written when the batch changed the log or the term or vote; a change of
-    /// the commit index alone waits for the next one. The state part stays in the state store's
+    /// The log part is written when the batch changed the log or the term or vote. The hard
+    /// state is written only when its term or vote changed: the commit index is volatile in
+    /// Raft (the leader tells it again, and open raises it to the applied index), and leaving
+    /// it out saves a page in every log commit. The state part stays in the state store's
     /// open transaction, unless the batch asks for an fsync ([`Batch::sync_state`]) or
     /// [`STATE_SYNC_ENTRIES`] entries were applied since the last one: then that transaction is
     /// committed and fsynced, and with it everything the state store holds.
@@ -467,7 +475,6 @@ impl RedbStorage {
 
     fn commit_parts(&mut self, parts: batch::Parts) -> Result<()> {
         let mut state = parts.state;
-        let hard_state_changed = state.hard_state != self.persisted_hard_state;
         let term_or_vote_changed = state.hard_state.term != self.persisted_hard_state.term
             || state.hard_state.vote != self.persisted_hard_state.vote;
         let log = match parts.log {
@@ -476,7 +483,7 @@ impl RedbStorage {
             None => None,
         };
         if let Some(txn) = log {
-            if hard_state_changed {
+            if term_or_vote_changed {
                 txn.open_table(HARD_STATE)?
                     .insert((), encode("hard state", &state.hard_state)?.as_slice())?;
             }
@@ -484,7 +491,9 @@ impl RedbStorage {
             let started = std::time::Instant::now();
             txn.commit()?;
             metrics::histogram!("longhaul_fsync_seconds").record(started.elapsed().as_secs_f64());
-            self.persisted_hard_state = state.hard_state.clone();
+            if term_or_vote_changed {
+                self.persisted_hard_state = state.hard_state.clone();
+            }
         }
         let sync = parts.sync_state || state.applied >= state.durable_applied + STATE_SYNC_ENTRIES;
         let state_txn = match parts.state_txn {
@@ -574,6 +583,13 @@ impl RedbStorage {
     /// serialize itself. The open transaction is committed first (without an fsync), so the
     /// read sees every apply.
     pub fn read(&self) -> Result<ReadTransaction> {
+        self.commit_pending_state()?;
+        Ok(self.state_db.begin_read()?)
+    }
+
+    /// Commits the state store's open transaction without an fsync: its pages go to the OS,
+    /// and it becomes durable with the next fsynced commit.
+    fn commit_pending_state(&self) -> Result<()> {
         if self.pending_state.is_lost() {
             return Err(StorageError::AppliesLost);
         }
@@ -584,7 +600,23 @@ impl RedbStorage {
             metrics::histogram!("longhaul_deferred_commit_seconds")
                 .record(started.elapsed().as_secs_f64());
         }
-        Ok(self.state_db.begin_read()?)
+        Ok(())
+    }
+
+    /// The first half of making the applied state durable without holding up the caller for
+    /// the bulk of the I/O: commits the open transaction without an fsync and returns a handle
+    /// on the state file (`None` if nothing awaits an fsync). The caller fsyncs the handle
+    /// elsewhere (`File::sync_data`), which writes out the pages of every commit so far, and
+    /// then calls [`RedbStorage::sync_state`], whose own fsync is then small: redb's commit
+    /// record and what was applied meanwhile. Only that second fsync makes anything durable;
+    /// the first only moves the writing out of the way.
+    pub fn stage_state_sync(&self) -> Result<Option<std::fs::File>> {
+        self.commit_pending_state()?;
+        if !self.state_unsynced.get() {
+            return Ok(None);
+        }
+        let file = std::fs::File::open(&self.state_path).map_err(StorageError::StateFile)?;
+        Ok(Some(file))
     }
 
     /// The stored snapshot, data included, if there is one.

@@ -390,7 +390,7 @@ fn crash_loses_deferred_applies_only_back_to_a_consistent_state_and_the_log_repl
         .append_and_persist(&log, Some(&hard_state(1, 1, 2)))
         .unwrap();
     apply(&mut store, true, 1..=2);
-    // The commit index moves on alone: kept for the next log commit, not written by itself.
+    // The commit index moves on alone: not written (Raft keeps it in volatile state).
     store.write(|b| b.set_commit(4)).unwrap();
     apply(&mut store, false, 3..=3);
     apply(&mut store, false, 4..=4);
@@ -432,14 +432,37 @@ fn the_log_is_fsynced_alone_and_a_log_commit_does_not_make_applies_durable() {
     store
         .append_and_persist(&[entry(2, 1)], Some(&hard_state(1, 1, 2)))
         .unwrap();
+    store
+        .append_and_persist(&[entry(3, 2)], Some(&hard_state(2, 3, 2)))
+        .unwrap();
     let store = crash_and_reopen(store, &dir);
-    assert_eq!(store.last_index().unwrap(), 2);
-    assert_eq!(
-        store.initial_state().unwrap().hard_state,
-        hard_state(1, 1, 2)
-    );
+    assert_eq!(store.last_index().unwrap(), 3);
     assert_eq!(store.state().applied, 0);
     assert_eq!(applied_keys(&store), Vec::<u64>::new());
+    // Term and vote are written when they change, with the commit index of that moment; a new
+    // commit index alone is not written (Raft keeps it in volatile state).
+    assert_eq!(
+        store.initial_state().unwrap().hard_state,
+        hard_state(2, 3, 2)
+    );
+}
+
+#[test]
+fn a_new_commit_index_alone_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], Some(&hard_state(1, 1, 1)))
+        .unwrap();
+    store
+        .append_and_persist(&[entry(3, 1)], Some(&hard_state(1, 1, 3)))
+        .unwrap();
+    assert_eq!(store.state().hard_state.commit, 3);
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(
+        store.initial_state().unwrap().hard_state,
+        hard_state(1, 1, 1)
+    );
 }
 
 #[test]
@@ -622,4 +645,35 @@ fn a_store_written_in_one_file_moves_its_state_to_the_state_file() {
     );
     drop(db);
     assert_eq!(open(&dir).state().applied, 1);
+}
+
+#[test]
+fn a_staged_state_flush_makes_nothing_durable_until_the_commit_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=4).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 4)))
+        .unwrap();
+    assert!(
+        store.stage_state_sync().unwrap().is_none(),
+        "nothing to flush"
+    );
+    apply(&mut store, false, 1..=2);
+    // The pages go out, but redb's commit record does not: a crash still loses the applies.
+    let file = store.stage_state_sync().unwrap().expect("applies to flush");
+    file.sync_data().unwrap();
+    let mut store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 0);
+
+    apply(&mut store, false, 1..=3);
+    let file = store.stage_state_sync().unwrap().expect("applies to flush");
+    file.sync_data().unwrap();
+    // Applied while the flush ran; the commit after it covers these too.
+    apply(&mut store, false, 4..=4);
+    store.sync_state().unwrap();
+    assert!(store.stage_state_sync().unwrap().is_none());
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 4);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
 }

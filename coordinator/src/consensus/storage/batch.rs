@@ -205,8 +205,9 @@ impl Batch {
         Ok(())
     }
 
-    /// Sets the hard state. A new term or vote is written (and fsynced) with this batch; a new
-    /// commit index alone is written with the next batch that writes the log.
+    /// Sets the hard state. A new term or vote is written (and fsynced) with this batch, with
+    /// the commit index of the moment; a new commit index alone is not written (see
+    /// [`RedbStorage::commit`](super::RedbStorage::commit)).
     pub fn set_hard_state(&mut self, hard_state: &HardState) -> Result<()> {
         self.state.hard_state = hard_state.clone();
         Ok(())
