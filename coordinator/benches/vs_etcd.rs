@@ -3,9 +3,11 @@
 //! Two three-member clusters on 127.0.0.1, each member a real process with
 //! its own temp data dir: longhaul's `coordinator` binary (built by cargo for
 //! this bench, `CARGO_BIN_EXE_coordinator`) and `etcd` (Debian's
-//! `etcd-server`). Both fsync every commit (etcd's default; longhaul's redb
-//! transactions are `Durability::Immediate`) and run the same election
-//! timing: heartbeat 100 ms, election timeout 1 s, pre-vote on.
+//! `etcd-server`). Both fsync their log before a write is acknowledged
+//! (etcd's WAL; longhaul's log file) and make the applied state durable in
+//! batches (etcd's backend, longhaul's state file, each every 100 ms), and
+//! run the same election timing: heartbeat 100 ms, election timeout 1 s,
+//! pre-vote on.
 //!
 //! 1. Writes: for 1, 16 and 256 concurrent closed-loop clients, each client
 //!    writes one small command after another to the leader for a fixed
@@ -350,7 +352,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         etcd_value: vec![b'v'; command_bytes.saturating_sub(key_bytes)],
     };
     println!(
-        "longhaul vs etcd {version}: 3 members each on 127.0.0.1, fsync on, heartbeat {HEARTBEAT_MS} ms, election timeout {ELECTION_MS} ms, pre-vote on"
+        "longhaul vs etcd {version}: 3 members each on 127.0.0.1, log fsync on every write, heartbeat {HEARTBEAT_MS} ms, election timeout {ELECTION_MS} ms, pre-vote on"
     );
     println!(
         "write: longhaul SubmitJob (raft entry: {command_bytes} B of JSON) | etcd Put (key {key_bytes} B + value {} B = {command_bytes} B)",
