@@ -3,9 +3,11 @@
 //! Two three-member clusters on 127.0.0.1, each member a real process with
 //! its own temp data dir: longhaul's `coordinator` binary (built by cargo for
 //! this bench, `CARGO_BIN_EXE_coordinator`) and `etcd` (Debian's
-//! `etcd-server`). Both fsync every commit (etcd's default; longhaul's redb
-//! transactions are `Durability::Immediate`) and run the same election
-//! timing: heartbeat 100 ms, election timeout 1 s, pre-vote on.
+//! `etcd-server`). Both fsync their log before a write is acknowledged
+//! (etcd's WAL; longhaul's log file) and make the applied state durable in
+//! batches (etcd's backend, longhaul's state file, each every 100 ms), and
+//! run the same election timing: heartbeat 100 ms, election timeout 1 s,
+//! pre-vote on.
 //!
 //! 1. Writes: for 1, 16 and 256 concurrent closed-loop clients, each client
 //!    writes one small command after another to the leader for a fixed
@@ -29,12 +31,20 @@
 //! Environment: `VS_ETCD_SECONDS` (measured window per phase, default 10),
 //! `VS_ETCD_WARMUP` (seconds before it, default 1), `VS_ETCD_CLIENTS`
 //! (default `1,16,256`), `VS_ETCD_FAILOVERS` (rounds, default 5),
-//! `VS_ETCD_BIN` (default `etcd` on `PATH`). Not run in CI.
+//! `VS_ETCD_BIN` (default `etcd` on `PATH`), `VS_ETCD_COORDINATOR_BIN`
+//! (default: the `coordinator` cargo built, e.g. to compare a saved older
+//! build). Not run in CI.
+//!
+//! After each phase it prints, per member, what a committed entry cost from
+//! the members' own metrics (fsyncs, deferred commits, Ready passes; etcd's
+//! WAL fsyncs and backend commits), to show where the time goes.
 
 #[path = "vs_etcd/cluster.rs"]
 mod cluster;
 #[path = "vs_etcd/etcd_api.rs"]
 mod etcd_api;
+#[path = "vs_etcd/metrics.rs"]
+mod metrics;
 #[path = "vs_etcd/procs.rs"]
 mod procs;
 
@@ -94,7 +104,10 @@ fn settings() -> Result<Settings, BoxError> {
         clients,
         failovers: env_or("VS_ETCD_FAILOVERS", 5)?,
         bins: Binaries {
-            coordinator: PathBuf::from(env!("CARGO_BIN_EXE_coordinator")),
+            coordinator: PathBuf::from(env_or(
+                "VS_ETCD_COORDINATOR_BIN",
+                env!("CARGO_BIN_EXE_coordinator").to_string(),
+            )?),
             etcd: PathBuf::from(env_or("VS_ETCD_BIN", "etcd".to_string())?),
         },
     })
@@ -339,7 +352,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         etcd_value: vec![b'v'; command_bytes.saturating_sub(key_bytes)],
     };
     println!(
-        "longhaul vs etcd {version}: 3 members each on 127.0.0.1, fsync on, heartbeat {HEARTBEAT_MS} ms, election timeout {ELECTION_MS} ms, pre-vote on"
+        "longhaul vs etcd {version}: 3 members each on 127.0.0.1, log fsync on every write, heartbeat {HEARTBEAT_MS} ms, election timeout {ELECTION_MS} ms, pre-vote on"
     );
     println!(
         "write: longhaul SubmitJob (raft entry: {command_bytes} B of JSON) | etcd Put (key {key_bytes} B + value {} B = {command_bytes} B)",
@@ -365,6 +378,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
             let mut pair = Vec::new();
             for cluster in [&mut longhaul, &mut etcd] {
                 let pool = leader_pool(cluster, &payload, clients).await?;
+                let before = cluster.scrape().await;
                 let result = run_phase(
                     &pool,
                     clients,
@@ -383,6 +397,19 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                     result.errors,
                     result.loadavg
                 );
+                let after = cluster.scrape().await;
+                let leader = cluster.leader(READY_LIMIT).await.ok();
+                for (i, (before, after)) in before.iter().zip(&after).enumerate() {
+                    let role = if Some(i) == leader {
+                        "leader"
+                    } else {
+                        "follower"
+                    };
+                    println!(
+                        "           {}",
+                        metrics::describe(cluster.system, role, before, after)
+                    );
+                }
                 pair.push(result);
             }
             let etcd_result = pair.pop().unwrap_or_default();

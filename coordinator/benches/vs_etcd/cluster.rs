@@ -12,6 +12,7 @@ use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::etcd_api::{EtcdClient, PutRequest, StatusRequest};
+use crate::metrics::{Samples, scrape};
 use crate::procs::{Proc, free_port};
 
 /// The election timing both systems get: a 100 ms heartbeat and a 1 s
@@ -57,6 +58,8 @@ pub struct Cluster {
     pub system: System,
     members: Vec<Proc>,
     client_urls: Vec<String>,
+    /// `host:port` serving each member's Prometheus `/metrics`.
+    metrics: Vec<String>,
     dir: TempDir,
 }
 
@@ -90,6 +93,9 @@ impl Cluster {
             .enumerate()
             .map(|(i, url)| format!("{}={url}", i + 1))
             .collect();
+        let metrics: Vec<String> = (0..3)
+            .map(|_| free_port().map(|p| format!("127.0.0.1:{p}")))
+            .collect::<Result<_, _>>()?;
         let mut members = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let id = i + 1;
@@ -109,6 +115,8 @@ impl Cluster {
                 .arg("1")
                 .arg("--election-ticks")
                 .arg((ELECTION_MS / HEARTBEAT_MS).to_string())
+                .arg("--metrics-listen")
+                .arg(&metrics[i])
                 .arg("--log")
                 .arg("warn");
             let log = dir.path().join(format!("replica-{id}.log"));
@@ -122,6 +130,7 @@ impl Cluster {
             system: System::Longhaul,
             members,
             client_urls: urls,
+            metrics,
             dir,
         })
     }
@@ -195,6 +204,11 @@ impl Cluster {
                 .iter()
                 .map(|p| format!("http://127.0.0.1:{p}"))
                 .collect(),
+            // etcd serves /metrics on its client URLs.
+            metrics: client_ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect(),
             dir,
         })
     }
@@ -211,6 +225,15 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// Every member's metrics (empty for a member that does not answer).
+    pub async fn scrape(&self) -> Vec<Samples> {
+        let mut all = Vec::new();
+        for address in &self.metrics {
+            all.push(scrape(address).await.unwrap_or_default());
+        }
+        all
     }
 
     /// SIGKILLs member `index`.

@@ -20,6 +20,29 @@ use tempfile::TempDir;
 use super::kv::{KvCommand, KvStateMachine};
 use super::{Event, Node, NodeConfig, RedbStorage};
 
+/// Crashes the owner of a store (a [`Node`] or a bare [`RedbStorage`]) the way SIGKILL does.
+/// The OS keeps what the process wrote to the redb files, but redb's record of the commits made
+/// since the last durable (fsynced) one lived only in the process, so each reopened file is at
+/// its last durable commit: deferred commits are lost. Dropping the owner instead would be a
+/// clean shutdown, which makes everything durable; so the files are copied while the owner
+/// runs, the owner is dropped, and the copies are put back.
+pub(super) fn crash<T>(owner: T, store: &std::path::Path) {
+    let files = RedbStorage::files(store);
+    let images: Vec<Vec<u8>> = files
+        .iter()
+        .map(|file| std::fs::read(file).expect("read the store to crash it"))
+        .collect();
+    drop(owner);
+    for (file, image) in files.iter().zip(images) {
+        std::fs::write(file, image).expect("put back the crashed store");
+    }
+}
+
+/// The redb file of a replica whose store lives in `dir`.
+pub(super) fn store_path(dir: &TempDir) -> std::path::PathBuf {
+    dir.path().join("raft.redb")
+}
+
 /// A fault on the transport: it may drop, hold back or reorder messages.
 pub trait Filter {
     fn before(&self, msgs: &mut Vec<Message>);
@@ -287,16 +310,18 @@ impl Cluster {
             .dirs
             .entry(id)
             .or_insert_with(|| tempfile::tempdir().expect("temp dir"));
-        let path = dir.path().join("raft.redb");
-        let storage = RedbStorage::open(&path).expect("open store");
+        let storage = RedbStorage::open(&store_path(dir)).expect("open store");
         let config = self.config(id);
         let node = Node::open(config, storage, KvStateMachine, initial_voters).expect("open node");
         self.nodes.insert(id, node);
     }
 
-    /// Crashes replica `id`: everything it acknowledged is on disk, everything else is gone.
+    /// Crashes replica `id` (see [`crash`]): everything it acknowledged is on disk, and a store
+    /// rolled back past deferred applies re-applies them from the log once restarted.
     pub fn stop(&mut self, id: u64) {
-        self.nodes.remove(&id);
+        if let (Some(node), Some(dir)) = (self.nodes.remove(&id), self.dirs.get(&id)) {
+            crash(node, &store_path(dir));
+        }
     }
 
     pub fn restart(&mut self, id: u64) {

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use tempfile::TempDir;
 
-use super::harness::{Filter, deliver};
+use super::harness::{Filter, crash, deliver, store_path};
 use super::storage::STATE_MACHINE;
 use super::{BoxError, Event, Node, NodeConfig, RedbStorage, StateMachine};
 
@@ -134,8 +134,8 @@ impl StateMachine for Registers {
 }
 
 /// A directory for a replica's store, in memory where the OS offers one. A simulated crash
-/// drops the `Node`, and every committed transaction is in the file whether or not it was
-/// fsynced, so the fsyncs only cost time: on a disk they make one seed take ~20 s instead of ~2.
+/// ([`Sim::crash`]) keeps what the process wrote to the file, as SIGKILL does, so the fsyncs
+/// only cost time: on a disk they make one seed take ~20 s instead of ~2.
 fn scratch_dir() -> std::io::Result<TempDir> {
     let memory = std::path::Path::new("/dev/shm");
     if memory.is_dir() {
@@ -218,9 +218,17 @@ impl Sim {
             .dirs
             .entry(id)
             .or_insert_with(|| scratch_dir().expect("temp dir"));
-        let storage = RedbStorage::open(&dir.path().join("raft.redb")).expect("open store");
+        let storage = RedbStorage::open(&store_path(dir)).expect("open store");
         let node = Node::open(config, storage, Registers, initial_voters).expect("open node");
         self.nodes.insert(id, node);
+    }
+
+    /// Crashes replica `id` as SIGKILL would: applies not yet made durable by an fsync are lost
+    /// (see [`crash`]).
+    pub(super) fn crash(&mut self, id: u64) {
+        if let (Some(node), Some(dir)) = (self.nodes.remove(&id), self.dirs.get(&id)) {
+            crash(node, &store_path(dir));
+        }
     }
 
     /// Runs every replica's Ready loop and delivers messages until nothing moves; returns the

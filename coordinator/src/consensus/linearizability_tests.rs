@@ -396,7 +396,7 @@ impl Run {
             5 if self.sim.nodes.len() > majority => {
                 let running: Vec<u64> = self.sim.nodes.keys().copied().collect();
                 let id = running[self.rng.gen_range(0..running.len())];
-                self.sim.nodes.remove(&id);
+                self.sim.crash(id);
                 self.stats.crashes += 1;
             }
             6 => {

@@ -1,8 +1,8 @@
 //! Raft consensus for the coordinator: durable storage, the Ready-loop driver and the
 //! state-machine seam.
 //!
-//! - [`storage`]: [`RedbStorage`], a `raft::Storage` over redb; every write is one fsynced
-//!   transaction.
+//! - [`storage`]: [`RedbStorage`], a `raft::Storage` over two redb files: the log, fsynced on
+//!   every commit, and the applied state, fsynced now and then (see its documentation).
 //! - [`node`]: [`Node`], a sans-IO driver around `raft::RawNode` that owns the Ready loop.
 //! - [`kv`]: [`KvStateMachine`], a small key-value state machine used by tests and examples.
 //! - [`logging`]: raft-rs's slog records, forwarded to `tracing`.
@@ -34,10 +34,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The replicated state machine the node applies committed commands to.
 ///
-/// Its durable state lives in the redb database of the store, written through the transaction
-/// it is handed, which also records the applied index: a crash never leaves the state machine
-/// and the applied index out of step. Typical state machines use
-/// [`storage::STATE_MACHINE`].
+/// Its durable state lives in the store's state file, written through the transaction it is
+/// handed, which also records the applied index: a crash never leaves the state machine and the
+/// applied index out of step (it may roll both back together; the node then applies the log
+/// again). Typical state machines use [`storage::STATE_MACHINE`].
 pub trait StateMachine {
     /// Applies the committed command `data` at log `index` and returns the response for the
     /// proposer. Must be deterministic. An invalid command is answered in the response, not with

@@ -45,11 +45,14 @@ pub struct NodeConfig {
     pub max_size_per_msg: u64,
     /// How many append messages may be in flight to one follower.
     pub max_inflight_msgs: usize,
-    /// Take a snapshot and compact the log once this many entries were applied since the last
-    /// snapshot (0: only when asked). Bounds the log on disk and the replay after a restart.
+    /// Compact the log once it holds this many applied entries beyond the retained ones (0:
+    /// only when asked). Bounds the log on disk. No snapshot is taken on this schedule: building
+    /// one serializes the whole state, so it is built when a peer needs one (it is behind the
+    /// compacted log) or on request ([`Node::create_snapshot`]); a restart needs none, the
+    /// state is on disk.
     pub snapshot_interval_entries: u64,
-    /// Entries kept before a snapshot when compacting, so that a follower only slightly behind
-    /// catches up from the log instead of needing the whole snapshot (etcd keeps 5000).
+    /// Applied entries kept when compacting, so that a follower only slightly behind catches up
+    /// from the log instead of needing a snapshot (etcd keeps 5000).
     pub compaction_retained_entries: u64,
 }
 
@@ -130,8 +133,10 @@ pub enum NodeError {
 /// Something the caller must act on, produced by [`Node::handle_ready`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// A committed command was applied (and is durable). `context` is what the proposer passed
-    /// to [`Node::propose`], so it can match the response to its request.
+    /// A committed command was applied. Its log entry is durable on a quorum; the applied state
+    /// may not be on this replica's disk yet, but a crash only makes the replica apply the entry
+    /// again. `context` is what the proposer passed to [`Node::propose`], so it can match the
+    /// response to its request.
     Applied {
         index: u64,
         term: u64,
@@ -191,7 +196,7 @@ impl<S: StateMachine> Node<S> {
     pub fn open(
         config: NodeConfig,
         mut storage: RedbStorage,
-        state_machine: S,
+        mut state_machine: S,
         initial_voters: &[u64],
     ) -> Result<Self, NodeError> {
         if !storage.is_initialized() && !initial_voters.is_empty() {
@@ -203,6 +208,21 @@ impl<S: StateMachine> Node<S> {
                 .snapshot(&storage.read()?)
                 .map_err(|source| NodeError::StateMachine { index: 0, source })?;
             storage.write(|batch| batch.bootstrap(&conf_state, &empty_state))?;
+        }
+        // A crash between the log and the state commits of a snapshot install (or bootstrap)
+        // leaves the state behind the log's start: restore it from the snapshot stored first.
+        if storage.state_behind_log() {
+            let snapshot = storage
+                .stored_snapshot()?
+                .ok_or(StorageError::NoSnapshotToRestore)?;
+            let machine = &mut state_machine;
+            storage.write(|batch| {
+                batch.restore_state(&snapshot, |txn, data| {
+                    machine
+                        .restore(txn, data)
+                        .map_err(StorageError::StateMachine)
+                })
+            })?;
         }
         let raft_config = config.to_raft(storage.state().applied);
         raft_config.validate()?;
@@ -247,7 +267,9 @@ impl<S: StateMachine> Node<S> {
         self.raw.raft.raft_log.committed
     }
 
-    /// The last applied (and durable) index.
+    /// The last applied index. It may not be durable yet (see [`Node::handle_ready`]); a crash
+    /// rolls it back only to an index whose state is on disk, and the replica re-applies the
+    /// rest of the committed log.
     pub fn applied_index(&self) -> u64 {
         self.raw.store().state().applied
     }
@@ -347,20 +369,26 @@ impl<S: StateMachine> Node<S> {
     ///    entries (Raft thesis §10.2.1), so they go first in the out-box;
     /// 3. install a snapshot from the leader, if any: state machine, log, conf state and applied
     ///    index move to it;
-    /// 4. append the new entries (truncating a conflicting suffix) and the hard state;
+    /// 4. append the new entries (truncating a conflicting suffix) and the hard state, in one
+    ///    fsynced commit of the log store. The store writes it when raft-rs's `must_sync` holds
+    ///    (a snapshot, new entries, or a new term or vote); a new commit index alone is not
+    ///    written, as Raft keeps it in volatile state (the leader tells it again), so a Ready
+    ///    that only moves the commit index and applies costs no fsync;
     /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
-    ///    state.
-    ///
-    ///    Steps 3, 4 and 5 are written in this order into ONE redb transaction, committed
-    ///    (fsynced) once: a crash loses all of them or none, and a Ready costs one fsync. This is
-    ///    safe because raft only hands out committed entries that an earlier Ready persisted,
-    ///    and the hard state written in step 4 always has a commit index at or past what step 5
-    ///    applies;
-    /// 6. take the persisted messages (votes, append responses): they promise state that is on
-    ///    disk only once that transaction has committed;
+    ///    state, in one transaction of the state store, committed without an fsync (see
+    ///    [`RedbStorage`]: it becomes durable with the state store's next fsync). Raft only hands
+    ///    out committed entries that an earlier Ready made durable in the log, so a crash rolls
+    ///    the state store back to an older applied index whose state agrees with it, and the
+    ///    restarted replica applies the rest of the log again;
+    /// 6. take the persisted messages (votes, append responses): they promise log entries, term
+    ///    and vote, which are on disk once step 4 returned;
     /// 7. report read states;
-    /// 8. `advance`, then handle the light ready the same way: persist the new commit index with
-    ///    the entries it lets us apply, take its messages, then `advance_apply`.
+    /// 8. `advance`, then handle the light ready the same way: the new commit index and the
+    ///    entries it lets us apply, its messages, then `advance_apply`.
+    ///
+    /// Snapshots (when a peer needs one) and log compaction run after the loop. Compaction first
+    /// fsyncs the state store, so the log never loses an entry that durable state does not hold
+    /// yet.
     ///
     /// Call again while [`Node::has_ready`] (e.g. after leaving a joint configuration).
     pub fn handle_ready(&mut self) -> Result<Output, NodeError> {
@@ -391,22 +419,25 @@ impl<S: StateMachine> Node<S> {
             if !leader_messages.is_empty() {
                 send_now(leader_messages);
             }
-            // 3., 4. and 5., one transaction.
             let committed = ready.take_committed_entries();
+            // 3. and 4., one fsynced commit of the log store when raft must sync.
             let has_snapshot = !ready.snapshot().is_empty();
-            if has_snapshot
-                || !ready.entries().is_empty()
-                || ready.hs().is_some()
-                || !committed.is_empty()
-            {
+            if has_snapshot || !ready.entries().is_empty() || ready.hs().is_some() {
                 let mut batch = self.raw.store().begin()?;
                 if has_snapshot {
                     self.install_snapshot(&mut batch, ready.snapshot(), &mut out)?;
                 }
                 batch.append(ready.entries())?;
+                metrics::counter!("longhaul_raft_entries_appended_total")
+                    .increment(ready.entries().len() as u64);
                 if let Some(hard_state) = ready.hs() {
                     batch.set_hard_state(hard_state)?;
                 }
+                self.raw.mut_store().commit(batch)?;
+            }
+            // 5.
+            if !committed.is_empty() {
+                let mut batch = self.raw.store().begin()?;
                 self.apply_entries(&mut batch, committed, &mut out)?;
                 self.commit_applied(batch)?;
             }
@@ -477,13 +508,16 @@ impl<S: StateMachine> Node<S> {
     }
 
     /// Applies committed entries into `batch`: state-machine changes, applied index and any new
-    /// conf state become durable together when the batch commits.
+    /// conf state are committed together, in one transaction.
     fn apply_entries(
         &mut self,
         batch: &mut Batch,
         entries: Vec<Entry>,
         out: &mut Output,
     ) -> Result<(), NodeError> {
+        metrics::counter!("longhaul_raft_entries_applied_total").increment(entries.len() as u64);
+        // Written once, after the last entry: the batch commits whole or not at all.
+        let last = entries.last().map(|entry| entry.index);
         for entry in entries {
             let index = entry.index;
             match entry.get_entry_type() {
@@ -492,7 +526,7 @@ impl<S: StateMachine> Node<S> {
                     if !entry.data.is_empty() {
                         let response = self
                             .state_machine
-                            .apply(batch.txn(), index, &entry.data)
+                            .apply(batch.state_txn()?, index, &entry.data)
                             .map_err(|source| NodeError::StateMachine { index, source })?;
                         out.events.push(Event::Applied {
                             index,
@@ -512,13 +546,15 @@ impl<S: StateMachine> Node<S> {
                     });
                 }
             }
+        }
+        if let Some(index) = last {
             batch.set_applied(index)?;
         }
         Ok(())
     }
 
-    /// Commits (fsyncs) a batch that may have applied entries, then reacts to a membership
-    /// change that removed this leader.
+    /// Commits a batch of applied entries, then reacts to a membership change that removed
+    /// this leader.
     fn commit_applied(&mut self, batch: Batch) -> Result<(), NodeError> {
         self.raw.mut_store().commit(batch)?;
         if self.is_removed_leader() {
@@ -593,21 +629,37 @@ impl<S: StateMachine> Node<S> {
         Ok(index)
     }
 
-    /// Removes log entries before `to` (bounded by the stored snapshot and the applied index).
+    /// Makes everything applied so far durable (one fsync of the state store, if needed), e.g.
+    /// before a planned shutdown, so that the restart re-applies nothing.
+    pub fn sync_state(&mut self) -> Result<(), NodeError> {
+        Ok(self.raw.mut_store().sync_state()?)
+    }
+
+    /// Starts making the applied state durable without waiting for the bulk of the writing:
+    /// see [`RedbStorage::stage_state_sync`]. The caller fsyncs the returned file away from the
+    /// loop, then calls [`Node::sync_state`].
+    pub fn stage_state_sync(&mut self) -> Result<Option<std::fs::File>, NodeError> {
+        Ok(self.raw.store().stage_state_sync()?)
+    }
+
+    /// Removes log entries before `to` (bounded by the applied index; the state store is
+    /// fsynced first). A peer that needs a removed entry gets a snapshot, built when raft asks
+    /// for it.
     pub fn compact_log(&mut self, to: u64) -> Result<(), NodeError> {
         Ok(self.raw.mut_store().compact(to)?)
     }
 
-    /// The automatic policy of [`NodeConfig::snapshot_interval_entries`].
+    /// The automatic policy of [`NodeConfig::snapshot_interval_entries`]: once the log holds
+    /// that many applied entries beyond the retained ones, compact it down to those.
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let interval = self.config.snapshot_interval_entries;
+        let retained = self.config.compaction_retained_entries;
         let state = self.raw.store().state();
-        if interval == 0 || state.applied < state.snapshot.index + interval {
+        let keep_from = (state.applied + 1).saturating_sub(retained);
+        if interval == 0 || keep_from < state.first_index() + interval {
             return Ok(());
         }
-        let index = self.create_snapshot()?;
-        let retained = self.config.compaction_retained_entries;
-        self.compact_log((index + 1).saturating_sub(retained))
+        self.compact_log(keep_from)
     }
 
     /// Snapshots the state machine at the applied index and compacts the log up to it. Peers
@@ -704,5 +756,66 @@ mod tests {
             KvStateMachine::get(&txn, b"a").unwrap(),
             Some(b"v".to_vec())
         );
+    }
+
+    fn get(node: &Node<KvStateMachine>, key: &str) -> Option<Vec<u8>> {
+        let txn = node.storage().read().unwrap();
+        KvStateMachine::get(&txn, key.as_bytes()).unwrap()
+    }
+
+    /// Proposes `key` and runs the Ready loop until it is applied; returns its index.
+    fn put_and_apply(node: &mut Node<KvStateMachine>, key: &str) -> u64 {
+        node.propose(key.as_bytes().to_vec(), put(key)).unwrap();
+        let mut applied = None;
+        while node.has_ready() {
+            for event in node.handle_ready().unwrap().events {
+                if let Event::Applied { index, context, .. } = event
+                    && context == key.as_bytes()
+                {
+                    applied = Some(index);
+                }
+            }
+        }
+        applied.expect("applied")
+    }
+
+    #[test]
+    fn crash_after_acknowledged_writes_replays_their_deferred_applies_from_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("raft.redb");
+        let mut node = open(&dir, NodeConfig::new(1)).unwrap();
+        node.campaign().unwrap();
+        while node.has_ready() {
+            node.handle_ready().unwrap();
+        }
+        let a = put_and_apply(&mut node, "a");
+        node.sync_state().unwrap();
+        // b's entry is fsynced in the log before it is applied and acknowledged; its apply is
+        // not fsynced.
+        let b = put_and_apply(&mut node, "b");
+        assert_eq!(node.applied_index(), b);
+        assert_eq!(node.storage().state().durable_applied, a);
+        assert_eq!(get(&node, "b"), Some(b"v".to_vec()));
+        crate::consensus::harness::crash(node, &store);
+
+        let mut node = open(&dir, NodeConfig::new(1)).unwrap();
+        // Back to a consistent older pair: a applied, b only in the log.
+        assert_eq!(node.applied_index(), a);
+        assert_eq!(get(&node, "a"), Some(b"v".to_vec()));
+        assert_eq!(get(&node, "b"), None);
+        assert_eq!(node.storage().state().last_index, b);
+        // Once leader again, the replica commits its log and applies b again: the acknowledged
+        // write is back before any new one.
+        node.campaign().unwrap();
+        let mut replayed = Vec::new();
+        while node.has_ready() {
+            for event in node.handle_ready().unwrap().events {
+                if let Event::Applied { index, .. } = event {
+                    replayed.push(index);
+                }
+            }
+        }
+        assert_eq!(replayed, vec![b]);
+        assert_eq!(get(&node, "b"), Some(b"v".to_vec()));
     }
 }

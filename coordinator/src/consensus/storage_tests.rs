@@ -131,7 +131,7 @@ fn compaction_keeps_term_of_truncated_entry_and_reports_compacted() {
     let mut store = open(&dir);
     let all: Vec<_> = (1..=10).map(|i| entry(i, i / 4 + 1)).collect();
     store.append_and_persist(&all, None).unwrap();
-    // Without a snapshot nothing may be compacted: a lagging peer would have no way to catch up.
+    // Nothing applied, nothing may be compacted: a crash must find what it re-applies.
     let err = store.compact(5).unwrap_err();
     assert!(
         matches!(err, StorageError::CompactTooFar { to: 5, .. }),
@@ -195,7 +195,7 @@ fn reopen_restores_log_hard_state_conf_state_and_applied_state() {
             .unwrap();
         store
             .write(|b| {
-                b.txn()
+                b.state_txn()?
                     .open_table(STATE_MACHINE)?
                     .insert(b"k".as_slice(), b"v".as_slice())?;
                 b.set_applied(2)
@@ -214,6 +214,34 @@ fn reopen_restores_log_hard_state_conf_state_and_applied_state() {
     let txn = store.read().unwrap();
     let table = txn.open_table(STATE_MACHINE).unwrap();
     assert_eq!(table.get(b"k".as_slice()).unwrap().unwrap().value(), b"v");
+}
+
+#[test]
+fn a_failed_batch_that_dropped_applies_stops_the_store_until_it_is_reopened() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], None)
+        .unwrap();
+    apply(&mut store, false, 1..=1);
+    // A batch that fails before touching the state hands the open transaction back.
+    assert!(store.write(|b| b.append(&[entry(5, 1)])).is_err());
+    apply(&mut store, false, 2..=2);
+    assert_eq!(applied_keys(&store), vec![1, 2]);
+    // One that applied something and then failed took applies with it: no more batches.
+    let result = store.write(|b| {
+        b.set_applied(3)?;
+        b.append(&[entry(9, 1)])
+    });
+    assert!(result.is_err());
+    assert!(matches!(store.begin(), Err(StorageError::AppliesLost)));
+    assert!(matches!(store.read(), Err(StorageError::AppliesLost)));
+    // Reopened, it is as consistent as after a crash.
+    drop(store);
+    let store = open(&dir);
+    let applied = store.state().applied;
+    assert!(applied <= 2);
+    assert_eq!(applied_keys(&store), (1..=applied).collect::<Vec<_>>());
 }
 
 #[test]
@@ -307,4 +335,345 @@ fn snapshot_compression_round_trips_and_actually_compresses() {
     assert_eq!(&compressed[..4], &[0x28, 0xb5, 0x2f, 0xfd]);
     assert_eq!(decompress_snapshot(&compressed).unwrap(), data);
     assert!(decompress_snapshot(b"not zstd").is_err());
+}
+
+/// Applies log entries `indexes` the way the node does: each entry's data under its index in the
+/// state-machine table, and the applied index, in one batch; the state store is fsynced if
+/// `sync`.
+fn apply(store: &mut RedbStorage, sync: bool, indexes: std::ops::RangeInclusive<u64>) {
+    let entries = store
+        .entries(*indexes.start(), indexes.end() + 1, None, ctx())
+        .unwrap();
+    let mut batch = store.begin().unwrap();
+    for entry in entries {
+        batch
+            .state_txn()
+            .unwrap()
+            .open_table(STATE_MACHINE)
+            .unwrap()
+            .insert(entry.index.to_be_bytes().as_slice(), &*entry.data)
+            .unwrap();
+        batch.set_applied(entry.index).unwrap();
+    }
+    if sync {
+        batch.sync_state();
+    }
+    store.commit(batch).unwrap();
+}
+
+/// The indexes whose entries the state machine holds, in order.
+fn applied_keys(store: &RedbStorage) -> Vec<u64> {
+    let txn = store.read().unwrap();
+    let table = txn.open_table(STATE_MACHINE).unwrap();
+    table
+        .iter()
+        .unwrap()
+        .map(|item| {
+            let (key, _) = item.unwrap();
+            u64::from_be_bytes(key.value().try_into().unwrap())
+        })
+        .collect()
+}
+
+/// SIGKILL of the process that has `store` open, then a restart (see `harness::crash`).
+fn crash_and_reopen(store: RedbStorage, dir: &tempfile::TempDir) -> RedbStorage {
+    crate::consensus::harness::crash(store, &dir.path().join("raft.redb"));
+    open(dir)
+}
+
+#[test]
+fn crash_loses_deferred_applies_only_back_to_a_consistent_state_and_the_log_replays_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=4).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 2)))
+        .unwrap();
+    apply(&mut store, true, 1..=2);
+    // The commit index moves on alone: not written (Raft keeps it in volatile state).
+    store.write(|b| b.set_commit(4)).unwrap();
+    apply(&mut store, false, 3..=3);
+    apply(&mut store, false, 4..=4);
+    // A deferred apply is visible at once.
+    assert_eq!(store.state().applied, 4);
+    assert_eq!(store.state().durable_applied, 2);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+
+    let mut store = crash_and_reopen(store, &dir);
+    // Both deferred commits are gone, and nothing else: the applied index and the state agree.
+    assert_eq!(store.state().applied, 2);
+    assert_eq!(applied_keys(&store), vec![1, 2]);
+    // The log was fsynced, so everything past the applied index is there to re-apply once the
+    // commit index is known again.
+    let state = store.initial_state().unwrap();
+    assert_eq!(state.hard_state, hard_state(1, 1, 2));
+    assert_eq!(store.last_index().unwrap(), 4);
+    apply(&mut store, false, 3..=4);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+
+    // An fsync of the state store makes the deferred applies before it durable.
+    store.sync_state().unwrap();
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 4);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
+    // The commit index on disk predates the last applies; opening raises it to the applied
+    // index, as raft requires (committed entries were applied, so they were committed).
+    assert_eq!(store.initial_state().unwrap().hard_state.commit, 4);
+}
+
+#[test]
+fn the_log_is_fsynced_alone_and_a_log_commit_does_not_make_applies_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1)], Some(&hard_state(1, 1, 1)))
+        .unwrap();
+    apply(&mut store, false, 1..=1);
+    store
+        .append_and_persist(&[entry(2, 1)], Some(&hard_state(1, 1, 2)))
+        .unwrap();
+    store
+        .append_and_persist(&[entry(3, 2)], Some(&hard_state(2, 3, 2)))
+        .unwrap();
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.last_index().unwrap(), 3);
+    assert_eq!(store.state().applied, 0);
+    assert_eq!(applied_keys(&store), Vec::<u64>::new());
+    // Term and vote are written when they change, with the commit index of that moment; a new
+    // commit index alone is not written (Raft keeps it in volatile state).
+    assert_eq!(
+        store.initial_state().unwrap().hard_state,
+        hard_state(2, 3, 2)
+    );
+}
+
+#[test]
+fn a_new_commit_index_alone_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], Some(&hard_state(1, 1, 1)))
+        .unwrap();
+    store
+        .append_and_persist(&[entry(3, 1)], Some(&hard_state(1, 1, 3)))
+        .unwrap();
+    assert_eq!(store.state().hard_state.commit, 3);
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(
+        store.initial_state().unwrap().hard_state,
+        hard_state(1, 1, 1)
+    );
+}
+
+#[test]
+fn compaction_fsyncs_the_state_first_so_no_entry_is_lost_from_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=6).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 6)))
+        .unwrap();
+    apply(&mut store, false, 1..=5);
+    let meta = SnapshotMetadata {
+        index: 5,
+        term: 1,
+        ..Default::default()
+    };
+    store
+        .write(|b| b.store_snapshot(&meta, &compress_snapshot(b"state at 5")?))
+        .unwrap();
+    // A batch cannot compact past what the state store has fsynced ...
+    let err = store.write(|b| b.compact(6)).unwrap_err();
+    assert!(
+        matches!(err, StorageError::CompactTooFar { limit: 1, .. }),
+        "{err}"
+    );
+    // ... and compacting through the store fsyncs it first.
+    store.compact(6).unwrap();
+
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.first_index().unwrap(), 6);
+    assert_eq!(store.state().applied, 5);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4, 5]);
+    assert_eq!(
+        indexes(&store.entries(6, 7, None, ctx()).unwrap()),
+        vec![(6, 1)]
+    );
+}
+
+#[test]
+fn state_store_fsyncs_on_its_own_every_so_many_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let n = STATE_SYNC_ENTRIES + 2;
+    let log: Vec<_> = (1..=n).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, n)))
+        .unwrap();
+    for index in 1..=n {
+        apply(&mut store, false, index..=index);
+    }
+    assert_eq!(store.state().durable_applied, STATE_SYNC_ENTRIES);
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, STATE_SYNC_ENTRIES);
+}
+
+#[test]
+fn applies_wait_in_one_open_transaction_that_a_crash_loses_and_a_close_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=3).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 3)))
+        .unwrap();
+    apply(&mut store, false, 1..=1);
+    apply(&mut store, false, 2..=2);
+    // Never committed: a crash loses both.
+    let mut store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 0);
+    apply(&mut store, false, 1..=3);
+    // A clean close commits and fsyncs them.
+    drop(store);
+    let store = crash_and_reopen(open(&dir), &dir);
+    assert_eq!(store.state().applied, 3);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3]);
+}
+
+#[test]
+fn crash_inside_a_snapshot_install_leaves_the_state_behind_the_log_for_the_node_to_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    let mut store = open(&dir);
+    store
+        .append_and_persist(&[entry(1, 1), entry(2, 1)], Some(&hard_state(1, 0, 1)))
+        .unwrap();
+    apply(&mut store, true, 1..=1);
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 20;
+    snapshot.mut_metadata().term = 3;
+    snapshot.mut_metadata().mut_conf_state().voters = vec![1, 2, 3];
+    snapshot.data = compress_snapshot(b"restored").unwrap().into();
+    // The crash image of the state file is taken before the install, that of the log file
+    // after: as if the process died between the install's two commits.
+    let [log_file, state_file] = RedbStorage::files(&path);
+    let state_before = std::fs::read(&state_file).unwrap();
+    store.apply_snapshot(&snapshot, |_, _| Ok(())).unwrap();
+    let log_after = std::fs::read(&log_file).unwrap();
+    drop(store);
+    std::fs::write(&log_file, log_after).unwrap();
+    std::fs::write(&state_file, state_before).unwrap();
+
+    let mut store = open(&dir);
+    assert!(store.state_behind_log());
+    assert_eq!(
+        (store.state().applied, store.first_index().unwrap()),
+        (1, 21)
+    );
+    let stored = store.stored_snapshot().unwrap().unwrap();
+    store
+        .write(|b| {
+            b.restore_state(&stored, |txn, data| {
+                txn.open_table(STATE_MACHINE)?
+                    .insert(b"x".as_slice(), data)?;
+                Ok(())
+            })
+        })
+        .unwrap();
+    assert!(!store.state_behind_log());
+    assert_eq!(store.state().applied, 20);
+    assert_eq!(store.state().conf_state.voters, vec![1, 2, 3]);
+    assert_eq!(store.initial_state().unwrap().hard_state.commit, 20);
+}
+
+#[test]
+fn a_store_written_in_one_file_moves_its_state_to_the_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    {
+        // The layout before the split: state tables in the log file.
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(LOG)
+            .unwrap()
+            .insert(1, encode("log entry", &entry(1, 1)).unwrap().as_slice())
+            .unwrap();
+        txn.open_table(HARD_STATE)
+            .unwrap()
+            .insert(
+                (),
+                encode("hard state", &hard_state(1, 1, 1))
+                    .unwrap()
+                    .as_slice(),
+            )
+            .unwrap();
+        txn.open_table(APPLIED).unwrap().insert((), 1).unwrap();
+        let cs = ConfState {
+            voters: vec![1, 2, 3],
+            ..Default::default()
+        };
+        txn.open_table(CONF_STATE)
+            .unwrap()
+            .insert((), encode("conf state", &cs).unwrap().as_slice())
+            .unwrap();
+        txn.open_table(STATE_MACHINE)
+            .unwrap()
+            .insert(b"k".as_slice(), b"v".as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = open(&dir);
+    assert_eq!(store.state().applied, 1);
+    assert_eq!(store.state().conf_state.voters, vec![1, 2, 3]);
+    assert_eq!(store.last_index().unwrap(), 1);
+    let txn = store.read().unwrap();
+    let table = txn.open_table(STATE_MACHINE).unwrap();
+    assert_eq!(table.get(b"k".as_slice()).unwrap().unwrap().value(), b"v");
+    drop((table, txn, store));
+    // Moved, not copied: the log file holds no state tables any more, and a second open is
+    // the same.
+    let db = Database::create(&path).unwrap();
+    let names: Vec<String> = db
+        .begin_read()
+        .unwrap()
+        .list_tables()
+        .unwrap()
+        .map(|t| t.name().to_string())
+        .collect();
+    assert!(
+        !names.iter().any(|n| n == STATE_MACHINE.name()),
+        "{names:?}"
+    );
+    drop(db);
+    assert_eq!(open(&dir).state().applied, 1);
+}
+
+#[test]
+fn a_staged_state_flush_makes_nothing_durable_until_the_commit_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=4).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 4)))
+        .unwrap();
+    assert!(
+        store.stage_state_sync().unwrap().is_none(),
+        "nothing to flush"
+    );
+    apply(&mut store, false, 1..=2);
+    // The pages go out, but redb's commit record does not: a crash still loses the applies.
+    let file = store.stage_state_sync().unwrap().expect("applies to flush");
+    file.sync_data().unwrap();
+    let mut store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 0);
+
+    apply(&mut store, false, 1..=3);
+    let file = store.stage_state_sync().unwrap().expect("applies to flush");
+    file.sync_data().unwrap();
+    // Applied while the flush ran; the commit after it covers these too.
+    apply(&mut store, false, 4..=4);
+    store.sync_state().unwrap();
+    assert!(store.stage_state_sync().unwrap().is_none());
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(store.state().applied, 4);
+    assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
 }

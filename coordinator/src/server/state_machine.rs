@@ -139,8 +139,9 @@ impl CoordinatorStateMachine {
     }
 
     fn persist_all(txn: &WriteTransaction, state: &ClusterState) -> Result<(), BoxError> {
+        // Dropping the table frees its pages at once; emptying it key by key would not.
+        txn.delete_table(STATE_MACHINE)?;
         let mut table = txn.open_table(STATE_MACHINE)?;
-        table.retain(|_, _| false)?;
         table.insert(REVISION_KEY, state.revision().to_le_bytes().as_slice())?;
         for change in state.entities() {
             if let Some(key) = change.key() {
@@ -198,7 +199,15 @@ impl StateMachine for CoordinatorStateMachine {
                     for revision in applied.evicted {
                         let start = history_key(revision, 0);
                         let end = history_key(revision + 1, 0);
-                        table.retain_in(start.as_bytes()..end.as_bytes(), |_, _| false)?;
+                        // Found first, then removed one by one: redb 2.6's `retain_in` copies
+                        // the tree path of every key it deletes.
+                        let mut evicted = Vec::new();
+                        for item in table.range(start.as_bytes()..end.as_bytes())? {
+                            evicted.push(item?.0.value().to_vec());
+                        }
+                        for key in evicted {
+                            table.remove(key.as_slice())?;
+                        }
                     }
                     self.applied_events.extend(applied.events);
                     ApplyResponse::Applied {
@@ -214,7 +223,11 @@ impl StateMachine for CoordinatorStateMachine {
     fn snapshot(&self, _txn: &ReadTransaction) -> Result<Vec<u8>, BoxError> {
         // The in-memory state is the applied state: the node snapshots right
         // after applying, under the same single-threaded loop.
-        Ok(serde_json::to_vec(&*self.state.read())?)
+        let started = std::time::Instant::now();
+        let data = serde_json::to_vec(&*self.state.read())?;
+        metrics::histogram!("longhaul_snapshot_serialize_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(data)
     }
 
     fn restore(&mut self, txn: &WriteTransaction, data: &[u8]) -> Result<(), BoxError> {
