@@ -21,19 +21,28 @@ use super::kv::{KvCommand, KvStateMachine};
 use super::{Event, Node, NodeConfig, RedbStorage};
 
 /// Crashes the owner of a store (a [`Node`] or a bare [`RedbStorage`]) the way SIGKILL does.
-/// The OS keeps what the process wrote to the redb files, but redb's record of the commits made
-/// since the last durable (fsynced) one lived only in the process, so each reopened file is at
-/// its last durable commit: deferred commits are lost. Dropping the owner instead would be a
-/// clean shutdown, which makes everything durable; so the files are copied while the owner
-/// runs, the owner is dropped, and the copies are put back.
+/// The OS keeps what the process wrote: every byte appended to the log, and the pages of the
+/// state file; but redb's record of the commits made since the state file's last durable
+/// (fsynced) one lived only in the process, so the reopened state file is at its last durable
+/// commit: deferred commits are lost. Dropping the owner instead would be a clean shutdown,
+/// which makes everything durable; so the files are copied while the owner runs, the owner is
+/// dropped, and the copies are put back (the log directory exactly as it was).
 pub(super) fn crash<T>(owner: T, store: &std::path::Path) {
-    let files = RedbStorage::files(store);
-    let images: Vec<Vec<u8>> = files
-        .iter()
-        .map(|file| std::fs::read(file).expect("read the store to crash it"))
+    let [wal_dir, state_file] = RedbStorage::files(store);
+    let mut images: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&wal_dir)
+        .expect("list the log to crash it")
+        .map(|item| {
+            let path = item.expect("list the log to crash it").path();
+            let image = std::fs::read(&path).expect("read the log to crash it");
+            (path, image)
+        })
         .collect();
+    let state = std::fs::read(&state_file).expect("read the state file to crash it");
+    images.push((state_file, state));
     drop(owner);
-    for (file, image) in files.iter().zip(images) {
+    std::fs::remove_dir_all(&wal_dir).expect("remove the log to put back its crash image");
+    std::fs::create_dir(&wal_dir).expect("put back the crashed log");
+    for (file, image) in images {
         std::fs::write(file, image).expect("put back the crashed store");
     }
 }

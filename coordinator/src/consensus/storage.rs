@@ -1,63 +1,61 @@
-//! Durable Raft storage over redb, in two files, the way etcd keeps a write-ahead log and a
-//! backend:
+//! Durable Raft storage in two parts, the way etcd keeps a write-ahead log and a backend:
 //!
-//! - the **log store**, the file given to [`RedbStorage::open`] (e.g. `store.redb`): log
-//!   entries, hard state (term, vote, commit), where the log starts, and the stored snapshot.
-//!   Every commit to it is fsynced ([`Durability::Immediate`]): raft promises its contents to
-//!   peers, and an acknowledged write is an entry in it on a quorum.
-//! - the **state store** beside it ([`RedbStorage::files`], e.g. `store.state.redb`): the state
-//!   machine's table, the applied index and the applied membership (conf state), which change
-//!   together whenever committed entries are applied. Applies accumulate in one open write
-//!   transaction of the state store (as etcd batches its backend), committed and fsynced once
-//!   [`STATE_SYNC_ENTRIES`] entries were applied since the last time, on
-//!   [`RedbStorage::sync_state`] (the runtime calls it on a timer), before the log is compacted,
-//!   when a snapshot is installed, and when the store is closed. A read of the state store
-//!   ([`RedbStorage::read`]) first commits the open transaction without an fsync
+//! - the **log** ([`wal`]), in the directory `<path>.wal` beside the path given to
+//!   [`RedbStorage::open`] (e.g. `store.wal` for `store.redb`): log entries, hard state (term,
+//!   vote), where the log starts, and the stored snapshot. Each commit appends one record and
+//!   fsyncs it: raft promises its contents to peers, and an acknowledged write is an entry in it
+//!   on a quorum. The log is also kept in memory, so raft reads entries without touching disk.
+//! - the **state store**, a redb file beside it ([`RedbStorage::files`], e.g.
+//!   `store.state.redb`): the state machine's table, the applied index and the applied
+//!   membership (conf state), which change together whenever committed entries are applied.
+//!   Applies accumulate in one open write transaction of the state store (as etcd batches its
+//!   backend), committed and fsynced once [`STATE_SYNC_ENTRIES`] entries were applied since the
+//!   last time, on [`RedbStorage::sync_state`] (the runtime calls it on a timer), before the log
+//!   is compacted, when a snapshot is installed, and when the store is closed. A read of the
+//!   state store ([`RedbStorage::read`]) first commits the open transaction without an fsync
 //!   ([`Durability::None`]), so readers see every apply.
 //!
-//! Two files because an fsync flushes every page of its file written since the previous one: in
-//! one file, every log append paid for the state machine's pages too (~12 scattered pages per
-//! write instead of ~6, twice the fsync time on the machines measured). Applying needs no fsync:
-//! the entries it applies are already durable in the log. One open transaction because redb
-//! copies a page on its first change in each transaction: across many applies, each page is
-//! written once.
+//! Two parts because an fsync flushes every page of its file written since the previous one: a
+//! log append is a few hundred bytes at the end of one file, where a redb commit writes several
+//! scattered B-tree pages (about 5 per write even with the state machine in another file).
+//! Applying needs no fsync: the entries it applies are already durable in the log. One open
+//! transaction because redb copies a page on its first change in each transaction: across many
+//! applies, each page is written once.
 //!
-//! **Crash recovery.** redb recovers each file to its last fsynced commit, and its commits are
-//! totally ordered, so a crash loses the open transaction and a suffix of unsynced commits, never
-//! part of one: the state machine, applied index and membership on disk always agree, only older. The
-//! log keeps every entry after the state store's durable applied index (the log is only
-//! compacted after the state store was fsynced, see [`RedbStorage::compact`]), so a restarted
-//! replica re-applies them once it learns the commit index again. On open: a commit index below
-//! the applied index is raised to it (the hard state is written when its term or vote changes,
-//! not for a new commit index, which Raft keeps in volatile state), and a state store left behind
-//! the start of the log
-//! (a crash between the two commits of a snapshot install) is restored from the stored snapshot
-//! by the node ([`RedbStorage::state_behind_log`]).
+//! **Crash recovery.** The log replays to its last whole record (a torn record at its end was
+//! never acknowledged). redb recovers the state store to its last fsynced commit, and its
+//! commits are totally ordered, so a crash loses the open transaction and a suffix of unsynced
+//! commits, never part of one: the state machine, applied index and membership on disk always
+//! agree, only older. The log keeps every entry after the state store's durable applied index
+//! (the log is only compacted after the state store was fsynced, see [`RedbStorage::compact`]),
+//! so a restarted replica re-applies them once it learns the commit index again. On open: a
+//! commit index below the applied index is raised to it (the hard state is written when its
+//! term or vote changes, not for a new commit index, which Raft keeps in volatile state), and a
+//! state store left behind the start of the log (a crash between the two commits of a snapshot
+//! install) is restored from the stored snapshot by the node
+//! ([`RedbStorage::state_behind_log`]).
 //!
 //! Every change goes through a [`Batch`], committed by [`RedbStorage::commit`]: its log part
 //! first, then its state part. The in-memory [`LogState`] cache is replaced only after both
 //! committed.
 //!
-//! Layout:
+//! State store layout:
 //!
-//! | file  | table                  | key    | value                                        |
-//! |-------|------------------------|--------|----------------------------------------------|
-//! | log   | `raft_log`             | index  | protobuf-encoded `Entry`                     |
-//! | log   | `raft_hard_state`      | `()`   | protobuf-encoded `HardState`                 |
-//! | log   | `raft_log_truncated`   | `()`   | (index, term) of the entry before the log    |
-//! | log   | `raft_snapshot_meta`   | `()`   | protobuf-encoded `SnapshotMetadata`          |
-//! | log   | `raft_snapshot_data`   | `()`   | zstd-compressed state-machine snapshot       |
-//! | state | `raft_applied_index`   | `()`   | last applied index                           |
-//! | state | `raft_conf_state`      | `()`   | protobuf-encoded `ConfState` as applied      |
-//! | state | `state_machine`        | bytes  | opaque, owned by the [`StateMachine`](super::StateMachine) |
+//! | table                  | key    | value                                        |
+//! |------------------------|--------|----------------------------------------------|
+//! | `raft_applied_index`   | `()`   | last applied index                           |
+//! | `raft_conf_state`      | `()`   | protobuf-encoded `ConfState` as applied      |
+//! | `state_machine`        | bytes  | opaque, owned by the [`StateMachine`](super::StateMachine) |
 //!
-//! Stores written before the split kept the state tables in the log file; [`RedbStorage::open`]
-//! moves them.
+//! Stores written before the log moved out of redb kept it in the redb file at the given path
+//! (tables `raft_log`, `raft_hard_state`, `raft_log_truncated`, `raft_snapshot_meta`,
+//! `raft_snapshot_data`), and before that the state tables too; [`RedbStorage::open`] moves
+//! them and removes that file.
 
 use std::cell::Cell;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState};
@@ -67,10 +65,21 @@ use redb::{
 };
 
 mod batch;
+pub mod wal;
 
 pub use batch::Batch;
 use batch::PendingState;
+use wal::{LogOp, MemLog, Wal};
 
+/// Locks a mutex of the store. Nothing panics while holding one, so a poisoned lock still
+/// holds a sound value.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+// Tables of the log in stores written before it moved out of redb (see `import_legacy_log`).
 const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_log");
 const HARD_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_hard_state");
 const CONF_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_conf_state");
@@ -160,6 +169,15 @@ pub enum StorageError {
     AppliesLost,
     #[error("cannot open the state file to flush it: {0}")]
     StateFile(#[source] std::io::Error),
+    #[error("corrupt raft log: {0}")]
+    CorruptLog(&'static str),
+    #[error("cannot {what} ({path}): {source}")]
+    LogFile {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("state machine: {0}")]
     StateMachine(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
@@ -249,13 +267,16 @@ pub fn decompress_snapshot(data: &[u8]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// A [`raft::Storage`] backed by two redb databases (see the module documentation).
+/// A [`raft::Storage`] over a write-ahead log and a redb state store (see the module
+/// documentation).
 pub struct RedbStorage {
-    log_db: Arc<Database>,
+    wal: Wal,
+    /// The log as committed to `wal`, shared with the batch in progress (which reads terms).
+    log: Arc<Mutex<MemLog>>,
     state_db: Arc<Database>,
     state_path: PathBuf,
     state: LogState,
-    /// The hard state as last written to the log store.
+    /// The hard state as last written to the log.
     persisted_hard_state: HardState,
     /// The state store's open write transaction, shared with the batch that holds it.
     pending_state: Arc<PendingState>,
@@ -289,33 +310,41 @@ fn durable_write(db: &Database) -> Result<WriteTransaction> {
 }
 
 impl RedbStorage {
-    /// The files of the store opened at `path`: the log store (`path` itself) and the state
-    /// store beside it (`path` with the extension `state.redb`).
+    /// The log directory and the state file of the store opened at `path`: `path` with the
+    /// extensions `wal` and `state.redb`.
     pub fn files(path: &Path) -> [PathBuf; 2] {
-        [path.to_owned(), path.with_extension("state.redb")]
+        [
+            path.with_extension("wal"),
+            path.with_extension("state.redb"),
+        ]
     }
 
     /// Opens (or creates) the store at `path` (see [`RedbStorage::files`]) and restores its
     /// state from disk.
     pub fn open(path: &Path) -> Result<Self> {
-        let [log_path, state_path] = Self::files(path);
-        let log_db = open_database(&log_path)?;
+        let [wal_dir, state_path] = Self::files(path);
         let state_db = open_database(&state_path)?;
-        Self::move_state_tables(&log_db, &state_db)?;
+        let legacy = path.exists() && path != state_path;
+        let (wal, mem) = if legacy && !Wal::exists(&wal_dir)? {
+            Self::import_legacy_log(path, &wal_dir, &state_db)?
+        } else {
+            Wal::open(&wal_dir, || Ok(MemLog::default()))?
+        };
+        if legacy {
+            // Imported now or before a crash (the log is only written once the import is).
+            std::fs::remove_file(path).map_err(|source| StorageError::LogFile {
+                what: "remove the store's old log file",
+                path: path.to_owned(),
+                source,
+            })?;
+        }
         // Create every table up front so that read transactions never meet a missing table.
-        let txn = durable_write(&log_db)?;
-        txn.open_table(LOG)?;
-        txn.open_table(HARD_STATE)?;
-        txn.open_table(LOG_TRUNCATED)?;
-        txn.open_table(SNAPSHOT_META)?;
-        txn.open_table(SNAPSHOT_DATA)?;
-        txn.commit()?;
         let txn = durable_write(&state_db)?;
         txn.open_table(APPLIED)?;
         txn.open_table(CONF_STATE)?;
         txn.open_table(STATE_MACHINE)?;
         txn.commit()?;
-        let mut state = Self::load(&log_db.begin_read()?, &state_db.begin_read()?)?;
+        let mut state = Self::load(&mem, &state_db.begin_read()?)?;
         let persisted_hard_state = state.hard_state.clone();
         if state.applied > state.last_index {
             return Err(StorageError::StateAheadOfLog {
@@ -329,7 +358,8 @@ impl RedbStorage {
             state.hard_state.commit = state.hard_state.commit.max(state.applied);
         }
         Ok(Self {
-            log_db: Arc::new(log_db),
+            wal,
+            log: Arc::new(Mutex::new(mem)),
             state_db: Arc::new(state_db),
             state_path,
             state,
@@ -337,6 +367,62 @@ impl RedbStorage {
             pending_state: Arc::new(PendingState::default()),
             state_unsynced: Cell::new(false),
             snapshot_wanted: Cell::new(false),
+        })
+    }
+
+    /// Moves a store written before the log left redb: its state tables (if it predates the
+    /// state file too) go to the state file, fsynced, then its log becomes the first segment of
+    /// the write-ahead log. The caller removes the old file afterwards; a crash before that
+    /// finds the log written and only repeats the removal.
+    fn import_legacy_log(
+        path: &Path,
+        wal_dir: &Path,
+        state_db: &Database,
+    ) -> Result<(Wal, MemLog)> {
+        let log_db = open_database(path)?;
+        Self::move_state_tables(&log_db, state_db)?;
+        let txn = log_db.begin_read()?;
+        let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
+        let holds = |name: &str| names.iter().any(|n| n == name);
+        let single = |def: TableDefinition<'_, (), &[u8]>| -> Result<Option<Vec<u8>>> {
+            if !holds(def.name()) {
+                return Ok(None);
+            }
+            Ok(txn.open_table(def)?.get(())?.map(|v| v.value().to_vec()))
+        };
+        let mut mem = MemLog::default();
+        if let Some(bytes) = single(HARD_STATE)? {
+            mem.hard_state = decode("hard state", &bytes)?;
+        }
+        if let Some(bytes) = single(SNAPSHOT_META)? {
+            mem.snapshot = decode("snapshot metadata", &bytes)?;
+        }
+        let snapshot_data = single(SNAPSHOT_DATA)?;
+        if holds(LOG_TRUNCATED.name())
+            && let Some(v) = txn.open_table(LOG_TRUNCATED)?.get(())?
+        {
+            mem.truncated = v.value();
+        }
+        if holds(LOG.name()) {
+            let mut entries = Vec::new();
+            for item in txn.open_table(LOG)?.iter()? {
+                let (_, bytes) = item?;
+                entries.push(decode::<Entry>("log entry", bytes.value())?);
+            }
+            mem.apply(LogOp::Append(entries))?;
+        }
+        let snapshot = mem.snapshot.clone();
+        Wal::open(wal_dir, move || {
+            if let Some(data) = snapshot_data.filter(|_| snapshot.index != 0) {
+                Wal::write_snapshot_in(wal_dir, &snapshot, &data)?;
+            }
+            tracing::info!(
+                from = %path.display(),
+                to = %wal_dir.display(),
+                entries = mem.entries.len(),
+                "moved the raft log out of the redb file into the write-ahead log"
+            );
+            Ok(mem)
         })
     }
 
@@ -388,34 +474,23 @@ impl RedbStorage {
         Ok(())
     }
 
-    fn load(log: &ReadTransaction, state_store: &ReadTransaction) -> Result<LogState> {
-        let single = |txn: &ReadTransaction,
-                      def: TableDefinition<'_, (), &[u8]>|
-         -> Result<Option<Vec<u8>>> {
-            Ok(txn.open_table(def)?.get(())?.map(|v| v.value().to_vec()))
+    fn load(log: &MemLog, state_store: &ReadTransaction) -> Result<LogState> {
+        let mut state = LogState {
+            hard_state: log.hard_state.clone(),
+            snapshot: log.snapshot.clone(),
+            truncated_index: log.truncated.0,
+            truncated_term: log.truncated.1,
+            last_index: log.last_index(),
+            ..LogState::default()
         };
-        let mut state = LogState::default();
-        if let Some(bytes) = single(log, HARD_STATE)? {
-            state.hard_state = decode("hard state", &bytes)?;
-        }
-        if let Some(bytes) = single(state_store, CONF_STATE)? {
-            state.conf_state = decode("conf state", &bytes)?;
-        }
-        if let Some(bytes) = single(log, SNAPSHOT_META)? {
-            state.snapshot = decode("snapshot metadata", &bytes)?;
+        if let Some(bytes) = state_store.open_table(CONF_STATE)?.get(())? {
+            state.conf_state = decode("conf state", bytes.value())?;
         }
         state.applied = state_store
             .open_table(APPLIED)?
             .get(())?
             .map_or(0, |v| v.value());
         state.durable_applied = state.applied;
-        if let Some(v) = log.open_table(LOG_TRUNCATED)?.get(())? {
-            (state.truncated_index, state.truncated_term) = v.value();
-        }
-        state.last_index = match log.open_table(LOG)?.last()? {
-            Some((index, _)) => index.value(),
-            None => state.truncated_index,
-        };
         Ok(state)
     }
 
@@ -446,24 +521,24 @@ impl RedbStorage {
             return Err(StorageError::AppliesLost);
         }
         Ok(Batch::new(
-            self.log_db.clone(),
+            self.log.clone(),
             self.state_db.clone(),
             self.pending_state.clone(),
             self.state.clone(),
         ))
     }
 
-    /// Commits a batch and updates the cache: first its log part, fsynced, then its state part.
-    /// The log part is written when the batch changed the log or the term or vote. The hard
-    /// state is written only when its term or vote changed: the commit index is volatile in
-    /// Raft (the leader tells it again, and open raises it to the applied index), and leaving
-    /// it out saves a page in every log commit. The state part stays in the state store's
+    /// Commits a batch and updates the cache: first its log part, one fsynced record, then its
+    /// state part. The log part is written when the batch changed the log or the term or vote.
+    /// The hard state is written only when its term or vote changed: the commit index is
+    /// volatile in Raft (the leader tells it again, and open raises it to the applied index),
+    /// and leaving it out keeps the record small. The state part stays in the state store's
     /// open transaction, unless the batch asks for an fsync ([`Batch::sync_state`]) or
     /// [`STATE_SYNC_ENTRIES`] entries were applied since the last one: then that transaction is
     /// committed and fsynced, and with it everything the state store holds.
     ///
-    /// After an error the store must be reopened: one file may have committed and the other
-    /// not, and the open transaction is gone.
+    /// After an error the store must be reopened: the log may have committed and the state
+    /// store not, and the open transaction is gone.
     pub fn commit(&mut self, batch: Batch) -> Result<()> {
         let result = self.commit_parts(batch.into_parts());
         if result.is_err() {
@@ -475,22 +550,28 @@ impl RedbStorage {
 
     fn commit_parts(&mut self, parts: batch::Parts) -> Result<()> {
         let mut state = parts.state;
+        let mut log_ops = parts.log_ops;
         let term_or_vote_changed = state.hard_state.term != self.persisted_hard_state.term
             || state.hard_state.vote != self.persisted_hard_state.vote;
-        let log = match parts.log {
-            Some(txn) => Some(txn),
-            None if term_or_vote_changed => Some(durable_write(&self.log_db)?),
-            None => None,
-        };
-        if let Some(txn) = log {
-            if term_or_vote_changed {
-                txn.open_table(HARD_STATE)?
-                    .insert((), encode("hard state", &state.hard_state)?.as_slice())?;
+        if term_or_vote_changed {
+            log_ops.push(LogOp::HardState(state.hard_state.clone()));
+        }
+        if !log_ops.is_empty() {
+            let snapshot_changed = log_ops.iter().any(|op| matches!(op, LogOp::Snapshot(_)));
+            if let Some(data) = &parts.snapshot_data {
+                // Durable before the record that names it.
+                self.wal.write_snapshot(&state.snapshot, data)?;
             }
-            // The commit is the fsync: its latency is what every acknowledged write waits for.
-            let started = std::time::Instant::now();
-            txn.commit()?;
-            metrics::histogram!("longhaul_fsync_seconds").record(started.elapsed().as_secs_f64());
+            self.wal.commit(&log_ops)?;
+            let mut log = lock(&self.log);
+            for op in log_ops {
+                log.apply(op)?;
+            }
+            self.wal.roll_over_if_full(&log)?;
+            drop(log);
+            if snapshot_changed {
+                self.wal.remove_unused_snapshots(&state.snapshot)?;
+            }
             if term_or_vote_changed {
                 self.persisted_hard_state = state.hard_state.clone();
             }
@@ -624,12 +705,7 @@ impl RedbStorage {
         if self.state.snapshot.index == 0 {
             return Ok(None);
         }
-        let txn = self.log_db.begin_read()?;
-        let data = txn
-            .open_table(SNAPSHOT_DATA)?
-            .get(())?
-            .map(|v| v.value().to_vec())
-            .unwrap_or_default();
+        let data = self.wal.read_snapshot(&self.state.snapshot)?;
         let mut snapshot = Snapshot::default();
         snapshot.set_metadata(self.state.snapshot.clone());
         snapshot.data = data.into();
@@ -649,12 +725,6 @@ impl RedbStorage {
         }
     }
 
-    fn entry(&self, txn: &ReadTransaction, index: u64) -> Result<Entry> {
-        let log = txn.open_table(LOG)?;
-        let bytes = log.get(index)?.ok_or_else(|| self.missing(index))?;
-        decode("log entry", bytes.value())
-    }
-
     /// Entries in `[low, high)`, at least one if any, and at most `max_size` bytes after the
     /// first, with raft's `Compacted`/`Unavailable` errors for indexes outside the log.
     pub fn entries_in(
@@ -669,23 +739,17 @@ impl RedbStorage {
         if high > self.state.last_index + 1 || low > high {
             return Err(raft::Error::Store(raft::StorageError::Unavailable));
         }
-        let txn = self.log_db.begin_read().map_err(StorageError::from)?;
-        let log = txn.open_table(LOG).map_err(StorageError::from)?;
+        let log = lock(&self.log);
         let mut entries = Vec::with_capacity((high - low).min(1024) as usize);
         let mut size = 0u64;
-        for item in log.range(low..high).map_err(StorageError::from)? {
-            let (_, bytes) = item.map_err(StorageError::from)?;
-            let entry: Entry = decode("log entry", bytes.value())?;
-            size += u64::from(protobuf::Message::compute_size(&entry));
+        for index in low..high {
+            let entry = log.get(index).ok_or_else(|| self.missing(index))?;
+            size += u64::from(protobuf::Message::compute_size(entry));
             // Same rule as raft-rs's `limit_size`: always return the first entry.
             if !entries.is_empty() && max_size.is_some_and(|max| size > max) {
                 return Ok(entries);
             }
-            let expected = low + entries.len() as u64;
-            if entry.index != expected {
-                return Err(self.missing(expected).into());
-            }
-            entries.push(entry);
+            entries.push(entry.clone());
         }
         let next = low + entries.len() as u64;
         if next < high {
@@ -740,8 +804,8 @@ impl raft::Storage for RedbStorage {
         if idx > self.state.last_index {
             return Err(raft::Error::Store(raft::StorageError::Unavailable));
         }
-        let txn = self.log_db.begin_read().map_err(StorageError::from)?;
-        Ok(self.entry(&txn, idx)?.term)
+        let log = lock(&self.log);
+        Ok(log.get(idx).ok_or_else(|| self.missing(idx))?.term)
     }
 
     fn first_index(&self) -> raft::Result<u64> {

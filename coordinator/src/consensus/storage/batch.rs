@@ -1,27 +1,29 @@
-//! [`Batch`]: one atomic change to the store, spanning its two files.
+//! [`Batch`]: one atomic change to the store, spanning its two parts.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
-use redb::{Database, Durability, ReadableTable, WriteTransaction};
+use redb::{Database, WriteTransaction};
 
+use super::wal::{LogOp, MemLog};
 use super::{
-    APPLIED, BOOTSTRAP_INDEX, BOOTSTRAP_TERM, CONF_STATE, LOG, LOG_TRUNCATED, LogState, Result,
-    SNAPSHOT_DATA, SNAPSHOT_META, StorageError, compress_snapshot, decode, decompress_snapshot,
-    encode,
+    APPLIED, BOOTSTRAP_INDEX, BOOTSTRAP_TERM, CONF_STATE, LogState, Result, StorageError,
+    compress_snapshot, decompress_snapshot, encode, lock,
 };
 
-/// One change to the store: a write transaction on the log store, begun when first needed, and
-/// the state store's open write transaction (begun if there is none), plus the cache as it will
-/// be after commit. Obtain with [`RedbStorage::begin`](super::RedbStorage::begin), finish with
+/// One change to the store: the ops it adds to the log (one record, fsynced), and the state
+/// store's open write transaction (begun if there is none), plus the cache as it will be after
+/// commit. Obtain with [`RedbStorage::begin`](super::RedbStorage::begin), finish with
 /// [`RedbStorage::commit`](super::RedbStorage::commit), which commits the log part (fsynced),
 /// then keeps or commits the state part. Each part is atomic; a crash between them is
 /// recovered on open.
 pub struct Batch {
-    log_db: Arc<Database>,
+    log: Arc<Mutex<MemLog>>,
     state_db: Arc<Database>,
-    log: Option<WriteTransaction>,
+    log_ops: Vec<LogOp>,
+    /// Compressed data of the snapshot a [`LogOp::Snapshot`] in `log_ops` names.
+    snapshot_data: Option<Vec<u8>>,
     state_txn: Option<WriteTransaction>,
     /// Whether `state_txn` was handed out for writing.
     state_changed: bool,
@@ -41,19 +43,12 @@ pub(super) struct PendingState {
 }
 
 impl PendingState {
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<WriteTransaction>> {
-        // Nothing panics while holding the lock, so a poisoned lock still holds a sound value.
-        self.txn
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     pub(super) fn take(&self) -> Option<WriteTransaction> {
-        self.slot().take()
+        lock(&self.txn).take()
     }
 
     pub(super) fn put(&self, txn: WriteTransaction) {
-        *self.slot() = Some(txn);
+        *lock(&self.txn) = Some(txn);
     }
 
     pub(super) fn mark_lost(&self) {
@@ -67,7 +62,8 @@ impl PendingState {
 
 /// What [`RedbStorage::commit`](super::RedbStorage::commit) takes apart.
 pub(super) struct Parts {
-    pub(super) log: Option<WriteTransaction>,
+    pub(super) log_ops: Vec<LogOp>,
+    pub(super) snapshot_data: Option<Vec<u8>>,
     pub(super) state_txn: Option<WriteTransaction>,
     pub(super) sync_state: bool,
     pub(super) state: LogState,
@@ -77,23 +73,11 @@ impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batch")
             .field("state", &self.state)
-            .field("writes_log", &self.log.is_some())
+            .field("log_ops", &self.log_ops.len())
             .field("writes_state", &self.state_txn.is_some())
             .field("sync_state", &self.sync_state)
             .finish()
     }
-}
-
-/// Removes the log entries at `indexes` (the log holds every index from its first to its last).
-/// One `remove` per index rather than `retain_in`: redb 2.6's `retain_in` does not change the
-/// transaction's own dirty pages in place but copies the path to every entry it deletes, which
-/// made compacting ten thousand entries about seven times slower (~280 ms against ~40 ms).
-fn remove_entries(txn: &WriteTransaction, indexes: std::ops::RangeInclusive<u64>) -> Result<()> {
-    let mut log = txn.open_table(LOG)?;
-    for index in indexes {
-        log.remove(index)?;
-    }
-    Ok(())
 }
 
 impl Drop for Batch {
@@ -111,15 +95,16 @@ impl Drop for Batch {
 
 impl Batch {
     pub(super) fn new(
-        log_db: Arc<Database>,
+        log: Arc<Mutex<MemLog>>,
         state_db: Arc<Database>,
         pending: Arc<PendingState>,
         state: LogState,
     ) -> Self {
         Self {
-            log_db,
+            log,
             state_db,
-            log: None,
+            log_ops: Vec::new(),
+            snapshot_data: None,
             state_txn: pending.take(),
             state_changed: false,
             pending,
@@ -130,23 +115,12 @@ impl Batch {
 
     pub(super) fn into_parts(mut self) -> Parts {
         Parts {
-            log: self.log.take(),
+            log_ops: std::mem::take(&mut self.log_ops),
+            snapshot_data: self.snapshot_data.take(),
             state_txn: self.state_txn.take(),
             sync_state: self.sync_state,
             state: std::mem::take(&mut self.state),
         }
-    }
-
-    fn log_txn(&mut self) -> Result<&WriteTransaction> {
-        let txn = match self.log.take() {
-            Some(txn) => txn,
-            None => {
-                let mut txn = self.log_db.begin_write()?;
-                txn.set_durability(Durability::Immediate);
-                txn
-            }
-        };
-        Ok(self.log.insert(txn))
     }
 
     /// The state store's transaction, for the state machine's writes (see
@@ -190,17 +164,7 @@ impl Batch {
                 last: self.state.last_index,
             });
         }
-        let last = self.state.last_index;
-        {
-            let txn = self.log_txn()?;
-            if first_new <= last {
-                remove_entries(txn, first_new..=last)?;
-            }
-            let mut log = txn.open_table(LOG)?;
-            for entry in entries {
-                log.insert(entry.index, encode("log entry", entry)?.as_slice())?;
-            }
-        }
+        self.log_ops.push(LogOp::Append(entries.to_vec()));
         self.state.last_index = entries.last().map_or(first_new, |e| e.index);
         Ok(())
     }
@@ -240,13 +204,19 @@ impl Batch {
 
     /// Stores a snapshot (metadata and compressed data) so it can be sent to lagging peers.
     pub fn store_snapshot(&mut self, meta: &SnapshotMetadata, data: &[u8]) -> Result<()> {
-        let bytes = encode("snapshot metadata", meta)?;
-        let txn = self.log_txn()?;
-        txn.open_table(SNAPSHOT_META)?
-            .insert((), bytes.as_slice())?;
-        txn.open_table(SNAPSHOT_DATA)?.insert((), data)?;
+        self.log_ops.push(LogOp::Snapshot(meta.clone()));
+        self.snapshot_data = Some(data.to_vec());
         self.state.snapshot = meta.clone();
         Ok(())
+    }
+
+    /// The term of the entry at `index` as the log will hold it once this batch commits.
+    fn term_of(&self, index: u64) -> Option<u64> {
+        let appended = self.log_ops.iter().rev().find_map(|op| match op {
+            LogOp::Append(entries) => entries.iter().find(|e| e.index == index).map(|e| e.term),
+            _ => None,
+        });
+        appended.or_else(|| lock(&self.log).get(index).map(|e| e.term))
     }
 
     /// Removes every log entry before `to`. `to` may not pass the applied index as of the state
@@ -279,18 +249,23 @@ impl Batch {
                 first,
                 last: self.state.last_index,
             };
-            let log = self.log_txn()?.open_table(LOG)?;
-            let bytes = log.get(truncated_index)?.ok_or(missing)?;
-            decode::<Entry>("log entry", bytes.value())?.term
+            self.term_of(truncated_index).ok_or(missing)?
         };
-        remove_entries(self.log_txn()?, first..=truncated_index)?;
+        self.log_ops.push(LogOp::Compact {
+            index: truncated_index,
+            term: truncated_term,
+        });
         self.set_truncated(truncated_index, truncated_term)
     }
 
+    /// Empties the log, which then starts after `index` (of `term`).
+    fn reset_log(&mut self, index: u64, term: u64) -> Result<()> {
+        self.log_ops.push(LogOp::Reset { index, term });
+        self.state.last_index = index;
+        self.set_truncated(index, term)
+    }
+
     fn set_truncated(&mut self, index: u64, term: u64) -> Result<()> {
-        self.log_txn()?
-            .open_table(LOG_TRUNCATED)?
-            .insert((), (index, term))?;
         self.state.truncated_index = index;
         self.state.truncated_term = term;
         self.state.last_index = self.state.last_index.max(index);
@@ -309,8 +284,8 @@ impl Batch {
             ..SnapshotMetadata::default()
         };
         meta.set_conf_state(conf_state.clone());
+        self.reset_log(BOOTSTRAP_INDEX, BOOTSTRAP_TERM)?;
         self.store_snapshot(&meta, &compress_snapshot(state_machine_data)?)?;
-        self.set_truncated(BOOTSTRAP_INDEX, BOOTSTRAP_TERM)?;
         self.set_conf_state(conf_state)?;
         self.set_hard_state(&HardState {
             term: BOOTSTRAP_TERM,
@@ -340,10 +315,7 @@ impl Batch {
         }
         // Raft only hands out a snapshot that does not match the local log, so the whole log
         // is replaced, as raft-rs's MemStorage does.
-        let (first, last) = (self.state.first_index(), self.state.last_index);
-        remove_entries(self.log_txn()?, first..=last)?;
-        self.state.last_index = meta.index;
-        self.set_truncated(meta.index, meta.term)?;
+        self.reset_log(meta.index, meta.term)?;
         self.store_snapshot(meta, &snapshot.data)?;
         let mut hard_state = self.state.hard_state.clone();
         hard_state.term = hard_state.term.max(meta.term);

@@ -1,0 +1,653 @@
+//! The write-ahead log: the Raft log, hard state and snapshot metadata as one append-only file,
+//! fsynced once per commit, the way etcd keeps its WAL.
+//!
+//! A commit is one record, `[length u32][crc32 u32][ops]`, appended and `fdatasync`ed: an append
+//! of a few hundred bytes at the end of one file, where a B-tree commit writes several scattered
+//! pages. The whole log lives in memory too ([`MemLog`]); the file is read only on open, which
+//! replays it. A crash can leave a torn last record (short, or failing its checksum): replay
+//! stops there and cuts the file back to the last whole record. Nothing after a torn record was
+//! ever acknowledged, since a commit returns only after its fsync.
+//!
+//! The log lives in numbered segments, `<seq>.wal` in the log directory. Each segment starts
+//! with a base record that restates everything (the log's start, the hard state, the snapshot
+//! metadata and every entry still in the log), so only the newest segment with a whole base
+//! record is needed: when a segment outgrows [`SEGMENT_BYTES`] the next one is written and
+//! fsynced (file and directory), and the older ones are deleted.
+//!
+//! Snapshot data is kept beside the segments in `snap-<term>-<index>.zst`, written and fsynced
+//! before the record that names it; files that no record names are removed on open.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io::{Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+
+use raft::eraftpb::{Entry, HardState, SnapshotMetadata};
+
+use super::{Result, StorageError, decode, encode};
+
+/// A segment is rolled over once it is larger than this.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+
+/// A record longer than this is taken for corruption rather than read into memory.
+const MAX_RECORD_BYTES: u32 = 1 << 30;
+
+const HEADER_BYTES: usize = 8;
+
+/// One change to the log, as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogOp {
+    /// Entries from their first index on, replacing any entries at or after it.
+    Append(Vec<Entry>),
+    /// Every entry up to `index` (of `term`) is removed; the log starts after it.
+    Compact {
+        index: u64,
+        term: u64,
+    },
+    /// The whole log is removed and starts after `index` (of `term`): a snapshot install.
+    Reset {
+        index: u64,
+        term: u64,
+    },
+    HardState(HardState),
+    /// The stored snapshot is now the one with this metadata (its data is in its own file).
+    Snapshot(SnapshotMetadata),
+}
+
+const TAG_APPEND: u8 = 1;
+const TAG_COMPACT: u8 = 2;
+const TAG_RESET: u8 = 3;
+const TAG_HARD_STATE: u8 = 4;
+const TAG_SNAPSHOT: u8 = 5;
+
+/// The log as replayed, kept in memory.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MemLog {
+    pub hard_state: HardState,
+    /// Index and term of the last entry removed from the log.
+    pub truncated: (u64, u64),
+    /// Every entry after `truncated.0`, in order, without gaps.
+    pub entries: VecDeque<Entry>,
+    pub snapshot: SnapshotMetadata,
+}
+
+impl MemLog {
+    pub fn last_index(&self) -> u64 {
+        self.entries.back().map_or(self.truncated.0, |e| e.index)
+    }
+
+    /// The entry at `index`, if the log holds it.
+    pub fn get(&self, index: u64) -> Option<&Entry> {
+        let offset = index.checked_sub(self.truncated.0 + 1)?;
+        self.entries.get(usize::try_from(offset).ok()?)
+    }
+
+    /// Applies one op. Ops are checked before they are recorded ([`super::Batch`]); replay
+    /// applies what was recorded, and refuses a record that does not fit the log.
+    pub fn apply(&mut self, op: LogOp) -> Result<()> {
+        match op {
+            LogOp::Append(entries) => {
+                let Some(first) = entries.first().map(|e| e.index) else {
+                    return Ok(());
+                };
+                if first <= self.truncated.0 {
+                    return Err(StorageError::OverwriteCompacted {
+                        first_new: first,
+                        truncated: self.truncated.0,
+                    });
+                }
+                if first > self.last_index() + 1 {
+                    return Err(StorageError::Gap {
+                        first_new: first,
+                        last: self.last_index(),
+                    });
+                }
+                let keep = usize::try_from(first - self.truncated.0 - 1).unwrap_or(usize::MAX);
+                self.entries.truncate(keep);
+                self.entries.extend(entries);
+            }
+            LogOp::Compact { index, term } => {
+                let drop = index.saturating_sub(self.truncated.0);
+                let drop = usize::try_from(drop)
+                    .unwrap_or(usize::MAX)
+                    .min(self.entries.len());
+                self.entries.drain(..drop);
+                self.truncated = (index, term);
+            }
+            LogOp::Reset { index, term } => {
+                self.entries.clear();
+                self.truncated = (index, term);
+            }
+            LogOp::HardState(hard_state) => self.hard_state = hard_state,
+            LogOp::Snapshot(meta) => self.snapshot = meta,
+        }
+        Ok(())
+    }
+
+    /// The ops that rebuild this log from nothing: a segment's base record.
+    fn base(&self) -> Vec<LogOp> {
+        let mut ops = vec![
+            LogOp::Reset {
+                index: self.truncated.0,
+                term: self.truncated.1,
+            },
+            LogOp::HardState(self.hard_state.clone()),
+        ];
+        if self.snapshot.index != 0 {
+            ops.push(LogOp::Snapshot(self.snapshot.clone()));
+        }
+        ops.push(LogOp::Append(self.entries.iter().cloned().collect()));
+        ops
+    }
+}
+
+fn corrupt(what: &'static str) -> StorageError {
+    StorageError::CorruptLog(what)
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+fn encode_ops(ops: &[LogOp], out: &mut Vec<u8>) -> Result<()> {
+    for op in ops {
+        match op {
+            LogOp::Append(entries) => {
+                out.push(TAG_APPEND);
+                out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                for entry in entries {
+                    put_bytes(out, &encode("log entry", entry)?);
+                }
+            }
+            LogOp::Compact { index, term } | LogOp::Reset { index, term } => {
+                out.push(if matches!(op, LogOp::Compact { .. }) {
+                    TAG_COMPACT
+                } else {
+                    TAG_RESET
+                });
+                out.extend_from_slice(&index.to_le_bytes());
+                out.extend_from_slice(&term.to_le_bytes());
+            }
+            LogOp::HardState(hard_state) => {
+                out.push(TAG_HARD_STATE);
+                put_bytes(out, &encode("hard state", hard_state)?);
+            }
+            LogOp::Snapshot(meta) => {
+                out.push(TAG_SNAPSHOT);
+                put_bytes(out, &encode("snapshot metadata", meta)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reads the payload of a record back into ops.
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        if self.0.len() < n {
+            return Err(corrupt("a record ends inside an op"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        let mut b = [0; 4];
+        b.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        let mut b = [0; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn bytes(&mut self) -> Result<&[u8]> {
+        let n = self.u32()? as usize;
+        self.take(n)
+    }
+
+    fn ops(mut self) -> Result<Vec<LogOp>> {
+        let mut ops = Vec::new();
+        while let Some((&tag, _)) = self.0.split_first() {
+            self.0 = &self.0[1..];
+            ops.push(match tag {
+                TAG_APPEND => {
+                    let n = self.u32()?;
+                    let mut entries = Vec::with_capacity(n.min(4096) as usize);
+                    for _ in 0..n {
+                        entries.push(decode("log entry", self.bytes()?)?);
+                    }
+                    LogOp::Append(entries)
+                }
+                TAG_COMPACT => LogOp::Compact {
+                    index: self.u64()?,
+                    term: self.u64()?,
+                },
+                TAG_RESET => LogOp::Reset {
+                    index: self.u64()?,
+                    term: self.u64()?,
+                },
+                TAG_HARD_STATE => LogOp::HardState(decode("hard state", self.bytes()?)?),
+                TAG_SNAPSHOT => LogOp::Snapshot(decode("snapshot metadata", self.bytes()?)?),
+                _ => return Err(corrupt("unknown op in a record")),
+            });
+        }
+        Ok(ops)
+    }
+}
+
+fn record(ops: &[LogOp]) -> Result<Vec<u8>> {
+    let mut out = vec![0; HEADER_BYTES];
+    encode_ops(ops, &mut out)?;
+    let len = u32::try_from(out.len() - HEADER_BYTES)
+        .ok()
+        .filter(|&len| len <= MAX_RECORD_BYTES)
+        .ok_or(corrupt("a commit larger than a record may be"))?;
+    let crc = crc32fast::hash(&out[HEADER_BYTES..]);
+    out[..4].copy_from_slice(&len.to_le_bytes());
+    out[4..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+/// The whole records at the start of `bytes` and where they end; stops at the first record
+/// that is short or fails its checksum (a torn write).
+fn records(bytes: &[u8]) -> (Vec<&[u8]>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while bytes.len() - at >= HEADER_BYTES {
+        let word = |i: usize| {
+            let mut b = [0; 4];
+            b.copy_from_slice(&bytes[at + i..at + i + 4]);
+            u32::from_le_bytes(b)
+        };
+        let (len, crc) = (word(0), word(4));
+        let start = at + HEADER_BYTES;
+        if len == 0 || len > MAX_RECORD_BYTES || bytes.len() - start < len as usize {
+            break;
+        }
+        let payload = &bytes[start..start + len as usize];
+        if crc32fast::hash(payload) != crc {
+            break;
+        }
+        out.push(payload);
+        at = start + len as usize;
+    }
+    (out, at)
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
+    move |source| StorageError::LogFile {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io("fsync the log directory", dir))
+}
+
+fn segment_name(seq: u64) -> String {
+    format!("{seq:016x}.wal")
+}
+
+fn snapshot_name(meta: &SnapshotMetadata) -> String {
+    format!("snap-{:016x}-{:016x}.zst", meta.term, meta.index)
+}
+
+/// The open log: the newest segment, appended to.
+pub struct Wal {
+    dir: PathBuf,
+    /// The newest segment, open in `file`.
+    path: PathBuf,
+    file: File,
+    seq: u64,
+    size: u64,
+}
+
+impl std::fmt::Debug for Wal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wal")
+            .field("dir", &self.dir)
+            .field("seq", &self.seq)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+impl Wal {
+    /// Whether `dir` holds a log (a segment with a whole base record).
+    pub fn exists(dir: &Path) -> Result<bool> {
+        Ok(!Self::segments(dir)?.is_empty())
+    }
+
+    fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+        let read = match std::fs::read_dir(dir) {
+            Ok(read) => read,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io("list the log directory", dir)(e)),
+        };
+        let mut segments = Vec::new();
+        for item in read {
+            let item = item.map_err(io("list the log directory", dir))?;
+            let name = item.file_name();
+            let Some(seq) = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".wal"))
+                .and_then(|n| u64::from_str_radix(n, 16).ok())
+            else {
+                continue;
+            };
+            segments.push((seq, item.path()));
+        }
+        segments.sort();
+        Ok(segments)
+    }
+
+    /// Opens the log in `dir`, replaying its newest whole segment; creates it, holding `log`
+    /// (e.g. an empty one), when there is none.
+    pub fn open(dir: &Path, log: impl FnOnce() -> Result<MemLog>) -> Result<(Self, MemLog)> {
+        std::fs::create_dir_all(dir).map_err(io("create the log directory", dir))?;
+        let segments = Self::segments(dir)?;
+        for (i, (seq, path)) in segments.iter().enumerate().rev() {
+            let bytes = std::fs::read(path).map_err(io("read a log segment", path))?;
+            let (records, end) = records(&bytes);
+            let Some((base, rest)) = records.split_first() else {
+                // A segment whose base record is torn: its rollover did not finish, and the one
+                // before it still holds everything.
+                std::fs::remove_file(path).map_err(io("remove a torn log segment", path))?;
+                continue;
+            };
+            let mut mem = MemLog::default();
+            for payload in std::iter::once(base).chain(rest) {
+                for op in Reader(payload).ops()? {
+                    mem.apply(op)?;
+                }
+            }
+            let mut file = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io("open a log segment", path))?;
+            if end < bytes.len() {
+                tracing::warn!(
+                    segment = %path.display(),
+                    kept = end,
+                    dropped = bytes.len() - end,
+                    "the log ends in a torn record (a crash during a write); it is cut off"
+                );
+                file.set_len(end as u64)
+                    .and_then(|()| file.sync_all())
+                    .map_err(io("cut a torn record off the log", path))?;
+            }
+            file.seek(SeekFrom::Start(end as u64))
+                .map_err(io("open a log segment", path))?;
+            for (_, older) in &segments[..i] {
+                std::fs::remove_file(older).map_err(io("remove an old log segment", older))?;
+            }
+            let wal = Self {
+                dir: dir.to_owned(),
+                path: path.clone(),
+                file,
+                seq: *seq,
+                size: end as u64,
+            };
+            wal.remove_unused_snapshots(&mem.snapshot)?;
+            return Ok((wal, mem));
+        }
+        let mem = log()?;
+        let wal = Self::create_segment(dir, 0, &mem)?;
+        Ok((wal, mem))
+    }
+
+    /// Writes a new segment holding `mem` as its base record, fsyncs it and the directory.
+    fn create_segment(dir: &Path, seq: u64, mem: &MemLog) -> Result<Self> {
+        let path = dir.join(segment_name(seq));
+        let bytes = record(&mem.base())?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(io("create a log segment", &path))?;
+        file.write_all(&bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(io("write a log segment", &path))?;
+        sync_dir(dir)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            path,
+            file,
+            seq,
+            size: bytes.len() as u64,
+        })
+    }
+
+    /// Appends one record of `ops` and fsyncs it.
+    pub fn commit(&mut self, ops: &[LogOp]) -> Result<()> {
+        let bytes = record(ops)?;
+        let path = &self.path;
+        self.file
+            .write_all(&bytes)
+            .map_err(io("append to the log", path))?;
+        // The fsync is what every acknowledged write waits for.
+        let started = std::time::Instant::now();
+        self.file.sync_data().map_err(io("fsync the log", path))?;
+        metrics::histogram!("longhaul_fsync_seconds").record(started.elapsed().as_secs_f64());
+        self.size += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Once the segment outgrew [`SEGMENT_BYTES`], starts the next one with `mem` (the log as
+    /// committed) as its base and deletes the full one.
+    pub fn roll_over_if_full(&mut self, mem: &MemLog) -> Result<()> {
+        if self.size <= SEGMENT_BYTES {
+            return Ok(());
+        }
+        let old = self.path.clone();
+        *self = Self::create_segment(&self.dir, self.seq + 1, mem)?;
+        std::fs::remove_file(&old).map_err(io("remove a full log segment", &old))?;
+        metrics::counter!("longhaul_log_segments_total").increment(1);
+        Ok(())
+    }
+
+    fn snapshot_path(&self, meta: &SnapshotMetadata) -> PathBuf {
+        self.dir.join(snapshot_name(meta))
+    }
+
+    /// Writes snapshot data for `meta` into its own file and fsyncs it (and the directory), so
+    /// a record may name it.
+    pub fn write_snapshot(&self, meta: &SnapshotMetadata, data: &[u8]) -> Result<()> {
+        Self::write_snapshot_in(&self.dir, meta, data)
+    }
+
+    /// [`Wal::write_snapshot`] for a log directory not opened yet.
+    pub fn write_snapshot_in(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<()> {
+        let path = dir.join(snapshot_name(meta));
+        let tmp = path.with_extension("tmp");
+        let mut file = File::create(&tmp).map_err(io("create a snapshot file", &tmp))?;
+        file.write_all(data)
+            .and_then(|()| file.sync_all())
+            .map_err(io("write a snapshot file", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("rename a snapshot file", &path))?;
+        sync_dir(dir)
+    }
+
+    /// The data of the snapshot with this metadata.
+    pub fn read_snapshot(&self, meta: &SnapshotMetadata) -> Result<Vec<u8>> {
+        let path = self.snapshot_path(meta);
+        std::fs::read(&path).map_err(io("read the stored snapshot", &path))
+    }
+
+    /// Removes snapshot files other than the one for `keep` (older ones, and any written for a
+    /// commit that did not happen).
+    pub fn remove_unused_snapshots(&self, keep: &SnapshotMetadata) -> Result<()> {
+        let keep = (keep.index != 0).then(|| snapshot_name(keep));
+        let read = std::fs::read_dir(&self.dir).map_err(io("list the log directory", &self.dir))?;
+        for item in read {
+            let item = item.map_err(io("list the log directory", &self.dir))?;
+            let name = item.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with("snap-") && Some(name) != keep.as_deref() {
+                let path = item.path();
+                std::fs::remove_file(&path).map_err(io("remove an old snapshot", &path))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    fn entry(index: u64, term: u64) -> Entry {
+        Entry {
+            index,
+            term,
+            data: vec![index as u8; 40].into(),
+            ..Entry::default()
+        }
+    }
+
+    fn segment_files(dir: &Path) -> Vec<PathBuf> {
+        Wal::segments(dir)
+            .unwrap()
+            .into_iter()
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    #[test]
+    fn records_round_trip_every_op() {
+        let mut meta = SnapshotMetadata {
+            index: 7,
+            term: 2,
+            ..SnapshotMetadata::default()
+        };
+        meta.mut_conf_state().voters = vec![1, 2, 3];
+        let ops = vec![
+            LogOp::Reset { index: 3, term: 1 },
+            LogOp::Append(vec![entry(4, 1), entry(5, 2)]),
+            LogOp::Compact { index: 4, term: 1 },
+            LogOp::HardState(HardState {
+                term: 2,
+                vote: 3,
+                commit: 5,
+                ..HardState::default()
+            }),
+            LogOp::Snapshot(meta),
+        ];
+        let bytes = record(&ops).unwrap();
+        let (payloads, end) = records(&bytes);
+        assert_eq!(end, bytes.len());
+        assert_eq!(Reader(payloads[0]).ops().unwrap(), ops);
+    }
+
+    #[test]
+    fn a_torn_or_corrupt_tail_ends_the_log_at_the_last_whole_record() {
+        let one = record(&[LogOp::Append(vec![entry(1, 1)])]).unwrap();
+        let two = record(&[LogOp::Append(vec![entry(2, 1)])]).unwrap();
+        let whole = [one.clone(), two.clone()].concat();
+        for cut in 0..two.len() {
+            let (payloads, end) = records(&whole[..one.len() + cut]);
+            assert_eq!((payloads.len(), end), (1, one.len()), "cut at {cut}");
+        }
+        let mut flipped = whole.clone();
+        *flipped.last_mut().unwrap() ^= 1;
+        assert_eq!(records(&flipped).1, one.len());
+        // Zeroes after the end (a preallocated or extended file) are not a record.
+        let zeroed = [whole.clone(), vec![0; 64]].concat();
+        assert_eq!(records(&zeroed).1, whole.len());
+    }
+
+    #[test]
+    fn replay_applies_appends_overwrites_and_compaction_and_cuts_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let mut commit = |ops: Vec<LogOp>| {
+            for op in ops.clone() {
+                mem.apply(op).unwrap();
+            }
+            wal.commit(&ops).unwrap();
+        };
+        commit(vec![LogOp::Append((1..=5).map(|i| entry(i, 1)).collect())]);
+        commit(vec![LogOp::Append(vec![entry(4, 2), entry(5, 2)])]);
+        commit(vec![LogOp::Compact { index: 2, term: 1 }]);
+        let path = segment_files(dir.path())[0].clone();
+        let len = std::fs::metadata(&path).unwrap().len();
+        // A torn append after them.
+        let torn = record(&[LogOp::Append(vec![entry(6, 2)])]).unwrap();
+        let mut file = OpenOptions::new().append(true).open(&path).unwrap();
+        file.write_all(&torn[..torn.len() - 3]).unwrap();
+        drop(file);
+
+        let (mut wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed.truncated, (2, 1));
+        let got: Vec<(u64, u64)> = replayed.entries.iter().map(|e| (e.index, e.term)).collect();
+        assert_eq!(got, vec![(3, 1), (4, 2), (5, 2)]);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+
+        // Appends after a reopen go after the last whole record.
+        wal.commit(&[LogOp::Append(vec![entry(6, 3)])]).unwrap();
+        drop(wal);
+        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed.last_index(), 6);
+        assert_eq!(replayed.get(6).unwrap().term, 3);
+        assert_eq!(replayed.get(3).unwrap().term, 1);
+    }
+
+    #[test]
+    fn a_full_segment_rolls_over_to_one_that_restates_the_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        // Entries of ~1 MiB: the segment fills after ~64 of them.
+        let big = |index| Entry {
+            index,
+            term: 1,
+            data: vec![0xab; 1 << 20].into(),
+            ..Entry::default()
+        };
+        for index in 1..=70 {
+            let ops = vec![LogOp::Append(vec![big(index)])];
+            mem.apply(ops[0].clone()).unwrap();
+            if index % 10 == 0 {
+                let compact = LogOp::Compact { index, term: 1 };
+                mem.apply(compact.clone()).unwrap();
+                wal.commit(&[ops[0].clone(), compact]).unwrap();
+            } else {
+                wal.commit(&ops).unwrap();
+            }
+            wal.roll_over_if_full(&mem).unwrap();
+        }
+        let segments = segment_files(dir.path());
+        assert_eq!(segments.len(), 1, "the full segment is deleted");
+        assert!(segments[0].ends_with(segment_name(1)));
+        drop(wal);
+        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed, mem);
+    }
+
+    #[test]
+    fn a_torn_base_record_falls_back_to_the_segment_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let op = LogOp::Append(vec![entry(1, 1)]);
+        mem.apply(op.clone()).unwrap();
+        wal.commit(&[op]).unwrap();
+        // A rollover that died while writing the next segment's base.
+        std::fs::write(dir.path().join(segment_name(1)), [7, 0, 0, 0, 1]).unwrap();
+        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed, mem);
+        assert_eq!(segment_files(dir.path()).len(), 1);
+    }
+}
