@@ -530,7 +530,8 @@ const FAULTY_TICKS: u64 = 100;
 #[test]
 fn histories_under_partitions_crashes_and_leader_changes_are_linearizable() {
     let mut total = Stats::default();
-    for seed in seeds(DEFAULT_SEEDS) {
+    let seeds = seeds(DEFAULT_SEEDS);
+    for &seed in &seeds {
         let stats = run_seed(seed, ReadPath::ReadIndex, FAULTY_TICKS)
             .unwrap_or_else(|report| panic!("{report}"));
         total.invoked += stats.invoked;
@@ -539,12 +540,18 @@ fn histories_under_partitions_crashes_and_leader_changes_are_linearizable() {
         total.unknown += stats.unknown;
         total.crashes += stats.crashes;
         total.highest_term = total.highest_term.max(stats.highest_term);
-        // Guard against a test that passes because nothing happened.
+        // Guard against a test that passes because nothing happened. A seed may cut the
+        // quorum off for most of its run (seed 102: 18 writes succeed), so each seed must show
+        // some successes and a leader change, and the seeds together twenty successes each.
         assert!(
-            stats.ok >= 20 && stats.highest_term > 1,
+            stats.ok >= 10 && stats.highest_term > 1,
             "seed {seed} exercised too little: {stats:?}"
         );
     }
+    assert!(
+        total.ok >= 20 * seeds.len(),
+        "the seeds exercised too little together: {total:?}"
+    );
     eprintln!("linearizable: {total:?}");
 }
 

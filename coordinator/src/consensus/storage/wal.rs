@@ -355,7 +355,13 @@ impl Wal {
     /// Opens the log in `dir`, replaying its newest whole segment; creates it, holding `log`
     /// (e.g. an empty one), when there is none.
     pub fn open(dir: &Path, log: impl FnOnce() -> Result<MemLog>) -> Result<(Self, MemLog)> {
-        std::fs::create_dir_all(dir).map_err(io("create the log directory", dir))?;
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(io("create the log directory", dir))?;
+            // The directory's own entry must survive a power loss as well as the files in it.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                sync_dir(parent)?;
+            }
+        }
         let segments = Self::segments(dir)?;
         for (i, (seq, path)) in segments.iter().enumerate().rev() {
             let bytes = std::fs::read(path).map_err(io("read a log segment", path))?;
