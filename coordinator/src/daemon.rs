@@ -69,7 +69,8 @@ pub struct Args {
     /// Ticks without a leader before a follower campaigns. [default: 10]
     #[arg(long)]
     election_ticks: Option<usize>,
-    /// Applied entries between automatic snapshots (and log compactions). [default: 10000]
+    /// Applied entries between automatic log compactions (a snapshot is built only when a
+    /// follower behind the compacted log needs one). [default: 10000]
     #[arg(long)]
     snapshot_interval_entries: Option<u64>,
     /// Mutual TLS: the CA certificate (PEM) that signs every replica and
