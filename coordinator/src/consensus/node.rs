@@ -650,16 +650,21 @@ impl<S: StateMachine> Node<S> {
     }
 
     /// The automatic policy of [`NodeConfig::snapshot_interval_entries`]: once the log holds
-    /// that many applied entries beyond the retained ones, compact it down to those.
+    /// that many applied entries beyond the retained ones, compact it down to those, or to
+    /// the state store's last fsync if that is older (compaction does not wait for an fsync of
+    /// the state store: it would stall the loop for tens of milliseconds under load).
     fn maybe_compact(&mut self) -> Result<(), NodeError> {
         let interval = self.config.snapshot_interval_entries;
         let retained = self.config.compaction_retained_entries;
         let state = self.raw.store().state();
-        let keep_from = (state.applied + 1).saturating_sub(retained);
+        let keep_from = (state.applied + 1)
+            .saturating_sub(retained)
+            .min(state.durable_applied + 1);
         if interval == 0 || keep_from < state.first_index() + interval {
             return Ok(());
         }
-        self.compact_log(keep_from)
+        self.raw.mut_store().compact_durable(keep_from)?;
+        Ok(())
     }
 
     /// Snapshots the state machine at the applied index and compacts the log up to it. Peers

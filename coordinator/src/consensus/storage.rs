@@ -655,6 +655,19 @@ impl RedbStorage {
         Ok(())
     }
 
+    /// Removes log entries before `to`, but none past the applied index as of the state
+    /// store's last fsync, and without forcing one: nothing waits for the state file. The
+    /// automatic compaction uses this; it keeps thousands of entries, far more than the state
+    /// store trails by between its periodic fsyncs. Returns where the log now starts.
+    pub fn compact_durable(&mut self, to: u64) -> Result<u64> {
+        let started = std::time::Instant::now();
+        let to = to.min(self.state.durable_applied + 1);
+        self.write(|batch| batch.compact(to))?;
+        metrics::histogram!("longhaul_log_compaction_seconds")
+            .record(started.elapsed().as_secs_f64());
+        Ok(self.state.first_index())
+    }
+
     /// Records the applied index alone (for entries that change no state).
     pub fn set_applied(&mut self, index: u64) -> Result<()> {
         self.write(|batch| batch.set_applied(index))

@@ -502,6 +502,34 @@ fn compaction_fsyncs_the_state_first_so_no_entry_is_lost_from_both() {
 }
 
 #[test]
+fn automatic_compaction_stops_at_the_state_stores_last_fsync_without_forcing_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = open(&dir);
+    let log: Vec<_> = (1..=8).map(|i| entry(i, 1)).collect();
+    store
+        .append_and_persist(&log, Some(&hard_state(1, 1, 8)))
+        .unwrap();
+    apply(&mut store, true, 1..=3);
+    apply(&mut store, false, 4..=6);
+    assert_eq!(store.state().durable_applied, 3);
+    // Asked for 7, it stops after the last durable apply and fsyncs nothing.
+    assert_eq!(store.compact_durable(7).unwrap(), 4);
+    assert_eq!(store.state().durable_applied, 3);
+
+    let store = crash_and_reopen(store, &dir);
+    assert_eq!(
+        (store.first_index().unwrap(), store.state().applied),
+        (4, 3)
+    );
+    assert_eq!(applied_keys(&store), vec![1, 2, 3]);
+    // Every entry the crash un-applied is still in the log to be applied again.
+    assert_eq!(
+        indexes(&store.entries(4, 9, None, ctx()).unwrap()),
+        (4..=8).map(|i| (i, 1)).collect::<Vec<_>>()
+    );
+}
+
+#[test]
 fn state_store_fsyncs_on_its_own_every_so_many_entries() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = open(&dir);
