@@ -50,6 +50,7 @@ pub fn replica_configs(dir: &Path, n: u64) -> Vec<ReplicaConfig> {
                 node: fast_node(id),
                 tls: None,
                 lease_ttl: Duration::from_secs(3),
+                faults: None,
             }
         })
         .collect()
