@@ -253,6 +253,7 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         join,
         cluster_id: args.cluster_id.or(file.cluster_id).unwrap_or(1),
         node,
+        faults: None,
     })
 }
 

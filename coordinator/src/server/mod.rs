@@ -6,6 +6,7 @@
 pub mod agent_service;
 pub mod assignments;
 pub mod convert;
+pub mod faults;
 pub mod leases;
 pub mod raft_loop;
 pub mod replan;
@@ -52,6 +53,9 @@ pub struct ReplicaConfig {
     pub tls: Option<tls::TlsMaterial>,
     /// The TTL of the leases granted to site agents.
     pub lease_ttl: Duration,
+    /// Faults injected into outgoing raft messages, for tests; `None` (the
+    /// daemon's only value) leaves the transport as it is.
+    pub faults: Option<faults::Faults>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +133,8 @@ impl Replica {
             }
         }
         let client_tls = config.tls.as_ref().map(tls::TlsMaterial::client);
-        let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone());
+        let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone())
+            .with_faults(config.faults.clone());
         let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval);
         keep_peer_book_current(&raft, &peers);
         replan::spawn(raft.clone());

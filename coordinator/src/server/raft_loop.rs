@@ -46,6 +46,8 @@ pub struct Status {
     pub commit_index: u64,
     pub applied_index: u64,
     pub conf_state: ConfState,
+    /// Snapshots installed from a leader since this replica started.
+    pub snapshots_installed: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -289,6 +291,7 @@ async fn run(
     // The state file's fsync running on a blocking thread, if one is.
     let mut state_flush: Option<tokio::task::JoinHandle<std::io::Result<()>>> = None;
     let mut leader_id = 0;
+    let mut snapshots_installed = 0;
     loop {
         let mut batch = Vec::new();
         tokio::select! {
@@ -451,6 +454,7 @@ async fn run(
                     NodeEvent::SnapshotInstalled { index, term } => {
                         tracing::info!(index, term, "installed a snapshot from the leader");
                         metrics::counter!("longhaul_snapshots_installed_total").increment(1);
+                        snapshots_installed += 1;
                     }
                 }
             }
@@ -482,6 +486,7 @@ async fn run(
             commit_index: node.commit_index(),
             applied_index: applied,
             conf_state: node.conf_state().clone(),
+            snapshots_installed,
         };
         metrics::gauge!("longhaul_raft_term").set(next.term as f64);
         metrics::gauge!("longhaul_raft_is_leader").set(if role == Role::Leader {

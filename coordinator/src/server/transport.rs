@@ -5,7 +5,8 @@
 //! to raft as unreachable (raft retries by itself). Snapshots travel on their
 //! own call, cut into chunks with a CRC32 over the whole payload. Every
 //! envelope carries the cluster id; a replica refuses traffic from another
-//! cluster or addressed to another replica.
+//! cluster or addressed to another replica. Tests may put a [`Faults`] layer
+//! in front of the queues (drop, delay, cut); without one nothing changes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -21,6 +22,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use super::faults::{Faults, Verdict};
 use super::raft_loop::RaftHandle;
 
 /// Bytes of snapshot data per chunk.
@@ -61,7 +63,17 @@ pub struct Outbox {
     cluster_id: u64,
     peers: PeerBook,
     tls: Option<tonic::transport::ClientTlsConfig>,
-    senders: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<Message>>>>,
+    senders: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<Queued>>>>,
+    /// Test-only faults judged per message before it is queued.
+    faults: Option<Faults>,
+}
+
+/// A message on its peer's queue. The fault layer may hold it back until
+/// `not_before`; the messages behind it wait too, as on a TCP stream.
+#[derive(Debug)]
+struct Queued {
+    message: Message,
+    not_before: Option<tokio::time::Instant>,
 }
 
 impl Outbox {
@@ -75,7 +87,13 @@ impl Outbox {
             peers,
             tls,
             senders: Arc::default(),
+            faults: None,
         }
+    }
+
+    /// Judges every outgoing message by `faults` (tests only).
+    pub fn with_faults(self, faults: Option<Faults>) -> Self {
+        Self { faults, ..self }
     }
 
     /// Queues messages for their peers; never blocks the consensus loop.
@@ -83,6 +101,22 @@ impl Outbox {
         let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
         for message in messages {
             let to = message.to;
+            let verdict = match &self.faults {
+                Some(faults) => faults.judge(message.from, to),
+                None => Verdict::Deliver,
+            };
+            let not_before = match verdict {
+                Verdict::Deliver => None,
+                Verdict::DeliverAfter(delay) => Some(tokio::time::Instant::now() + delay),
+                Verdict::Drop => {
+                    // A lost packet: raft retries on its own, but waits for
+                    // the outcome of a snapshot it sent.
+                    if message.get_msg_type() == MessageType::MsgSnapshot {
+                        handle.report_snapshot(to, false);
+                    }
+                    continue;
+                }
+            };
             let sender = senders.entry(to).or_insert_with(|| {
                 let (tx, rx) = mpsc::channel(PEER_QUEUE);
                 tokio::spawn(peer_task(
@@ -95,7 +129,13 @@ impl Outbox {
                 ));
                 tx
             });
-            if sender.try_send(message).is_err() {
+            if sender
+                .try_send(Queued {
+                    message,
+                    not_before,
+                })
+                .is_err()
+            {
                 handle.report_unreachable(to);
             }
         }
@@ -109,12 +149,19 @@ async fn peer_task(
     to: u64,
     peers: PeerBook,
     tls: Option<tonic::transport::ClientTlsConfig>,
-    mut queue: mpsc::Receiver<Message>,
+    mut queue: mpsc::Receiver<Queued>,
     handle: RaftHandle,
 ) {
     let mut client: Option<RaftTransportClient<tonic::transport::Channel>> = None;
     let mut stream: Option<mpsc::Sender<RaftEnvelope>> = None;
-    while let Some(message) = queue.recv().await {
+    while let Some(Queued {
+        message,
+        not_before,
+    }) = queue.recv().await
+    {
+        if let Some(at) = not_before {
+            tokio::time::sleep_until(at).await;
+        }
         let Some(url) = peers.get(to) else {
             handle.report_unreachable(to);
             continue;

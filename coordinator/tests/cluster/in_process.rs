@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use longhaul_coordinator::server::{Replica, Role};
+use longhaul_coordinator::server::Replica;
 use longhaul_proto::v1 as pb;
 use tonic::Code;
 
-use crate::util::{client, eventually, replica_configs};
+use crate::util::{client, eventually, leader_of, replica_configs};
 
 fn link(a: &str, b: &str) -> pb::WanLink {
     pb::WanLink {
@@ -17,20 +17,6 @@ fn link(a: &str, b: &str) -> pb::WanLink {
         link_bps: 400_000_000_000,
         ..Default::default()
     }
-}
-
-async fn leader_of(replicas: &[Option<Replica>]) -> u64 {
-    eventually(Duration::from_secs(20), "a leader", || async {
-        // Every running replica agrees on a leader that is itself running.
-        let statuses: Vec<_> = replicas.iter().flatten().map(|r| r.raft.status()).collect();
-        let first = statuses.first()?.leader_id;
-        let agreed = statuses.iter().all(|s| s.leader_id == first);
-        let running = statuses
-            .iter()
-            .any(|s| s.id == first && s.role == Role::Leader);
-        (first != 0 && agreed && running).then_some(first)
-    })
-    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
