@@ -29,15 +29,16 @@ fn a_rehearsal_reports_the_new_leader_the_partitioned_site_and_the_re_plan() {
     };
     let ttl = report["lease_ttl_ms"].as_u64().unwrap();
 
-    // A new leader, within a few election timeouts of the kill.
+    // A new leader, within a few election timeouts of the kill. (On a starved
+    // machine a survivor may miss heartbeats and call one more election before
+    // the restart; the first new leader is what the rehearsal must report.)
     let leaders: Vec<&Value> = after("kill-leader")
         .into_iter()
         .filter(|r| r["kind"] == "leader")
         .collect();
-    assert_eq!(
-        leaders.len(),
-        1,
-        "one leader change after the kill: {timeline:#?}"
+    assert!(
+        !leaders.is_empty(),
+        "a leader change after the kill: {timeline:#?}"
     );
     assert!(
         leaders[0]["took_ms"].as_u64().unwrap() < 10_000,
