@@ -42,7 +42,9 @@ pub struct Args {
     /// This replica's id (non-zero, unique in the cluster). [default: 1]
     #[arg(long)]
     id: Option<u64>,
-    /// Directory of the replica's store. [default: .longhaul-data/replica-ID]
+    /// Directory of the replica's store: `store.wal/` (the Raft log's segments and the
+    /// stored snapshot) and `store.state.redb` (the applied state). Back up the whole
+    /// directory, with the replica stopped. [default: .longhaul-data/replica-ID]
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Address to listen on for clients and peers. [default: 127.0.0.1:7700]

@@ -112,6 +112,8 @@ impl Replica {
             path: config.data_dir.clone(),
             source,
         })?;
+        // `store.wal/` and `store.state.redb`; a `store.redb` of older versions held the log
+        // and is moved on open.
         let storage = RedbStorage::open(&config.data_dir.join("store.redb"))?;
         let state_machine = CoordinatorStateMachine::load(&storage.read()?)
             .map_err(|e| ServerError::StateMachine(e.to_string()))?;
