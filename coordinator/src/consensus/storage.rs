@@ -171,6 +171,19 @@ pub enum StorageError {
     StateFile(#[source] std::io::Error),
     #[error("corrupt raft log: {0}")]
     CorruptLog(&'static str),
+    #[error(
+        "the raft log segment {path} is corrupt at byte {offset}: {reason}; it was left as it is \
+         (restore this replica from a backup, or remove it from the cluster and add it again)"
+    )]
+    CorruptSegment {
+        path: PathBuf,
+        offset: usize,
+        reason: &'static str,
+    },
+    #[error("a raft log record of {bytes} bytes exceeds the limit of {limit} bytes")]
+    RecordTooLarge { bytes: usize, limit: u32 },
+    #[error("an earlier write or fsync of the raft log failed; reopen the store")]
+    LogFailed,
     #[error("cannot {what} ({path}): {source}")]
     LogFile {
         what: &'static str,
@@ -569,8 +582,11 @@ impl RedbStorage {
             }
             self.wal.roll_over_if_full(&log)?;
             drop(log);
-            if snapshot_changed {
-                self.wal.remove_unused_snapshots(&state.snapshot)?;
+            if snapshot_changed
+                && let Err(error) = self.wal.remove_unused_snapshots(&state.snapshot)
+            {
+                // Only clean-up: the next open tries again.
+                tracing::warn!(%error, "could not remove an old snapshot file");
             }
             if term_or_vote_changed {
                 self.persisted_hard_state = state.hard_state.clone();
@@ -690,7 +706,11 @@ impl RedbStorage {
         if let Some(mut txn) = self.pending_state.take() {
             let started = std::time::Instant::now();
             txn.set_durability(Durability::None);
-            txn.commit()?;
+            if let Err(error) = txn.commit() {
+                // The applies in it are gone while the cache counts them.
+                self.pending_state.mark_lost();
+                return Err(error.into());
+            }
             metrics::histogram!("longhaul_deferred_commit_seconds")
                 .record(started.elapsed().as_secs_f64());
         }
@@ -845,9 +865,19 @@ impl raft::Storage for RedbStorage {
         .iter()
         .any(|ids| ids.contains(&to));
         let usable = meta.index >= request_index.max(self.state.truncated_index) && names_receiver;
-        match self.stored_snapshot()? {
-            Some(snapshot) if usable => Ok(snapshot),
-            _ => {
+        // raft-rs treats any other error as fatal, so a snapshot that cannot be read is one to
+        // build again, not a reason to stop the leader.
+        let stored = if usable {
+            self.stored_snapshot().unwrap_or_else(|error| {
+                tracing::warn!(%error, "the stored snapshot cannot be read; building a new one");
+                None
+            })
+        } else {
+            None
+        };
+        match stored {
+            Some(snapshot) => Ok(snapshot),
+            None => {
                 self.snapshot_wanted.set(true);
                 Err(raft::Error::Store(
                     raft::StorageError::SnapshotTemporarilyUnavailable,

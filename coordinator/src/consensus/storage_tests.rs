@@ -692,6 +692,53 @@ fn a_store_written_in_one_redb_file_moves_its_log_to_the_wal_and_its_state_to_th
     check(&open(&dir));
 }
 
+/// Review finding: a crash while the migration writes the first segment must leave the old
+/// log to import again, and a segment file that is not a log must not let the old file go.
+#[test]
+fn a_migration_cut_short_is_done_again_and_a_bad_segment_keeps_the_old_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let mut log = txn.open_table(LOG).unwrap();
+        for e in [entry(1, 1), entry(2, 2)] {
+            log.insert(e.index, encode("log entry", &e).unwrap().as_slice())
+                .unwrap();
+        }
+        drop(log);
+        txn.open_table(HARD_STATE)
+            .unwrap()
+            .insert(
+                (),
+                encode("hard state", &hard_state(2, 1, 2))
+                    .unwrap()
+                    .as_slice(),
+            )
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let [wal_dir, _] = RedbStorage::files(&path);
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    // A segment being written when the process died: never renamed into place.
+    std::fs::write(wal_dir.join("0000000000000000.wal.tmp"), b"").unwrap();
+    let store = RedbStorage::open(&path).unwrap();
+    assert_eq!(store.last_index().unwrap(), 2);
+    assert_eq!(store.initial_state().unwrap().hard_state.vote, 1);
+    drop(store);
+    assert!(!path.exists());
+
+    // An empty segment file (corruption: segments appear whole) with an old log beside it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    drop(Database::create(&path).unwrap());
+    let [wal_dir, _] = RedbStorage::files(&path);
+    std::fs::create_dir_all(&wal_dir).unwrap();
+    std::fs::write(wal_dir.join("0000000000000000.wal"), b"").unwrap();
+    assert!(RedbStorage::open(&path).is_err());
+    assert!(path.exists(), "the old log file was removed");
+}
+
 #[test]
 fn a_staged_state_flush_makes_nothing_durable_until_the_commit_after_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -318,7 +318,11 @@ impl Batch {
         self.reset_log(meta.index, meta.term)?;
         self.store_snapshot(meta, &snapshot.data)?;
         let mut hard_state = self.state.hard_state.clone();
-        hard_state.term = hard_state.term.max(meta.term);
+        if meta.term > hard_state.term {
+            // A vote belongs to its term; in the new one this replica has not voted.
+            hard_state.term = meta.term;
+            hard_state.vote = 0;
+        }
         hard_state.commit = hard_state.commit.max(meta.index);
         self.set_hard_state(&hard_state)?;
         self.restore_state(snapshot, restore)

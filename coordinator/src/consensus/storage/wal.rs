@@ -4,15 +4,17 @@
 //! A commit is one record, `[length u32][crc32 u32][ops]`, appended and `fdatasync`ed: an append
 //! of a few hundred bytes at the end of one file, where a B-tree commit writes several scattered
 //! pages. The whole log lives in memory too ([`MemLog`]); the file is read only on open, which
-//! replays it. A crash can leave a torn last record (short, or failing its checksum): replay
-//! stops there and cuts the file back to the last whole record. Nothing after a torn record was
-//! ever acknowledged, since a commit returns only after its fsync.
+//! replays it. A crash can leave a torn last record (short, or failing its checksum with only
+//! zeroes after it): replay stops there and cuts the file back to the last whole record. Nothing
+//! after a torn record was ever acknowledged, since a commit returns only after its fsync. A bad
+//! record that more data follows is corruption, and open refuses it (see [`scan`]).
 //!
 //! The log lives in numbered segments, `<seq>.wal` in the log directory. Each segment starts
-//! with a base record that restates everything (the log's start, the hard state, the snapshot
-//! metadata and every entry still in the log), so only the newest segment with a whole base
-//! record is needed: when a segment outgrows [`SEGMENT_BYTES`] the next one is written and
-//! fsynced (file and directory), and the older ones are deleted.
+//! with base records that restate everything (the log's start, the hard state, the snapshot
+//! metadata and every entry still in the log), so only the newest segment is needed. A segment
+//! is written as `<seq>.wal.tmp`, fsynced and renamed into place, so a `.wal` file always holds
+//! a whole base. Once as much was appended as the base holds (and at least [`SEGMENT_BYTES`]),
+//! the next segment is written and the older one deleted.
 //!
 //! Snapshot data is kept beside the segments in `snap-<term>-<index>.zst`, written and fsynced
 //! before the record that names it; files that no record names are removed on open.
@@ -33,6 +35,9 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 const MAX_RECORD_BYTES: u32 = 1 << 30;
 
 const HEADER_BYTES: usize = 8;
+
+/// A segment's base splits the log's entries over records of about this size.
+const BASE_RECORD_BYTES: usize = 16 << 20;
 
 /// One change to the log, as recorded.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,7 +83,7 @@ impl MemLog {
 
     /// The entry at `index`, if the log holds it.
     pub fn get(&self, index: u64) -> Option<&Entry> {
-        let offset = index.checked_sub(self.truncated.0 + 1)?;
+        let offset = index.checked_sub(self.truncated.0.checked_add(1)?)?;
         self.entries.get(usize::try_from(offset).ok()?)
     }
 
@@ -90,13 +95,20 @@ impl MemLog {
                 let Some(first) = entries.first().map(|e| e.index) else {
                     return Ok(());
                 };
+                if entries
+                    .iter()
+                    .zip(first..)
+                    .any(|(entry, index)| entry.index != index)
+                {
+                    return Err(corrupt("appended entries are not consecutive"));
+                }
                 if first <= self.truncated.0 {
                     return Err(StorageError::OverwriteCompacted {
                         first_new: first,
                         truncated: self.truncated.0,
                     });
                 }
-                if first > self.last_index() + 1 {
+                if first > self.last_index().saturating_add(1) {
                     return Err(StorageError::Gap {
                         first_new: first,
                         last: self.last_index(),
@@ -107,6 +119,9 @@ impl MemLog {
                 self.entries.extend(entries);
             }
             LogOp::Compact { index, term } => {
+                if index < self.truncated.0 {
+                    return Err(corrupt("compaction below the log's start"));
+                }
                 let drop = index.saturating_sub(self.truncated.0);
                 let drop = usize::try_from(drop)
                     .unwrap_or(usize::MAX)
@@ -124,8 +139,10 @@ impl MemLog {
         Ok(())
     }
 
-    /// The ops that rebuild this log from nothing: a segment's base record.
-    fn base(&self) -> Vec<LogOp> {
+    /// The records (lists of ops) that rebuild this log from nothing: a segment's base. The
+    /// entries are split over records of about [`BASE_RECORD_BYTES`], so that a long log is not
+    /// one huge record.
+    fn base(&self) -> Vec<Vec<LogOp>> {
         let mut ops = vec![
             LogOp::Reset {
                 index: self.truncated.0,
@@ -136,8 +153,25 @@ impl MemLog {
         if self.snapshot.index != 0 {
             ops.push(LogOp::Snapshot(self.snapshot.clone()));
         }
-        ops.push(LogOp::Append(self.entries.iter().cloned().collect()));
-        ops
+        let mut records = Vec::new();
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        for entry in &self.entries {
+            bytes += entry.data.len() + entry.context.len() + 32;
+            chunk.push(entry.clone());
+            if bytes >= BASE_RECORD_BYTES {
+                ops.push(LogOp::Append(std::mem::take(&mut chunk)));
+                records.push(std::mem::take(&mut ops));
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            ops.push(LogOp::Append(chunk));
+        }
+        if !ops.is_empty() {
+            records.push(ops);
+        }
+        records
     }
 }
 
@@ -245,22 +279,51 @@ impl Reader<'_> {
 fn record(ops: &[LogOp]) -> Result<Vec<u8>> {
     let mut out = vec![0; HEADER_BYTES];
     encode_ops(ops, &mut out)?;
-    let len = u32::try_from(out.len() - HEADER_BYTES)
+    let bytes = out.len() - HEADER_BYTES;
+    let len = u32::try_from(bytes)
         .ok()
         .filter(|&len| len <= MAX_RECORD_BYTES)
-        .ok_or(corrupt("a commit larger than a record may be"))?;
+        .ok_or(StorageError::RecordTooLarge {
+            bytes,
+            limit: MAX_RECORD_BYTES,
+        })?;
     let crc = crc32fast::hash(&out[HEADER_BYTES..]);
     out[..4].copy_from_slice(&len.to_le_bytes());
     out[4..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
     Ok(out)
 }
 
-/// The whole records at the start of `bytes` and where they end; stops at the first record
-/// that is short or fails its checksum (a torn write).
-fn records(bytes: &[u8]) -> (Vec<&[u8]>, usize) {
+/// How a segment's bytes end.
+#[derive(Debug, PartialEq)]
+enum Tail {
+    /// After the last whole record, nothing.
+    Clean,
+    /// A record cut short by a crash during its write: a header or payload that ends the file,
+    /// or a payload that fails its checksum with nothing but zeroes after it.
+    Torn,
+}
+
+/// The whole records of a segment and where they end. A bad record is a torn write only at
+/// the end of the file (nothing but zeroes after it); one that whole data follows is
+/// corruption, and an error: cutting it off would drop acknowledged records after it.
+type Scanned<'a> = (Vec<(usize, &'a [u8])>, usize, Tail);
+
+fn scan(bytes: &[u8]) -> std::result::Result<Scanned<'_>, (usize, &'static str)> {
+    let zeroes = |from: usize| {
+        bytes
+            .get(from..)
+            .is_none_or(|rest| rest.iter().all(|&b| b == 0))
+    };
     let mut out = Vec::new();
     let mut at = 0;
-    while bytes.len() - at >= HEADER_BYTES {
+    loop {
+        let left = bytes.len() - at;
+        if left == 0 {
+            return Ok((out, at, Tail::Clean));
+        }
+        if left < HEADER_BYTES {
+            return Ok((out, at, Tail::Torn));
+        }
         let word = |i: usize| {
             let mut b = [0; 4];
             b.copy_from_slice(&bytes[at + i..at + i + 4]);
@@ -268,17 +331,29 @@ fn records(bytes: &[u8]) -> (Vec<&[u8]>, usize) {
         };
         let (len, crc) = (word(0), word(4));
         let start = at + HEADER_BYTES;
-        if len == 0 || len > MAX_RECORD_BYTES || bytes.len() - start < len as usize {
-            break;
+        if len == 0 {
+            return if zeroes(at) {
+                Ok((out, at, Tail::Torn))
+            } else {
+                Err((at, "a record of length zero before more data"))
+            };
         }
-        let payload = &bytes[start..start + len as usize];
+        let end = start.saturating_add(len as usize);
+        if end > bytes.len() {
+            // The write of the last record did not finish.
+            return Ok((out, at, Tail::Torn));
+        }
+        let payload = &bytes[start..end];
         if crc32fast::hash(payload) != crc {
-            break;
+            return if zeroes(end) {
+                Ok((out, at, Tail::Torn))
+            } else {
+                Err((at, "a record fails its checksum and more records follow it"))
+            };
         }
-        out.push(payload);
-        at = start + len as usize;
+        out.push((at, payload));
+        at = end;
     }
-    (out, at)
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
@@ -311,6 +386,11 @@ pub struct Wal {
     file: File,
     seq: u64,
     size: u64,
+    /// Bytes of the segment's base records: it rolls over once as much again was appended.
+    base_bytes: u64,
+    /// Set by a failed write or fsync: what is on disk is then unknown, and nothing more is
+    /// appended until the log is reopened (replayed from what the file holds).
+    failed: bool,
 }
 
 impl std::fmt::Debug for Wal {
@@ -319,12 +399,15 @@ impl std::fmt::Debug for Wal {
             .field("dir", &self.dir)
             .field("seq", &self.seq)
             .field("size", &self.size)
+            .field("failed", &self.failed)
             .finish()
     }
 }
 
 impl Wal {
-    /// Whether `dir` holds a log (a segment with a whole base record).
+    /// Whether `dir` holds a log. A segment is renamed into place only once its base records
+    /// are written and fsynced, so a segment file is a log (or a corrupt one, which open
+    /// refuses).
     pub fn exists(dir: &Path) -> Result<bool> {
         Ok(!Self::segments(dir)?.is_empty())
     }
@@ -352,80 +435,112 @@ impl Wal {
         Ok(segments)
     }
 
-    /// Opens the log in `dir`, replaying its newest whole segment; creates it, holding `log`
-    /// (e.g. an empty one), when there is none.
+    /// Removes files a crash left half-written (`*.tmp`: a segment or a snapshot that was
+    /// never renamed into place).
+    fn remove_temporaries(dir: &Path) -> Result<()> {
+        let read = std::fs::read_dir(dir).map_err(io("list the log directory", dir))?;
+        for item in read {
+            let path = item.map_err(io("list the log directory", dir))?.path();
+            if path.extension().is_some_and(|e| e == "tmp") {
+                std::fs::remove_file(&path).map_err(io("remove a half-written file", &path))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Opens the log in `dir`, replaying its newest segment; creates it, holding `log` (e.g.
+    /// an empty one), when there is none. A torn last record is cut off; corruption anywhere
+    /// else is an error that leaves the files as they are.
     pub fn open(dir: &Path, log: impl FnOnce() -> Result<MemLog>) -> Result<(Self, MemLog)> {
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(io("create the log directory", dir))?;
-            // The directory's own entry must survive a power loss as well as the files in it.
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-                sync_dir(parent)?;
-            }
+        std::fs::create_dir_all(dir).map_err(io("create the log directory", dir))?;
+        // The directory's own entry must survive a power loss as well as the files in it.
+        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(parent)?;
         }
+        Self::remove_temporaries(dir)?;
         let segments = Self::segments(dir)?;
-        for (i, (seq, path)) in segments.iter().enumerate().rev() {
-            let bytes = std::fs::read(path).map_err(io("read a log segment", path))?;
-            let (records, end) = records(&bytes);
-            let Some((base, rest)) = records.split_first() else {
-                // A segment whose base record is torn: its rollover did not finish, and the one
-                // before it still holds everything.
-                std::fs::remove_file(path).map_err(io("remove a torn log segment", path))?;
-                continue;
-            };
-            let mut mem = MemLog::default();
-            for payload in std::iter::once(base).chain(rest) {
-                for op in Reader(payload).ops()? {
-                    mem.apply(op)?;
-                }
-            }
-            let mut file = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(io("open a log segment", path))?;
-            if end < bytes.len() {
-                tracing::warn!(
-                    segment = %path.display(),
-                    kept = end,
-                    dropped = bytes.len() - end,
-                    "the log ends in a torn record (a crash during a write); it is cut off"
-                );
-                file.set_len(end as u64)
-                    .and_then(|()| file.sync_all())
-                    .map_err(io("cut a torn record off the log", path))?;
-            }
-            file.seek(SeekFrom::Start(end as u64))
-                .map_err(io("open a log segment", path))?;
-            for (_, older) in &segments[..i] {
-                std::fs::remove_file(older).map_err(io("remove an old log segment", older))?;
-            }
-            let wal = Self {
-                dir: dir.to_owned(),
-                path: path.clone(),
-                file,
-                seq: *seq,
-                size: end as u64,
-            };
-            wal.remove_unused_snapshots(&mem.snapshot)?;
+        let Some(((seq, path), older)) = segments.split_last() else {
+            let mem = log()?;
+            let wal = Self::create_segment(dir, 0, &mem)?;
             return Ok((wal, mem));
+        };
+        let bytes = std::fs::read(path).map_err(io("read a log segment", path))?;
+        let corrupt = |(offset, reason)| StorageError::CorruptSegment {
+            path: path.clone(),
+            offset,
+            reason,
+        };
+        let (records, end, tail) = scan(&bytes).map_err(corrupt)?;
+        if records.is_empty() {
+            return Err(corrupt((0, "the segment has no whole base record")));
         }
-        let mem = log()?;
-        let wal = Self::create_segment(dir, 0, &mem)?;
+        let mut mem = MemLog::default();
+        for &(offset, payload) in &records {
+            let ops = Reader(payload)
+                .ops()
+                .map_err(|_| corrupt((offset, "a record that does not decode")))?;
+            for op in ops {
+                mem.apply(op)
+                    .map_err(|_| corrupt((offset, "a record that does not fit the log")))?;
+            }
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io("open a log segment", path))?;
+        if tail == Tail::Torn {
+            tracing::warn!(
+                segment = %path.display(),
+                kept = end,
+                dropped = bytes.len() - end,
+                "the log ends in a torn record (a crash during a write); it is cut off"
+            );
+            file.set_len(end as u64)
+                .map_err(io("cut a torn record off the log", path))?;
+        }
+        // What replay read may have been only in the page cache (a crash after a write, before
+        // its fsync): make it durable before anything builds on it or an older segment goes.
+        file.sync_all().map_err(io("fsync the log segment", path))?;
+        sync_dir(dir)?;
+        file.seek(SeekFrom::Start(end as u64))
+            .map_err(io("open a log segment", path))?;
+        for (_, older) in older {
+            std::fs::remove_file(older).map_err(io("remove an old log segment", older))?;
+        }
+        let wal = Self {
+            dir: dir.to_owned(),
+            path: path.clone(),
+            file,
+            seq: *seq,
+            size: end as u64,
+            // Not known after a restart; the segment is at least this large.
+            base_bytes: 0,
+            failed: false,
+        };
+        wal.remove_unused_snapshots(&mem.snapshot)?;
         Ok((wal, mem))
     }
 
-    /// Writes a new segment holding `mem` as its base record, fsyncs it and the directory.
+    /// Writes a new segment holding `mem` in its base records: written to a temporary file,
+    /// fsynced, renamed into place, and the directory fsynced, so a segment file always holds
+    /// a whole base.
     fn create_segment(dir: &Path, seq: u64, mem: &MemLog) -> Result<Self> {
         let path = dir.join(segment_name(seq));
-        let bytes = record(&mem.base())?;
+        let tmp = path.with_extension("wal.tmp");
+        let mut bytes = Vec::new();
+        for ops in mem.base() {
+            bytes.extend(record(&ops)?);
+        }
         let mut file = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&path)
-            .map_err(io("create a log segment", &path))?;
+            .open(&tmp)
+            .map_err(io("create a log segment", &tmp))?;
         file.write_all(&bytes)
             .and_then(|()| file.sync_all())
-            .map_err(io("write a log segment", &path))?;
+            .map_err(io("write a log segment", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io("rename a new log segment", &path))?;
         sync_dir(dir)?;
         Ok(Self {
             dir: dir.to_owned(),
@@ -433,28 +548,48 @@ impl Wal {
             file,
             seq,
             size: bytes.len() as u64,
+            base_bytes: bytes.len() as u64,
+            failed: false,
         })
     }
 
-    /// Appends one record of `ops` and fsyncs it.
+    /// Appends one record of `ops` and fsyncs it. After a failed write or fsync the log
+    /// refuses every commit: what reached the disk is unknown until it is reopened.
     pub fn commit(&mut self, ops: &[LogOp]) -> Result<()> {
+        if self.failed {
+            return Err(StorageError::LogFailed);
+        }
         let bytes = record(ops)?;
         let path = &self.path;
-        self.file
-            .write_all(&bytes)
-            .map_err(io("append to the log", path))?;
+        if let Err(error) = self.file.write_all(&bytes) {
+            self.failed = true;
+            // Best effort: take a partial record back off the end.
+            let _ = self.file.set_len(self.size);
+            return Err(io("append to the log", path)(error));
+        }
         // The fsync is what every acknowledged write waits for.
         let started = std::time::Instant::now();
-        self.file.sync_data().map_err(io("fsync the log", path))?;
+        if let Err(error) = self.file.sync_data() {
+            self.failed = true;
+            tracing::error!(
+                %error,
+                segment = %path.display(),
+                "fsync of the raft log failed: nothing more is written; restart the replica"
+            );
+            return Err(io("fsync the log", path)(error));
+        }
         metrics::histogram!("longhaul_fsync_seconds").record(started.elapsed().as_secs_f64());
         self.size += bytes.len() as u64;
         Ok(())
     }
 
-    /// Once the segment outgrew [`SEGMENT_BYTES`], starts the next one with `mem` (the log as
-    /// committed) as its base and deletes the full one.
+    /// Once as many bytes were appended to the segment as its base holds, and at least
+    /// [`SEGMENT_BYTES`], starts the next one with `mem` (the log as committed) as its base and
+    /// deletes the full one. The rewrite is then paid for by what was appended: O(1) per byte
+    /// however long the log is.
     pub fn roll_over_if_full(&mut self, mem: &MemLog) -> Result<()> {
-        if self.size <= SEGMENT_BYTES {
+        let appended = self.size.saturating_sub(self.base_bytes);
+        if appended < SEGMENT_BYTES.max(self.base_bytes) {
             return Ok(());
         }
         let old = self.path.clone();
@@ -554,26 +689,39 @@ mod tests {
             LogOp::Snapshot(meta),
         ];
         let bytes = record(&ops).unwrap();
-        let (payloads, end) = records(&bytes);
-        assert_eq!(end, bytes.len());
-        assert_eq!(Reader(payloads[0]).ops().unwrap(), ops);
+        let (payloads, end, tail) = scan(&bytes).unwrap();
+        assert_eq!((end, tail), (bytes.len(), Tail::Clean));
+        assert_eq!(Reader(payloads[0].1).ops().unwrap(), ops);
     }
 
     #[test]
-    fn a_torn_or_corrupt_tail_ends_the_log_at_the_last_whole_record() {
+    fn a_torn_tail_ends_the_log_at_the_last_whole_record_and_corruption_before_data_is_an_error() {
         let one = record(&[LogOp::Append(vec![entry(1, 1)])]).unwrap();
         let two = record(&[LogOp::Append(vec![entry(2, 1)])]).unwrap();
+        let three = record(&[LogOp::Append(vec![entry(3, 1)])]).unwrap();
         let whole = [one.clone(), two.clone()].concat();
-        for cut in 0..two.len() {
-            let (payloads, end) = records(&whole[..one.len() + cut]);
-            assert_eq!((payloads.len(), end), (1, one.len()), "cut at {cut}");
+        for cut in 1..two.len() {
+            let (payloads, end, tail) = scan(&whole[..one.len() + cut]).unwrap();
+            assert_eq!(
+                (payloads.len(), end, tail),
+                (1, one.len(), Tail::Torn),
+                "cut at {cut}"
+            );
         }
+        // The last record's payload never reached the disk, the file's length did.
+        let mut zeroed_payload = whole.clone();
+        zeroed_payload[one.len() + HEADER_BYTES..].fill(0);
+        assert_eq!(scan(&zeroed_payload).unwrap().1, one.len());
+        // Zeroes after the end (an extended file) are not a record.
+        let zeroed = [whole.clone(), vec![0; 64]].concat();
+        assert_eq!(scan(&zeroed).unwrap().1, whole.len());
+        // A flipped byte in the last record: torn. In a record that others follow: corrupt.
         let mut flipped = whole.clone();
         *flipped.last_mut().unwrap() ^= 1;
-        assert_eq!(records(&flipped).1, one.len());
-        // Zeroes after the end (a preallocated or extended file) are not a record.
-        let zeroed = [whole.clone(), vec![0; 64]].concat();
-        assert_eq!(records(&zeroed).1, whole.len());
+        assert_eq!(scan(&flipped).unwrap().1, one.len());
+        let mut middle = [one.clone(), two.clone(), three].concat();
+        middle[one.len() + HEADER_BYTES + 3] ^= 1;
+        assert_eq!(scan(&middle).unwrap_err().0, one.len());
     }
 
     #[test]
@@ -644,16 +792,108 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_base_record_falls_back_to_the_segment_before() {
+    fn a_rollover_cut_short_leaves_the_full_segment_in_use() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
         let op = LogOp::Append(vec![entry(1, 1)]);
         mem.apply(op.clone()).unwrap();
         wal.commit(&[op]).unwrap();
-        // A rollover that died while writing the next segment's base.
-        std::fs::write(dir.path().join(segment_name(1)), [7, 0, 0, 0, 1]).unwrap();
+        drop(wal);
+        // A rollover that died while writing the next segment, before its rename.
+        std::fs::write(dir.path().join("0000000000000001.wal.tmp"), [7, 0, 0, 0, 1]).unwrap();
         let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed, mem);
         assert_eq!(segment_files(dir.path()).len(), 1);
+        assert!(!dir.path().join("0000000000000001.wal.tmp").exists());
+    }
+
+    /// Review finding: a corrupt record that whole records follow is not a torn tail; cutting
+    /// it off would drop acknowledged entries and the vote after it.
+    #[test]
+    fn corruption_in_the_middle_of_a_segment_is_refused_and_left_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let base_len = wal.size as usize;
+        let mut commit = |ops: Vec<LogOp>| {
+            for op in ops.clone() {
+                mem.apply(op).unwrap();
+            }
+            wal.commit(&ops).unwrap();
+        };
+        commit(vec![LogOp::Append(vec![entry(1, 1)])]);
+        commit(vec![LogOp::Append(vec![entry(2, 1)])]);
+        commit(vec![
+            LogOp::Append(vec![entry(3, 2)]),
+            LogOp::HardState(HardState {
+                term: 2,
+                vote: 3,
+                ..HardState::default()
+            }),
+        ]);
+        drop(wal);
+        let path = dir.path().join(segment_name(0));
+        let mut bytes = std::fs::read(&path).unwrap();
+        let first_len = record(&[LogOp::Append(vec![entry(1, 1)])]).unwrap().len();
+        bytes[base_len + first_len + HEADER_BYTES + 20] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let error = Wal::open(dir.path(), || unreachable!()).unwrap_err();
+        assert!(
+            matches!(error, StorageError::CorruptSegment { offset, .. } if offset == base_len + first_len),
+            "{error}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "the segment was changed"
+        );
+    }
+
+    /// Review finding: a corrupt base in the only segment must not become a fresh, empty log
+    /// (which would forget the term and vote).
+    #[test]
+    fn a_corrupt_base_is_refused_not_replaced_by_an_empty_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let voted = MemLog {
+            hard_state: HardState {
+                term: 7,
+                vote: 2,
+                ..HardState::default()
+            },
+            ..MemLog::default()
+        };
+        drop(Wal::open(dir.path(), || Ok(voted.clone())).unwrap());
+        let path = dir.path().join(segment_name(0));
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[HEADER_BYTES + 2] ^= 1;
+        bytes.extend(record(&[LogOp::Append(vec![entry(1, 7)])]).unwrap());
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(Wal::open(dir.path(), || Ok(MemLog::default())).is_err());
+        assert!(path.exists());
+    }
+
+    /// Review finding: with a log longer than a segment, each rollover must be paid for by as
+    /// many appended bytes, not happen on every commit.
+    #[test]
+    fn a_log_longer_than_a_segment_rolls_over_only_after_as_much_again_was_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let big = |index| Entry {
+            index,
+            term: 1,
+            data: vec![0xcd; 4 << 20].into(),
+            ..Entry::default()
+        };
+        // Never compacted: 88 MiB of log, more than a segment.
+        for index in 1..=22 {
+            let op = LogOp::Append(vec![big(index)]);
+            mem.apply(op.clone()).unwrap();
+            wal.commit(&[op]).unwrap();
+            wal.roll_over_if_full(&mem).unwrap();
+        }
+        assert_eq!(wal.seq, 1, "one rollover after 64 MiB, not one per commit");
+        // The new segment's base is split over records of bounded size, and replays.
+        drop(wal);
+        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed, mem);
     }
 }
