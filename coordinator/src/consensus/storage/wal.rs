@@ -7,7 +7,7 @@
 //! replays it. A crash can leave a torn last record (short, or failing its checksum with only
 //! zeroes after it): replay stops there and cuts the file back to the last whole record. Nothing
 //! after a torn record was ever acknowledged, since a commit returns only after its fsync. A bad
-//! record that more data follows is corruption, and open refuses it (see [`scan`]).
+//! record that more data follows is corruption, and open refuses it (see `scan`).
 //!
 //! The log lives in numbered segments, `<seq>.wal` in the log directory. Each segment starts
 //! with base records that restate everything (the log's start, the hard state, the snapshot
