@@ -12,48 +12,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use longhaul_coordinator::server::Replica;
-use longhaul_coordinator::server::tls::TlsMaterial;
-use longhaul_coordinator::testing::{eventually, free_addr, replica_configs};
+use longhaul_coordinator::testing::{TestCa, eventually, free_addr, replica_configs};
 use longhaul_core::identity::site_dns_name;
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-
-struct Pki {
-    ca_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = params.self_signed(&key).unwrap();
-        Self {
-            ca_pem: ca.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// (certificate, key) PEM for these names.
-    fn issue(&self, names: &[&str]) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
-    /// Writes ca.pem, NAME.pem and NAME.key into `dir`.
-    fn write(&self, dir: &Path, name: &str, names: &[&str]) {
-        let (cert, key) = self.issue(names);
-        std::fs::write(dir.join("ca.pem"), &self.ca_pem).unwrap();
-        std::fs::write(dir.join(format!("{name}.pem")), cert).unwrap();
-        std::fs::write(dir.join(format!("{name}.key")), key).unwrap();
-    }
-}
 
 fn agent_config(dir: &Path, site: &str, cert: &str, coordinator: &str) -> std::path::PathBuf {
     let topology =
@@ -86,11 +48,10 @@ static = {{ file = {topology:?} }}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_with_its_site_certificate_registers_over_mutual_tls() {
-    let pki = Pki::new();
+    let pki = TestCa::new();
     let dir = tempfile::tempdir().unwrap();
     let mut config = replica_configs(dir.path(), 1).remove(0);
-    let (cert, key) = pki.issue(&["127.0.0.1", "localhost"]);
-    let replica_tls = TlsMaterial::from_pem(pki.ca_pem.clone(), cert, key);
+    let replica_tls = pki.loopback();
     config.tls = Some(replica_tls.clone());
     config.initial_cluster = [(1, format!("https://{}", config.listen))].into();
     let coordinator = config.listen.to_string();

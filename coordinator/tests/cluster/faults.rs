@@ -16,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::util::{client, eventually, leader_of, replica_configs};
+use crate::util::{client, eventually, leader_of, replica_configs, small_job};
 
 /// One connection per replica, shared by a test's requests (clones share it).
 type Client = CoordinatorClient<Channel>;
@@ -61,27 +61,10 @@ fn status(replicas: &[Option<Replica>], id: u64) -> Status {
     replicas[id as usize - 1].as_ref().unwrap().raft.status()
 }
 
-fn job(name: &str) -> pb::JobSpec {
-    pb::JobSpec {
-        name: name.into(),
-        model: Some(pb::ModelShape {
-            parameters: 1_000_000_000,
-            layers: 16,
-            hidden_size: 2048,
-            attention_heads: 16,
-            sequence_length: 2048,
-            vocabulary_size: 0,
-        }),
-        global_batch: 64,
-        micro_batch: 1,
-        ..Default::default()
-    }
-}
-
 /// Submits job `name` through `to`, waiting at most `timeout`.
 async fn submit(to: &Client, name: &str, timeout: Duration) -> Result<u64, tonic::Status> {
     let mut request = tonic::Request::new(pb::SubmitJobRequest {
-        spec: Some(job(name)),
+        spec: Some(small_job(name)),
         expected_revision: 0,
     });
     request.set_timeout(timeout);

@@ -6,7 +6,7 @@ use longhaul_coordinator::server::Replica;
 use longhaul_proto::v1 as pb;
 use tonic::Code;
 
-use crate::util::{client, eventually, leader_of, replica_configs};
+use crate::util::{client, eventually, leader_of, replica_configs, small_job};
 
 fn link(a: &str, b: &str) -> pb::WanLink {
     pb::WanLink {
@@ -480,20 +480,6 @@ async fn watches_deliver_every_change_in_order_and_resume_from_a_revision() {
     let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
     leader_of(&replicas).await;
     let mut c = client(config.listen).await;
-    let spec = |name: &str| pb::JobSpec {
-        name: name.into(),
-        model: Some(pb::ModelShape {
-            parameters: 1_000_000_000,
-            layers: 16,
-            hidden_size: 2048,
-            attention_heads: 16,
-            sequence_length: 2048,
-            vocabulary_size: 0,
-        }),
-        global_batch: 64,
-        micro_batch: 1,
-        ..Default::default()
-    };
     let mut live = c
         .watch(pb::WatchRequest {
             after_revision: 0,
@@ -504,7 +490,7 @@ async fn watches_deliver_every_change_in_order_and_resume_from_a_revision() {
         .into_inner();
     for name in ["a", "b", "c"] {
         c.submit_job(pb::SubmitJobRequest {
-            spec: Some(spec(name)),
+            spec: Some(small_job(name)),
             expected_revision: 0,
         })
         .await

@@ -10,7 +10,7 @@ use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
 use tonic::transport::Channel;
 
-use crate::util::{client, eventually, free_addr};
+use crate::util::{client, eventually, free_addr, small_job};
 
 /// One replica process; killed (SIGKILL) when dropped.
 struct Process {
@@ -107,20 +107,7 @@ async fn leader(processes: &[Process]) -> u64 {
 
 fn job(name: &str) -> pb::SubmitJobRequest {
     pb::SubmitJobRequest {
-        spec: Some(pb::JobSpec {
-            name: name.into(),
-            model: Some(pb::ModelShape {
-                parameters: 1_000_000_000,
-                layers: 16,
-                hidden_size: 2048,
-                attention_heads: 16,
-                sequence_length: 2048,
-                vocabulary_size: 0,
-            }),
-            global_batch: 64,
-            micro_batch: 1,
-            ..Default::default()
-        }),
+        spec: Some(small_job(name)),
         expected_revision: 0,
     }
 }

@@ -3,48 +3,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use longhaul_coordinator::server::tls::TlsMaterial;
 use longhaul_coordinator::server::{Replica, Role};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::agent_service_client::AgentServiceClient;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::util::{eventually, replica_configs};
-
-struct Pki {
-    ca_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let ca = params.self_signed(&key).unwrap();
-        Self {
-            ca_pem: ca.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for 127.0.0.1 and localhost, signed by this CA.
-    fn material(&self) -> TlsMaterial {
-        self.named(&["127.0.0.1", "localhost"])
-    }
-
-    /// A certificate with these subject alternative names.
-    fn named(&self, names: &[&str]) -> TlsMaterial {
-        let key = KeyPair::generate().unwrap();
-        let params =
-            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        TlsMaterial::from_pem(self.ca_pem.clone(), cert.pem(), key.serialize_pem())
-    }
-}
+use longhaul_coordinator::testing::TestCa;
 
 async fn list_jobs(
     tls: ClientTlsConfig,
@@ -65,7 +31,7 @@ async fn list_jobs(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_and_clients_authenticate_each_other() {
-    let pki = Pki::new();
+    let pki = TestCa::new();
     let dir = tempfile::tempdir().unwrap();
     let mut configs = replica_configs(dir.path(), 3);
     let cluster: HashMap<u64, String> = configs
@@ -75,7 +41,7 @@ async fn replicas_and_clients_authenticate_each_other() {
     let mut replicas = Vec::new();
     for config in &mut configs {
         config.initial_cluster = cluster.clone();
-        config.tls = Some(pki.material());
+        config.tls = Some(pki.loopback());
         replicas.push(Replica::start(config.clone()).await.unwrap());
     }
     // Peers reach each other over mTLS: a leader is elected.
@@ -88,7 +54,7 @@ async fn replicas_and_clients_authenticate_each_other() {
     .await;
 
     // A client with a certificate from the cluster's CA is served.
-    let client = pki.material().client();
+    let client = pki.loopback().client();
     let addr = configs[1].listen;
     eventually(
         Duration::from_secs(30),
@@ -101,13 +67,13 @@ async fn replicas_and_clients_authenticate_each_other() {
     .await;
 
     // A client without a certificate is refused.
-    let anonymous = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&pki.ca_pem));
+    let anonymous = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pki.ca_pem()));
     assert!(list_jobs(anonymous, addr).await.is_err());
     // So is one whose certificate comes from another CA.
-    let stranger = Pki::new()
-        .material()
+    let stranger = TestCa::new()
+        .loopback()
         .client()
-        .ca_certificate(Certificate::from_pem(&pki.ca_pem));
+        .ca_certificate(Certificate::from_pem(pki.ca_pem()));
     assert!(list_jobs(stranger, addr).await.is_err());
     // And a plaintext client gets nowhere.
     let mut plain = crate::util::client(addr).await;
@@ -142,7 +108,7 @@ fn agent_client(
 /// An agent's certificate names its site (`<site>.site.longhaul`); the
 /// coordinator refuses it when it speaks for another site, on any replica.
 async fn agents_speak_only_for_the_site_their_certificate_names(
-    pki: &Pki,
+    pki: &TestCa,
     replicas: &[Replica],
     configs: &[longhaul_coordinator::server::ReplicaConfig],
 ) {
@@ -165,7 +131,7 @@ async fn agents_speak_only_for_the_site_their_certificate_names(
         .map(|(_, c)| c.listen)
         .unwrap();
     let north = pki
-        .named(&[&longhaul_core::identity::site_dns_name("north")])
+        .material(&[&longhaul_core::identity::site_dns_name("north")])
         .client();
     let mut agent = agent_client(north.clone(), follower);
     // Its own site, through a follower (which forwards with its own,
@@ -206,7 +172,7 @@ async fn agents_speak_only_for_the_site_their_certificate_names(
     assert_eq!(forged.code(), tonic::Code::PermissionDenied);
     // A certificate that names no site (a replica's, an operator's) cannot
     // register a site directly either.
-    let mut operator = agent_client(pki.material().client(), follower);
+    let mut operator = agent_client(pki.loopback().client(), follower);
     let operator = operator.register(register("south")).await.unwrap_err();
     assert_eq!(operator.code(), tonic::Code::PermissionDenied);
     assert!(
@@ -221,7 +187,7 @@ async fn agents_speak_only_for_the_site_their_certificate_names(
     let mut c = CoordinatorClient::new(
         Endpoint::from_shared(format!("https://{follower}"))
             .unwrap()
-            .tls_config(pki.material().client())
+            .tls_config(pki.loopback().client())
             .unwrap()
             .connect_lazy(),
     );
