@@ -337,7 +337,7 @@ impl RedbStorage {
     pub fn open(path: &Path) -> Result<Self> {
         let [wal_dir, state_path] = Self::files(path);
         let state_db = open_database(&state_path)?;
-        let legacy = path.exists() && path != state_path;
+        let legacy = path.exists();
         let (wal, mem) = if legacy && !Wal::exists(&wal_dir)? {
             Self::import_legacy_log(path, &wal_dir, &state_db)?
         } else {
