@@ -2,7 +2,7 @@
 //! out. The commands run in-process through the same `run` the binary calls.
 
 use clap::Parser;
-use longhaul_coordinator::cli::{Cli, run};
+use longhaul_cli::{Cli, run};
 
 use crate::util::repo_root;
 

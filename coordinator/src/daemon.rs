@@ -121,7 +121,7 @@ struct FileConfig {
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let parsed: longhaul_core::units::Duration = text.parse().map_err(|e| format!("{e}"))?;
-    Ok(Duration::from_nanos(parsed.as_nanos()))
+    Ok(parsed.into())
 }
 
 fn parse_member(pair: &str) -> anyhow::Result<(u64, String)> {
@@ -187,9 +187,9 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         bail!("initial-cluster: does not list this replica's id {id}");
     }
     let mut node = NodeConfig::new(id);
-    if let Some(tick) = args.tick_interval.or(file
+    if let Some(tick) = args
         .tick_interval
-        .map(|d| Duration::from_nanos(d.as_nanos())))
+        .or(file.tick_interval.map(Duration::from))
     {
         if tick.is_zero() {
             bail!("tick-interval: must be positive");
@@ -231,7 +231,7 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
     }
     let lease_ttl = args
         .lease_ttl
-        .or(file.lease_ttl.map(|d| Duration::from_nanos(d.as_nanos())))
+        .or(file.lease_ttl.map(Duration::from))
         .unwrap_or(crate::server::leases::DEFAULT_LEASE_TTL);
     let election = node.tick_interval * node.election_ticks as u32;
     if lease_ttl <= election {
@@ -255,7 +255,7 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         join,
         cluster_id: args.cluster_id.or(file.cluster_id).unwrap_or(1),
         node,
-        faults: None,
+        message_filter: None,
     })
 }
 

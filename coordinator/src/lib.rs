@@ -2,8 +2,7 @@
 //! Raft-replicated control plane (consensus, storage, and soon the gRPC
 //! services).
 
-pub mod cli;
 pub mod consensus;
 pub mod daemon;
+pub mod process;
 pub mod server;
-pub mod testing;

@@ -132,7 +132,7 @@ impl Default for ProbeConfig {
 impl ProbeConfig {
     /// The scheduler's options.
     pub fn scheduler_options(&self) -> crate::probe::SchedulerOptions {
-        let std = |d: Duration| std::time::Duration::from_nanos(d.as_nanos());
+        let std = std::time::Duration::from;
         let probe = crate::probe::ProbeOptions {
             pings: self.pings,
             loss_datagrams: self.loss_datagrams,
@@ -325,10 +325,6 @@ impl AgentConfig {
     /// The address other agents dial.
     pub fn data_address(&self) -> SocketAddr {
         self.data_advertise.unwrap_or(self.data_listen)
-    }
-
-    pub fn std_duration(d: Duration) -> std::time::Duration {
-        std::time::Duration::from_nanos(d.as_nanos())
     }
 }
 

@@ -100,7 +100,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         None => AgentTls::insecure_local(&config.site)?,
     };
     let plaintext = tls.is_none();
-    let call_timeout = AgentConfig::std_duration(config.call_timeout);
+    let call_timeout = config.call_timeout.into();
     let coordinators = Coordinators::new(&config.coordinators, tls, Duration::from_secs(1))?;
     let status = Arc::new(Mutex::new(StatusBoard {
         plaintext,
@@ -119,13 +119,13 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         submit: config.submit.as_ref().map(|s| SlurmSubmitOptions {
             sbatch: s.sbatch.clone(),
             args: s.args.clone(),
-            timeout: AgentConfig::std_duration(s.timeout),
+            timeout: s.timeout.into(),
         }),
     };
     let settings = Settings {
         site_id: config.site.clone(),
         data_address: config.data_address().to_string(),
-        rescan_interval: AgentConfig::std_duration(config.rescan_interval),
+        rescan_interval: config.rescan_interval.into(),
         call_timeout,
     };
     let mut probe_options = config.probe.scheduler_options();

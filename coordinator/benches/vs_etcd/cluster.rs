@@ -13,7 +13,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::etcd_api::{EtcdClient, PutRequest, StatusRequest};
 use crate::metrics::{Samples, scrape};
-use crate::procs::{Proc, free_port};
+use crate::procs::{Proc, free_port, spawn};
 
 /// The election timing both systems get: a 100 ms heartbeat and a 1 s
 /// election timeout (both randomise the actual timeout in [1 s, 2 s)).
@@ -120,11 +120,7 @@ impl Cluster {
                 .arg("--log")
                 .arg("warn");
             let log = dir.path().join(format!("replica-{id}.log"));
-            members.push(Proc::spawn(
-                &format!("coordinator {id}"),
-                &mut command,
-                &log,
-            )?);
+            members.push(spawn(&format!("coordinator {id}"), &mut command, &log)?);
         }
         Ok(Self {
             system: System::Longhaul,
@@ -191,11 +187,7 @@ impl Cluster {
                 .arg("--log-level")
                 .arg("warn");
             let log = dir.path().join(format!("etcd-{}.log", i + 1));
-            members.push(Proc::spawn(
-                &format!("etcd m{}", i + 1),
-                &mut command,
-                &log,
-            )?);
+            members.push(spawn(&format!("etcd m{}", i + 1), &mut command, &log)?);
         }
         Ok(Self {
             system: System::Etcd,

@@ -13,6 +13,7 @@ pub mod identity;
 pub mod job;
 pub mod linearizability;
 pub mod placement;
+pub mod rng;
 pub mod scenario;
 pub mod state;
 pub mod topology;

@@ -343,6 +343,14 @@ string_serde!(ByteSize, "a size string such as \"80 GiB\"");
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Duration(u64);
 
+/// The same span as the standard library's type (exact: both count
+/// nanoseconds).
+impl From<Duration> for std::time::Duration {
+    fn from(d: Duration) -> Self {
+        std::time::Duration::from_nanos(d.as_nanos())
+    }
+}
+
 impl Duration {
     const EXPECTED: &'static str = "a duration";
     const EXAMPLE: &'static str = "20 us";

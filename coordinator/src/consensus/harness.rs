@@ -9,12 +9,11 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
+use longhaul_core::rng::SeedRng;
 use raft::SnapshotStatus;
 use raft::eraftpb::{
     ConfChangeSingle, ConfChangeTransition, ConfChangeType, ConfChangeV2, Message, MessageType,
 };
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use tempfile::TempDir;
 
 use super::kv::{KvCommand, KvStateMachine};
@@ -115,14 +114,14 @@ pub(super) fn deliver<S: super::StateMachine>(
 /// Drops each message with probability `rate`.
 pub struct DropRandomly {
     rate: f64,
-    rng: RefCell<StdRng>,
+    rng: RefCell<SeedRng>,
 }
 
 impl DropRandomly {
     pub fn new(rate: f64, seed: u64) -> Self {
         Self {
             rate,
-            rng: RefCell::new(StdRng::seed_from_u64(seed)),
+            rng: RefCell::new(SeedRng::new(seed)),
         }
     }
 }
@@ -130,7 +129,7 @@ impl DropRandomly {
 impl Filter for DropRandomly {
     fn before(&self, msgs: &mut Vec<Message>) {
         let mut rng = self.rng.borrow_mut();
-        msgs.retain(|_| !rng.gen_bool(self.rate));
+        msgs.retain(|_| !rng.chance(self.rate));
     }
 }
 
@@ -173,7 +172,7 @@ impl Filter for Isolate {
 pub struct Delay {
     rate: f64,
     max_rounds: u32,
-    rng: RefCell<StdRng>,
+    rng: RefCell<SeedRng>,
     held: RefCell<Vec<(u32, Message)>>,
 }
 
@@ -182,7 +181,7 @@ impl Delay {
         Self {
             rate,
             max_rounds,
-            rng: RefCell::new(StdRng::seed_from_u64(seed)),
+            rng: RefCell::new(SeedRng::new(seed)),
             held: RefCell::new(Vec::new()),
         }
     }
@@ -201,8 +200,8 @@ impl Filter for Delay {
             }
         }
         for msg in std::mem::take(msgs) {
-            if rng.gen_bool(self.rate) {
-                held.push((rng.gen_range(1..=self.max_rounds), msg));
+            if rng.chance(self.rate) {
+                held.push((rng.between(1, u64::from(self.max_rounds)) as u32, msg));
             } else {
                 msgs.push(msg);
             }
@@ -223,7 +222,7 @@ pub type FilterId = usize;
 /// N replicas, a filtered transport and a virtual clock.
 pub struct Cluster {
     pub seed: u64,
-    rng: StdRng,
+    rng: SeedRng,
     dirs: BTreeMap<u64, TempDir>,
     nodes: BTreeMap<u64, Node<KvStateMachine>>,
     election_ticks: BTreeMap<u64, usize>,
@@ -266,7 +265,7 @@ impl Cluster {
     pub fn with_config(n: u64, seed: u64, tune: fn(&mut NodeConfig)) -> Self {
         let mut cluster = Self {
             seed,
-            rng: StdRng::seed_from_u64(seed),
+            rng: SeedRng::new(seed),
             dirs: BTreeMap::new(),
             nodes: BTreeMap::new(),
             election_ticks: BTreeMap::new(),
@@ -286,7 +285,7 @@ impl Cluster {
 
     /// A child seed for a filter, drawn from the cluster's seed.
     pub fn fork_seed(&mut self) -> u64 {
-        self.rng.r#gen()
+        self.rng.next_u64()
     }
 
     fn config(&mut self, id: u64) -> NodeConfig {
@@ -297,7 +296,7 @@ impl Cluster {
         let timeout = match self.election_ticks.get(&id) {
             Some(timeout) => *timeout,
             None => loop {
-                let candidate = self.rng.gen_range(10..30);
+                let candidate = self.rng.between(10, 29) as usize;
                 if !self.election_ticks.values().any(|t| *t == candidate) {
                     self.election_ticks.insert(id, candidate);
                     break candidate;

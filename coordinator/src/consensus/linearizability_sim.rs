@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 
+use longhaul_core::rng::SeedRng;
 use raft::eraftpb::Message;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use tempfile::TempDir;
 
@@ -153,7 +152,7 @@ const MAX_ROUNDS_PER_DRIVE: usize = 10_000;
 /// Replicas of [`Registers`] on redb files, a filtered transport and a virtual clock.
 pub(super) struct Sim {
     pub(super) seed: u64,
-    pub(super) rng: StdRng,
+    pub(super) rng: SeedRng,
     dirs: BTreeMap<u64, TempDir>,
     pub(super) nodes: BTreeMap<u64, Node<Registers>>,
     pub(super) election_ticks: BTreeMap<u64, usize>,
@@ -179,7 +178,7 @@ impl Sim {
     pub(super) fn new(replicas: u64, seed: u64) -> Self {
         let mut sim = Self {
             seed,
-            rng: StdRng::seed_from_u64(seed),
+            rng: SeedRng::new(seed),
             dirs: BTreeMap::new(),
             nodes: BTreeMap::new(),
             election_ticks: BTreeMap::new(),
@@ -198,7 +197,7 @@ impl Sim {
         let timeout = match self.election_ticks.get(&id) {
             Some(timeout) => *timeout,
             None => loop {
-                let candidate = self.rng.gen_range(10..30);
+                let candidate = self.rng.between(10, 29) as usize;
                 if !self.election_ticks.values().any(|t| *t == candidate) {
                     self.election_ticks.insert(id, candidate);
                     break candidate;

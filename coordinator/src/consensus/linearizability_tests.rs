@@ -30,9 +30,7 @@
 use std::collections::BTreeMap;
 
 use longhaul_core::linearizability::{History, HistoryError, Op, OpResult};
-use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use longhaul_core::rng::SeedRng;
 
 use super::Event;
 use super::harness::{Delay, DropRandomly, Isolate, Partition};
@@ -102,7 +100,7 @@ fn record(result: Result<(), HistoryError>) {
 /// One seed's run: clients, nemesis and the recorded history.
 struct Run {
     sim: Sim,
-    rng: StdRng,
+    rng: SeedRng,
     reads: ReadPath,
     history: History<u8, u64>,
     clients: Vec<Option<Pending>>,
@@ -117,7 +115,7 @@ struct Run {
 impl Run {
     fn new(seed: u64, replicas: u64, clients: usize, reads: ReadPath) -> Self {
         let mut sim = Sim::new(replicas, seed);
-        let rng = StdRng::seed_from_u64(sim.rng.r#gen());
+        let rng = SeedRng::new(sim.rng.next_u64());
         Self {
             sim,
             rng,
@@ -152,21 +150,21 @@ impl Run {
     /// that replica names, as a client following redirects would.
     fn invoke(&mut self, client: usize) {
         let ids: Vec<u64> = (1..=self.sim.election_ticks.len() as u64).collect();
-        let asked = ids[self.rng.gen_range(0..ids.len())];
+        let asked = ids[self.rng.index(ids.len())];
         let Some(node) = self.sim.nodes.get(&asked) else {
             return; // Connection refused: nothing was sent.
         };
         let target = match node.leader_id() {
-            leader if leader != 0 && self.rng.gen_bool(0.8) => leader,
+            leader if leader != 0 && self.rng.chance(0.8) => leader,
             _ => asked,
         };
         if !self.sim.nodes.contains_key(&target) {
             return;
         }
-        let key = self.rng.gen_range(0..KEYS);
+        let key = self.rng.up_to(u64::from(KEYS) - 1) as u8;
         let process = client as u64;
         let deadline = self.sim.now + CLIENT_TIMEOUT_TICKS;
-        let choice = self.rng.gen_range(0..100);
+        let choice = self.rng.up_to(99);
         if choice < 40 {
             let at = self.clock();
             record(self.history.invoke(process, Op::Read { key }, at));
@@ -207,10 +205,10 @@ impl Run {
             Command::Write { key, value }
         } else {
             let seen = self.seen[client].get(&key).copied();
-            let expected = match self.rng.gen_range(0..10) {
+            let expected = match self.rng.up_to(9) {
                 0..=5 => seen,
                 6..=7 => None,
-                _ => Some(self.rng.gen_range(1..self.next_value)),
+                _ => Some(self.rng.between(1, self.next_value - 1)),
             };
             Command::Cas {
                 key,
@@ -364,38 +362,38 @@ impl Run {
     fn nemesis(&mut self) {
         let ids: Vec<u64> = (1..=self.sim.election_ticks.len() as u64).collect();
         let majority = ids.len() / 2 + 1;
-        let seed = self.rng.r#gen();
-        match self.rng.gen_range(0..9) {
+        let seed = self.rng.next_u64();
+        match self.rng.up_to(8) {
             0 => self.sim.filters.clear(),
             1 => {
                 let mut shuffled = ids.clone();
-                shuffled.shuffle(&mut self.rng);
-                let cut = self.rng.gen_range(1..=ids.len() / 2);
+                self.rng.shuffle(&mut shuffled);
+                let cut = self.rng.between(1, (ids.len() / 2) as u64) as usize;
                 let (minority, rest) = shuffled.split_at(cut);
                 self.sim
                     .filters
                     .push(Box::new(Partition::new(minority, rest)));
             }
             2 => {
-                let id = ids[self.rng.gen_range(0..ids.len())];
+                let id = ids[self.rng.index(ids.len())];
                 self.sim.filters.push(Box::new(Isolate(id)));
             }
             3 => {
-                let rate = self.rng.gen_range(0.05..0.3);
+                let rate = self.rng.uniform(0.05, 0.3);
                 self.sim
                     .filters
                     .push(Box::new(DropRandomly::new(rate, seed)));
             }
             4 => {
-                let rate = self.rng.gen_range(0.1..0.5);
-                let rounds = self.rng.gen_range(1..5);
+                let rate = self.rng.uniform(0.1, 0.5);
+                let rounds = self.rng.between(1, 4) as u32;
                 self.sim
                     .filters
                     .push(Box::new(Delay::new(rate, rounds, seed)));
             }
             5 if self.sim.nodes.len() > majority => {
                 let running: Vec<u64> = self.sim.nodes.keys().copied().collect();
-                let id = running[self.rng.gen_range(0..running.len())];
+                let id = running[self.rng.index(running.len())];
                 self.sim.crash(id);
                 self.stats.crashes += 1;
             }
@@ -405,13 +403,13 @@ impl Run {
                     .copied()
                     .filter(|id| !self.sim.nodes.contains_key(id))
                     .collect();
-                if let Some(&id) = down.get(self.rng.gen_range(0..down.len().max(1))) {
+                if let Some(&id) = down.get(self.rng.index(down.len())) {
                     self.sim.start(id, &[]);
                 }
             }
             7 => {
                 if let Some(leader) = self.sim.leader() {
-                    let to = ids[self.rng.gen_range(0..ids.len())];
+                    let to = ids[self.rng.index(ids.len())];
                     self.sim
                         .nodes
                         .get_mut(&leader)
@@ -421,7 +419,7 @@ impl Run {
             }
             _ => {
                 let running: Vec<u64> = self.sim.nodes.keys().copied().collect();
-                let id = running[self.rng.gen_range(0..running.len())];
+                let id = running[self.rng.index(running.len())];
                 // A campaign a pre-vote refuses is no error; ignoring it is the point.
                 let _ = self.sim.nodes.get_mut(&id).expect("running").campaign();
             }
@@ -439,7 +437,7 @@ impl Run {
         let quiet_ticks = 3 * CLIENT_TIMEOUT_TICKS;
         for tick in 0..faulty_ticks + quiet_ticks {
             let faulty = tick < faulty_ticks;
-            if faulty && self.rng.gen_bool(0.15) {
+            if faulty && self.rng.chance(0.15) {
                 self.nemesis();
             }
             if tick == faulty_ticks {
@@ -454,7 +452,7 @@ impl Run {
             // Clients keep going after the heal for a while, then only wait for answers.
             if tick < faulty_ticks + CLIENT_TIMEOUT_TICKS {
                 for client in 0..self.clients.len() {
-                    if self.clients[client].is_none() && self.rng.gen_bool(invoke_rate) {
+                    if self.clients[client].is_none() && self.rng.chance(invoke_rate) {
                         self.invoke(client);
                     }
                 }

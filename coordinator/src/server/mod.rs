@@ -6,7 +6,6 @@
 pub mod agent_service;
 pub mod assignments;
 pub mod convert;
-pub mod faults;
 pub mod leases;
 pub mod raft_loop;
 pub mod replan;
@@ -53,9 +52,10 @@ pub struct ReplicaConfig {
     pub tls: Option<tls::TlsMaterial>,
     /// The TTL of the leases granted to site agents.
     pub lease_ttl: Duration,
-    /// Faults injected into outgoing raft messages, for tests; `None` (the
-    /// daemon's only value) leaves the transport as it is.
-    pub faults: Option<faults::Faults>,
+    /// A judge of every outgoing raft message, for tests that inject
+    /// faults (the test kit's `Faults`); `None`, the daemon's only value,
+    /// leaves the transport as it is.
+    pub message_filter: Option<std::sync::Arc<dyn transport::MessageFilter>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,7 @@ impl Replica {
         }
         let client_tls = config.tls.as_ref().map(tls::TlsMaterial::client);
         let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone())
-            .with_faults(config.faults.clone());
+            .with_filter(config.message_filter.clone());
         let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval);
         keep_peer_book_current(&raft, &peers);
         replan::spawn(raft.clone());

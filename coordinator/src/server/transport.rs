@@ -5,8 +5,9 @@
 //! to raft as unreachable (raft retries by itself). Snapshots travel on their
 //! own call, cut into chunks with a CRC32 over the whole payload. Every
 //! envelope carries the cluster id; a replica refuses traffic from another
-//! cluster or addressed to another replica. Tests may put a [`Faults`] layer
-//! in front of the queues (drop, delay, cut); without one nothing changes.
+//! cluster or addressed to another replica. Tests may put a
+//! [`MessageFilter`] in front of the queues (drop, delay, cut); without one
+//! nothing changes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -22,7 +23,6 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::faults::{Faults, Verdict};
 use super::raft_loop::RaftHandle;
 
 /// Bytes of snapshot data per chunk.
@@ -57,6 +57,36 @@ impl PeerBook {
     }
 }
 
+/// What happens to one outgoing raft message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Deliver,
+    /// Deliver once this much time has passed since the message was queued.
+    DeliverAfter(Duration),
+    /// Lost, like a packet on a broken network.
+    Drop,
+}
+
+/// Judges each raft message a replica is about to queue for a peer (the
+/// sender's side): the transport's seam for tests that inject faults over
+/// real gRPC (the test kit's `Faults`). What a verdict means here:
+///
+/// - a dropped message is a lost packet: nothing is reported and raft
+///   retries by itself; a dropped snapshot is reported to raft as failed,
+///   as the transport does when a transfer fails;
+/// - a delayed message waits on its peer's queue, so one peer's messages
+///   stay in order (as on a TCP stream) and other peers are not held up;
+/// - the verdict is given when the message is queued: a message queued (or
+///   delayed) before a cut is still delivered, as a packet in flight would
+///   be.
+///
+/// Only raft messages pass through it: a client request a follower forwards
+/// to the leader does not.
+pub trait MessageFilter: Send + Sync + std::fmt::Debug {
+    /// The fate of a message from replica `from` to replica `to`, queued now.
+    fn judge(&self, from: u64, to: u64) -> Verdict;
+}
+
 /// Where the consensus loop puts outgoing messages.
 #[derive(Debug, Clone)]
 pub struct Outbox {
@@ -64,8 +94,8 @@ pub struct Outbox {
     peers: PeerBook,
     tls: Option<tonic::transport::ClientTlsConfig>,
     senders: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<Queued>>>>,
-    /// Test-only faults judged per message before it is queued.
-    faults: Option<Faults>,
+    /// Judges each message before it is queued (tests only).
+    filter: Option<Arc<dyn MessageFilter>>,
 }
 
 /// A message on its peer's queue. The fault layer may hold it back until
@@ -87,13 +117,13 @@ impl Outbox {
             peers,
             tls,
             senders: Arc::default(),
-            faults: None,
+            filter: None,
         }
     }
 
-    /// Judges every outgoing message by `faults` (tests only).
-    pub fn with_faults(self, faults: Option<Faults>) -> Self {
-        Self { faults, ..self }
+    /// Judges every outgoing message by `filter` (tests only).
+    pub fn with_filter(self, filter: Option<Arc<dyn MessageFilter>>) -> Self {
+        Self { filter, ..self }
     }
 
     /// Queues messages for their peers; never blocks the consensus loop.
@@ -101,8 +131,8 @@ impl Outbox {
         let mut senders = self.senders.lock().unwrap_or_else(|p| p.into_inner());
         for message in messages {
             let to = message.to;
-            let verdict = match &self.faults {
-                Some(faults) => faults.judge(message.from, to),
+            let verdict = match &self.filter {
+                Some(filter) => filter.judge(message.from, to),
                 None => Verdict::Deliver,
             };
             let not_before = match verdict {

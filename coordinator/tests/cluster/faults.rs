@@ -1,5 +1,5 @@
 //! Three in-process replicas over real gRPC with faults on their raft
-//! transport (`server::faults`): the virtual-time harness's partition and
+//! transport (the test kit's `faults`): the virtual-time harness's partition and
 //! drop/delay scenarios, on the real transport. Every test prints its seed;
 //! `LONGHAUL_SEED` replays one.
 
@@ -7,12 +7,12 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use longhaul_coordinator::consensus::NodeConfig;
-use longhaul_coordinator::server::faults::{Faults, Route};
 use longhaul_coordinator::server::{Replica, ReplicaConfig, Role, Status};
+use longhaul_core::rng::SeedRng;
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use longhaul_testkit::faults::{Faults, Route};
+use longhaul_testkit::seed;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -24,15 +24,6 @@ type Client = CoordinatorClient<Channel>;
 /// How long a cut-off follower stays away: several election timeouts of
 /// [`steady`]'s timers (0.5–1 s).
 const ISOLATION: Duration = Duration::from_secs(3);
-
-fn seed(test: &str, default: u64) -> u64 {
-    let seed = std::env::var("LONGHAUL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    eprintln!("{test}: seed {seed} (replay with LONGHAUL_SEED={seed})");
-    seed
-}
 
 /// Timers slow enough that a loaded two-core machine does not elect a new
 /// leader by itself: 50 ms ticks, an election timeout of 0.5–1 s. The
@@ -51,7 +42,7 @@ async fn start(
     let mut replicas = Vec::new();
     for config in &mut configs {
         tune(&mut config.node);
-        config.faults = Some(faults.clone());
+        config.message_filter = faults.filter();
         replicas.push(Some(Replica::start(config.clone()).await.unwrap()));
     }
     (configs, replicas)
@@ -263,12 +254,12 @@ async fn acknowledged_writes_survive_random_drops_and_delays() {
     let mut writers = Vec::new();
     for writer in 0..WRITERS {
         let clients = clients.clone();
-        let mut rng = StdRng::seed_from_u64(seed.wrapping_add(writer));
+        let mut rng = SeedRng::new(seed.wrapping_add(writer));
         writers.push(tokio::spawn(async move {
             let mut outcomes = Vec::new();
             for i in 0..WRITES_EACH {
                 let name = format!("w{writer}-{i}");
-                let to = &clients[rng.gen_range(0..clients.len())];
+                let to = &clients[rng.index(clients.len())];
                 let outcome = submit(to, &name, Duration::from_secs(3)).await;
                 outcomes.push((name, outcome));
             }

@@ -8,6 +8,5 @@
 mod faults;
 mod in_process;
 mod processes;
-mod rehearse;
 mod tls;
 mod util;

@@ -3,14 +3,14 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
 use tonic::transport::Channel;
 
-use crate::util::{client, eventually, free_addr, small_job};
+use crate::util::{KillOnDrop, client, eventually, free_addr, small_job};
 
 /// One replica process; killed (SIGKILL) when dropped.
 struct Process {
@@ -18,13 +18,14 @@ struct Process {
     addr: SocketAddr,
     data_dir: PathBuf,
     cluster: String,
-    child: Option<Child>,
+    child: Option<KillOnDrop>,
     extra_args: Vec<String>,
 }
 
 impl Process {
     fn start(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_coordinator"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_coordinator"));
+        command
             .args(["--id", &self.id.to_string()])
             .args(["--listen", &self.addr.to_string()])
             .arg("--data-dir")
@@ -33,26 +34,15 @@ impl Process {
             .args(["--tick-interval", "20ms", "--election-ticks", "10"])
             .args(["--log", "warn"])
             .args(&self.extra_args)
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+            .stderr(Stdio::null());
+        let name = format!("replica {}", self.id);
+        self.child = Some(KillOnDrop::spawn(name, &mut command).unwrap());
     }
 
     /// SIGKILL: no shutdown path runs.
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
+        self.child = None;
     }
 }
 

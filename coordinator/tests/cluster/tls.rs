@@ -10,7 +10,7 @@ use longhaul_proto::v1::coordinator_client::CoordinatorClient;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::util::{eventually, replica_configs};
-use longhaul_coordinator::testing::TestCa;
+use longhaul_testkit::TestCa;
 
 async fn list_jobs(
     tls: ClientTlsConfig,

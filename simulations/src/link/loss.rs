@@ -2,7 +2,8 @@
 //! is lost.
 
 use super::config::LossModel;
-use super::rng::{Stream, StreamRng};
+use super::rng::{self, Stream};
+use longhaul_core::rng::SeedRng;
 
 /// Why the loss process dropped a packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,7 +37,7 @@ enum Process {
 #[derive(Debug, Clone)]
 pub(crate) struct LossState {
     process: Process,
-    rng: StreamRng,
+    rng: SeedRng,
 }
 
 impl LossState {
@@ -63,7 +64,7 @@ impl LossState {
         };
         Self {
             process,
-            rng: StreamRng::new(seed, Stream::Loss),
+            rng: rng::stream(seed, Stream::Loss),
         }
     }
 

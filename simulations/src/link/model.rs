@@ -7,7 +7,8 @@ use std::collections::{BinaryHeap, VecDeque};
 use super::capacity::Capacity;
 use super::config::{JitterMode, LinkConfig, LinkConfigError, LossModel};
 use super::loss::{LossState, LossVerdict};
-use super::rng::{Stream, StreamRng};
+use super::rng::{self, Stream};
+use longhaul_core::rng::SeedRng;
 
 /// Why a packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,8 +118,8 @@ pub struct Link {
     buffer_bytes: u64,
     capacity: Capacity,
     loss: LossState,
-    jitter_rng: StreamRng,
-    duplicate_rng: StreamRng,
+    jitter_rng: SeedRng,
+    duplicate_rng: SeedRng,
     /// Latest `now` seen; earlier inputs are treated as this.
     now_ns: u64,
     /// The transmitter is busy until then.
@@ -145,8 +146,8 @@ impl Link {
             buffer_bytes: config.buffer_bytes(),
             capacity: Capacity::new(&config),
             loss: LossState::new(&config.loss, seed),
-            jitter_rng: StreamRng::new(seed, Stream::Jitter),
-            duplicate_rng: StreamRng::new(seed, Stream::Duplicate),
+            jitter_rng: rng::stream(seed, Stream::Jitter),
+            duplicate_rng: rng::stream(seed, Stream::Duplicate),
             now_ns: 0,
             transmitter_free_at: 0,
             egress: VecDeque::new(),

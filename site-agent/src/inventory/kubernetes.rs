@@ -119,7 +119,7 @@ impl KubernetesSource {
             return parse_node_list(&path.display().to_string(), &read_file(path)?);
         }
         let args = self.kubectl_args();
-        let timeout = std::time::Duration::from_nanos(self.config.timeout.as_nanos());
+        let timeout: std::time::Duration = self.config.timeout.into();
         let text = command::run(&self.config.kubectl, &args, timeout)?;
         parse_node_list(&command::display(&self.config.kubectl, &args), &text)
     }

@@ -12,10 +12,10 @@ use quinn::{Connection, ConnectionError, RecvStream, SendDatagramError, SendStre
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until};
 
-use super::rng::SplitMix64;
 use super::wire::{self, Datagram, Frame, ReadFrameError, ServerLimits, code};
 use super::{Phase, ProbeError, ProbeOptions, ProbeResult, percentile};
 use crate::tls::{self, AgentTls};
+use longhaul_core::rng::SeedRng;
 
 /// Bytes of one loss datagram. Small, so that the loss test stays below what
 /// QUIC's congestion control allows even on a lossy long link (it would
@@ -234,7 +234,7 @@ async fn run(
     own_site: &str,
     options: &ProbeOptions,
 ) -> Result<ProbeResult, ProbeError> {
-    let mut rng = SplitMix64::new(options.seed);
+    let mut rng = SeedRng::new(options.seed);
     let mut control = context
         .bounded(Phase::Hello, hello(context, connection, own_site, options))
         .await?;
@@ -370,7 +370,7 @@ async fn measure_rtt(
     context: &Context,
     connection: &Connection,
     options: &ProbeOptions,
-    rng: &mut SplitMix64,
+    rng: &mut SeedRng,
 ) -> Result<Rtt, ProbeError> {
     let pings = options.pings;
     let interval = options.ping_interval;
@@ -398,7 +398,7 @@ async fn measure_rtt(
                     .map_err(|error| context.datagram_error(Phase::Rtt, error))?;
                 sent_ns[next as usize] = Some(now_ns);
                 next += 1;
-                let jitter = interval.as_secs_f64() * (rng.next_f64() * 0.2 - 0.1);
+                let jitter = interval.as_secs_f64() * (rng.unit() * 0.2 - 0.1);
                 let planned = interval.as_secs_f64() * f64::from(next) + jitter;
                 next_at = origin + Duration::from_secs_f64(planned.max(0.0));
             }
@@ -443,7 +443,7 @@ async fn measure_loss(
     connection: &Connection,
     control: &mut Control,
     options: &ProbeOptions,
-    rng: &mut SplitMix64,
+    rng: &mut SeedRng,
     rtt: &Rtt,
 ) -> Result<(u32, u32), ProbeError> {
     let count = options.loss_datagrams;
@@ -514,7 +514,7 @@ async fn measure_throughput(
     connection: &Connection,
     control: &mut Control,
     options: &ProbeOptions,
-    rng: &mut SplitMix64,
+    rng: &mut SeedRng,
 ) -> Result<(u64, u64), ProbeError> {
     if options.throughput_duration.is_zero() {
         return Ok((0, 0));

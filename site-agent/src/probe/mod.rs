@@ -16,7 +16,6 @@
 
 mod client;
 pub mod metrics;
-mod rng;
 mod scheduler;
 mod server;
 mod transport;

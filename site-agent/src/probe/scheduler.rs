@@ -18,8 +18,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 
-use super::{ProbeError, ProbeOptions, ProbeResult, client, metrics, rng};
+use super::{ProbeError, ProbeOptions, ProbeResult, client, metrics};
 use crate::tls::{self, AgentTls};
+use longhaul_core::rng;
 
 /// Another site's agent to probe.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -58,7 +58,7 @@ impl SlurmSource {
     }
 
     fn timeout(&self) -> std::time::Duration {
-        std::time::Duration::from_nanos(self.config.timeout.as_nanos())
+        self.config.timeout.into()
     }
 
     /// Nodes from the recorded file, or from `scontrol show nodes --json`,

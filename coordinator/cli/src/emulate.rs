@@ -3,12 +3,10 @@
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context as _, anyhow};
 use clap::{Args, Subcommand};
-use longhaul_core::Scenario;
-use longhaul_core::config::violations_in;
 use longhaul_core::units::{DataRate, Duration, human_rate};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::emulator_control_client::EmulatorControlClient;
@@ -147,22 +145,10 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .context("cannot start the async runtime")?)
 }
 
-/// Loads and checks a scenario and its topology.
-fn load(path: &Path) -> Result<(Scenario, longhaul_core::Topology), Failure> {
-    let name = path.display().to_string();
-    let text = super::read(path)?;
-    let scenario = Scenario::from_toml(&name, &text)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let topology = super::load_topology(&dir.join(&scenario.topology))?;
-    let violations = scenario.violations_against(&topology);
-    if !violations.is_empty() {
-        return Err(violations_in(&name, &text, violations).into());
-    }
-    Ok((scenario, topology))
-}
-
 pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
-    let (scenario, topology) = load(&args.scenario)?;
+    let super::ScenarioFile {
+        scenario, topology, ..
+    } = super::load_scenario(&args.scenario)?;
     for (site, _) in &args.expose {
         if !topology.sites.iter().any(|s| &s.id == site) {
             return Err(anyhow!(
@@ -272,7 +258,7 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         let server = tokio::spawn(server);
         match args.duration {
             Some(duration) => {
-                tokio::time::sleep(std::time::Duration::from_nanos(duration.as_nanos())).await;
+                tokio::time::sleep(duration.into()).await;
             }
             None => tokio::signal::ctrl_c()
                 .await
@@ -462,7 +448,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::cli::{Cli, run};
+    use crate::{Cli, run};
 
     fn longhaul(args: &[&str]) -> (u8, String, String) {
         let cli = Cli::try_parse_from(std::iter::once("longhaul").chain(args.iter().copied()))
@@ -478,7 +464,7 @@ mod tests {
 
     fn scenario() -> String {
         format!(
-            "{}/../deploy/scenarios/two-campuses-80km.toml",
+            "{}/../../deploy/scenarios/two-campuses-80km.toml",
             env!("CARGO_MANIFEST_DIR")
         )
     }

@@ -205,6 +205,35 @@ pub fn load_topology(path: &Path) -> Result<Topology, ConfigError> {
     Topology::from_toml(&path.display().to_string(), &read(path)?)
 }
 
+/// A scenario file and the topology it names (relative to the file),
+/// checked against each other.
+pub(crate) struct ScenarioFile {
+    pub scenario: Scenario,
+    pub topology: Topology,
+    /// The scenario file's folder, against which its paths resolve.
+    pub dir: PathBuf,
+}
+
+/// The one loader of scenario files (`scenario check`, `emulate`,
+/// `rehearse`): the scenario, its topology, and the scenario's checks
+/// against that topology, every error naming its file and line.
+pub(crate) fn load_scenario(path: &Path) -> Result<ScenarioFile, Failure> {
+    let name = path.display().to_string();
+    let text = read(path)?;
+    let scenario = Scenario::from_toml(&name, &text)?;
+    let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let topology = load_topology(&dir.join(&scenario.topology))?;
+    let violations = scenario.violations_against(&topology);
+    if !violations.is_empty() {
+        return Err(violations_in(&name, &text, violations).into());
+    }
+    Ok(ScenarioFile {
+        scenario,
+        topology,
+        dir,
+    })
+}
+
 fn print_json(value: &impl serde::Serialize, out: &mut dyn Write) -> Result<(), Failure> {
     let text = serde_json::to_string_pretty(value).map_err(anyhow::Error::from)?;
     writeln!(out, "{text}")?;
@@ -241,18 +270,15 @@ fn check_job(args: &JobCheckArgs, out: &mut dyn Write) -> Result<(), Failure> {
 
 fn check_scenario(args: &FileArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let name = args.file.display().to_string();
-    let text = read(&args.file)?;
-    let scenario = Scenario::from_toml(&name, &text)?;
-    let dir = args.file.parent().unwrap_or(Path::new("."));
-    let topology = load_topology(&dir.join(&scenario.topology))?;
+    let ScenarioFile {
+        scenario,
+        topology,
+        dir,
+    } = load_scenario(&args.file)?;
     let job_path = dir.join(&scenario.job);
     let job_text = read(&job_path)?;
     let job_name = job_path.display().to_string();
     let job = JobSpec::from_toml(&job_name, &job_text)?;
-    let violations = scenario.violations_against(&topology);
-    if !violations.is_empty() {
-        return Err(violations_in(&name, &text, violations).into());
-    }
     let violations = job.violations_against(&topology);
     if !violations.is_empty() {
         return Err(violations_in(&job_name, &job_text, violations).into());

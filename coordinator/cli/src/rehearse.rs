@@ -20,13 +20,12 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, Subcommand};
-use longhaul_core::config::violations_in;
 use longhaul_core::scenario::{Action, TimelineEvent};
 use longhaul_core::units;
 use longhaul_core::{JobSpec, Scenario, Topology};
@@ -38,7 +37,8 @@ use tonic::transport::Channel;
 
 use super::table::{Table, thousands};
 use super::{Failure, Output};
-use crate::server::convert::{job_to_wire, link_to_wire};
+use longhaul_coordinator::process::{KillOnDrop, append_log};
+use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
 
 const BUNDLED_SCENARIO: &str = include_str!("../../../deploy/scenarios/two-campuses-80km.toml");
 const BUNDLED_TOPOLOGY: &str = include_str!("../../../deploy/examples/two-campuses-80km.toml");
@@ -68,7 +68,7 @@ pub struct RehearseArgs {
 #[derive(Debug, Subcommand)]
 pub enum InternalCommand {
     /// A coordinator replica (the `coordinator` binary's flags).
-    Replica(Box<crate::daemon::Args>),
+    Replica(Box<longhaul_coordinator::daemon::Args>),
     /// A site agent (`site-agent run`).
     Agent {
         #[arg(long)]
@@ -80,7 +80,7 @@ pub enum InternalCommand {
 
 pub fn internal(command: InternalCommand) -> Result<(), Failure> {
     match command {
-        InternalCommand::Replica(args) => crate::daemon::run_blocking(*args)?,
+        InternalCommand::Replica(args) => longhaul_coordinator::daemon::run_blocking(*args)?,
         InternalCommand::Agent { config, log } => {
             longhaul_site_agent::daemon::run_blocking(&config, &log)?;
         }
@@ -106,26 +106,18 @@ fn load(path: Option<&Path>) -> Result<Loaded, Failure> {
             job,
         });
     };
-    let name = path.display().to_string();
-    let text = super::read(path)?;
-    let scenario = Scenario::from_toml(&name, &text)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let topology = super::load_topology(&dir.join(&scenario.topology))?;
+    let super::ScenarioFile {
+        scenario,
+        topology,
+        dir,
+    } = super::load_scenario(path)?;
     let job_path = dir.join(&scenario.job);
     let job = JobSpec::from_toml(&job_path.display().to_string(), &super::read(&job_path)?)?;
-    let violations = scenario.violations_against(&topology);
-    if !violations.is_empty() {
-        return Err(violations_in(&name, &text, violations).into());
-    }
     Ok(Loaded {
         scenario,
         topology,
         job,
     })
-}
-
-fn std_duration(d: units::Duration) -> Duration {
-    Duration::from_nanos(d.as_nanos())
 }
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -134,13 +126,14 @@ fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
-/// A child process of this binary, killed (SIGKILL) when dropped.
+/// A child process of this binary, killed (SIGKILL) when dropped, that the
+/// timeline may kill and start again with the same arguments.
 #[derive(Debug)]
 struct Process {
     name: String,
     args: Vec<String>,
     log: PathBuf,
-    child: Option<Child>,
+    child: Option<KillOnDrop>,
 }
 
 impl Process {
@@ -156,18 +149,14 @@ impl Process {
     }
 
     fn spawn(&mut self, exe: &Path) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .with_context(|| format!("cannot open {}", self.log.display()))?;
-        let child = Command::new(exe)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot start {}", self.name))?;
+        let log = append_log(&self.log)?;
+        let child = KillOnDrop::spawn(
+            self.name.clone(),
+            Command::new(exe)
+                .args(&self.args)
+                .stdout(Stdio::null())
+                .stderr(log),
+        )?;
         self.child = Some(child);
         Ok(())
     }
@@ -177,16 +166,7 @@ impl Process {
     }
 
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
+        self.child = None;
     }
 }
 
@@ -606,7 +586,7 @@ async fn play(
         job,
     } = loaded;
     let seed = args.seed.unwrap_or(scenario.seed);
-    let lease_ttl = std_duration(args.lease_ttl);
+    let lease_ttl = Duration::from(args.lease_ttl);
     let host = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
     // The emulator: every WAN link of the topology, with the impairments.
@@ -902,13 +882,13 @@ peer_addresses = {{ {peers} }}
     }
     spawn_leader_watch(live.clone(), shared.clone(), t0);
     spawn_change_watch(live.clone(), shared.clone(), t0, revision);
-    let duration = std_duration(scenario.duration);
+    let duration = Duration::from(scenario.duration);
     let mut timeline: Vec<&TimelineEvent> = scenario.timeline.iter().collect();
     timeline.sort_by_key(|e| e.at.as_nanos());
     let mut next_progress = Duration::from_secs(1);
     let mut pending = timeline.into_iter().peekable();
     while t0.elapsed() < duration {
-        if let Some(event) = pending.next_if(|e| std_duration(e.at) <= t0.elapsed()) {
+        if let Some(event) = pending.next_if(|e| Duration::from(e.at) <= t0.elapsed()) {
             let t = t0.elapsed();
             let detail = perform(
                 event,

@@ -1,7 +1,8 @@
 //! Three coordinator replicas and three `site-agent` processes, one per site
-//! of the bundled three-site topology, on loopback. Each replica is its own
-//! process (this test binary, re-executed into [`replica_process`]), so a
-//! kill is a real SIGKILL: connections drop, nothing answers any more.
+//! of the bundled three-site topology, on loopback. Each replica and agent is
+//! a process of the built `longhaul` binary (`longhaul internal replica` and
+//! `longhaul internal agent`, as a rehearsal starts them), so a kill is a
+//! real SIGKILL: connections drop, nothing answers any more.
 //!
 //! - Kill the coordinator leader: no site is marked down, and every agent
 //!   renews with the new leader.
@@ -15,21 +16,19 @@
 //! printed; the assertions are bounds generous enough for a slow, shared
 //! 2-core machine.
 
-#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
-
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use longhaul_coordinator::server::ReplicaConfig;
 use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
-use longhaul_coordinator::server::{Replica, ReplicaConfig};
-use longhaul_coordinator::testing::{client, eventually, free_addr, replica_configs};
 use longhaul_core::{JobSpec, Topology};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::site_agent_client::SiteAgentClient;
+use longhaul_testkit::{KillOnDrop, append_log, client, eventually, free_addr, replica_configs};
 
-const TOPOLOGY: &str = "../deploy/examples/three-sites-two-continents.toml";
-const JOB: &str = "../deploy/examples/dense-400b.job.toml";
+const TOPOLOGY: &str = "../../deploy/examples/three-sites-two-continents.toml";
+const JOB: &str = "../../deploy/examples/dense-400b.job.toml";
 const SITES: [&str; 3] = ["paris", "frankfurt", "virginia"];
 
 fn repo_file(relative: &str) -> PathBuf {
@@ -43,7 +42,7 @@ struct AgentProcess {
     status: String,
     state_dir: PathBuf,
     log: PathBuf,
-    child: Option<Child>,
+    child: Option<KillOnDrop>,
 }
 
 impl AgentProcess {
@@ -93,27 +92,20 @@ throughput_duration = "200 ms"
     }
 
     fn start(&mut self) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_site-agent"))
-            .args(["run", "--config"])
+        let mut command = Command::new(env!("CARGO_BIN_EXE_longhaul"));
+        command
+            .args(["internal", "agent", "--config"])
             .arg(&self.config)
             .env("LONGHAUL_LOG", "info,longhaul_site_agent=debug")
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+            .stderr(append_log(&self.log).unwrap());
+        let name = format!("agent {}", self.site);
+        self.child = Some(KillOnDrop::spawn(name, &mut command).unwrap());
     }
 
+    /// SIGKILL.
     fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill(); // SIGKILL
-            let _ = child.wait();
-        }
+        self.child = None;
     }
 
     async fn status(&self) -> Option<pb::AgentStatus> {
@@ -146,20 +138,12 @@ throughput_duration = "200 ms"
     }
 }
 
-impl Drop for AgentProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The environment variable that turns this test binary into a replica.
-const REPLICA_ENV: &str = "LONGHAUL_TEST_REPLICA";
-
-/// A coordinator replica process; killed when dropped.
+/// A coordinator replica process (`longhaul internal replica`); killed when
+/// dropped.
 struct ReplicaProcess {
     id: u64,
     addr: std::net::SocketAddr,
-    child: Child,
+    _process: KillOnDrop,
 }
 
 impl ReplicaProcess {
@@ -170,76 +154,33 @@ impl ReplicaProcess {
             .map(|(id, url)| format!("{id}={url}"))
             .collect::<Vec<_>>()
             .join(",");
-        let spec = format!(
-            "{};{};{};{};{}",
-            config.id,
-            config.data_dir.display(),
-            config.listen,
-            cluster,
-            config.lease_ttl.as_millis()
-        );
-        let log = std::fs::File::create(dir.join(format!("replica-{}.log", config.id))).unwrap();
-        let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "replica_process", "--nocapture"])
-            .env(REPLICA_ENV, spec)
+        let log = append_log(&dir.join(format!("replica-{}.log", config.id))).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_longhaul"));
+        // One building's timers (100 ms ticks, elections after 1-2 s), not
+        // the 20 ms of the consensus tests: six processes share a slow
+        // machine here, and a starved replica must not call spurious
+        // elections.
+        command
+            .args(["internal", "replica", "--id", &config.id.to_string()])
+            .arg("--data-dir")
+            .arg(&config.data_dir)
+            .args(["--listen", &config.listen.to_string()])
+            .args(["--initial-cluster", &cluster])
+            .args(["--tick-interval", "100ms"])
+            .args([
+                "--lease-ttl",
+                &format!("{}ms", config.lease_ttl.as_millis()),
+            ])
+            .args(["--log", "info"])
             .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+            .stderr(log);
+        let name = format!("replica {}", config.id);
         Self {
             id: config.id,
             addr: config.listen,
-            child,
+            _process: KillOnDrop::spawn(name, &mut command).unwrap(),
         }
     }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill(); // SIGKILL
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for ReplicaProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Not a test: the body of the replica processes the cluster test starts.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "entry point of the replica processes that the cluster test starts"]
-async fn replica_process() {
-    let spec = std::env::var(REPLICA_ENV).expect("run by the cluster test only");
-    let parts: Vec<&str> = spec.split(';').collect();
-    let id: u64 = parts[0].parse().unwrap();
-    let dir = Path::new(parts[1]).parent().unwrap();
-    let mut config = replica_configs(dir, 1).remove(0);
-    config.id = id;
-    config.node.id = id;
-    config.data_dir = PathBuf::from(parts[1]);
-    config.listen = parts[2].parse().unwrap();
-    config.initial_cluster = parts[3]
-        .split(',')
-        .map(|pair| {
-            let (id, url) = pair.split_once('=').unwrap();
-            (id.parse().unwrap(), url.to_string())
-        })
-        .collect();
-    config.lease_ttl = Duration::from_millis(parts[4].parse().unwrap());
-    // One building's timers (100 ms ticks, elections after 1-2 s), not the
-    // 20 ms of the consensus tests: six processes share a slow machine here,
-    // and a starved replica must not call spurious elections.
-    config.node.tick_interval = Duration::from_millis(100);
-    let replica = Replica::start(config).await.unwrap();
-    // Until killed; and never past the test's own bounds, nor its parent.
-    let parent = std::os::unix::process::parent_id();
-    for _ in 0..600 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        if std::os::unix::process::parent_id() != parent {
-            break;
-        }
-    }
-    replica.stop().await;
 }
 
 async fn sites(addr: std::net::SocketAddr) -> Option<Vec<pb::SiteStatus>> {
@@ -404,7 +345,7 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         .unwrap();
     let (old_index, old_leader) = leader(&replicas).await;
     let killed_at = Instant::now();
-    replicas[old_index].take().unwrap().kill();
+    drop(replicas[old_index].take()); // SIGKILL
     let (_, new_leader) = eventually(Duration::from_secs(20), "a new leader", || async {
         let (i, id) = leader(&replicas).await;
         (id != old_leader).then_some((i, id))

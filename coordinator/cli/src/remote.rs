@@ -18,8 +18,8 @@ use tonic::transport::Channel;
 
 use super::table::{Table, thousands};
 use super::{Failure, Output, read};
-use crate::server::convert::job_to_wire;
-use crate::server::tls::TlsMaterial;
+use longhaul_coordinator::server::convert::job_to_wire;
+use longhaul_coordinator::server::tls::TlsMaterial;
 
 #[derive(Debug, Args)]
 pub struct Remote {
@@ -53,7 +53,7 @@ pub struct Remote {
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
     let parsed: longhaul_core::units::Duration = text.parse().map_err(|e| format!("{e}"))?;
-    Ok(Duration::from_nanos(parsed.as_nanos()))
+    Ok(parsed.into())
 }
 
 #[derive(Debug, Subcommand)]
@@ -403,7 +403,7 @@ pub fn links(command: LinksCommand, out: &mut dyn Write) -> Result<(), Failure> 
                         writeln!(out, "skipped {a} - {b}: not both sites are registered")?;
                         continue;
                     }
-                    let wire = crate::server::convert::link_to_wire(link);
+                    let wire = longhaul_coordinator::server::convert::link_to_wire(link);
                     let response = call(&remote, |mut c| {
                         let request = pb::PutLinkRequest {
                             link: Some(wire.clone()),

@@ -11,7 +11,7 @@ use serde_json::Value;
 fn a_rehearsal_reports_the_new_leader_the_partitioned_site_and_the_re_plan() {
     let scenario = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../deploy/scenarios/quick-failover.toml"
+        "/../../deploy/scenarios/quick-failover.toml"
     );
     let output = Command::new(env!("CARGO_BIN_EXE_longhaul"))
         .args(["rehearse", scenario, "--output", "json"])

@@ -1,40 +1,29 @@
-//! Faults on the raft transport, for tests: seeded rules that drop, delay or
-//! cut raft messages between replicas that talk real gRPC, the same kinds of
-//! fault the virtual-time harness (`consensus::harness`) has as filters.
+//! Faults on the raft transport: seeded rules that drop, delay or cut raft
+//! messages between replicas that talk real gRPC, the same kinds of fault
+//! the virtual-time harness (`consensus::harness`) has as filters.
 //!
 //! One [`Faults`] handle is shared by every replica of a test cluster
-//! (`ReplicaConfig::faults`); each replica's `Outbox` asks it about every
-//! message it is about to queue for a peer (the sender's side), so a rule
-//! between two replicas holds in both directions only if both use the
+//! (`ReplicaConfig::message_filter`, see [`Faults::filter`]); each replica's
+//! `Outbox` asks it about every message it is about to queue for a peer
+//! (the sender's side; what a verdict means there is
+//! `longhaul_coordinator::server::transport::MessageFilter`'s to say), so a
+//! rule between two replicas holds in both directions only if both use the
 //! handle. Rules compose: a message is dropped if any partition or
 //! isolation cuts its route or any drop rule draws it, and otherwise waits
 //! for the sum of the delays whose routes it takes.
 //!
-//! What a verdict means on the transport:
-//! - a dropped message is a lost packet: nothing is reported and raft
-//!   retries by itself; a dropped snapshot is reported to raft as failed,
-//!   as the transport does when a transfer fails;
-//! - a delayed message waits on its peer's queue, so one peer's messages
-//!   stay in order (as on a TCP stream) and other peers are not held up;
-//! - the verdict is given when the message is queued: a message queued (or
-//!   delayed) before a cut is installed is still delivered, as a packet in
-//!   flight would be.
-//!
-//! Only raft messages pass through here: a client request a follower
-//! forwards to the leader is not affected.
-//!
-//! Every random draw comes from one `StdRng` seeded with [`Faults::seed`],
-//! in the order messages are judged. Which message gets which draw depends
-//! on how the replicas' tasks interleave, so a seed replays the fault
-//! pattern, not the exact run.
+//! Every random draw comes from one [`SeedRng`] seeded with
+//! [`Faults::seed`], in the order messages are judged. Which message gets
+//! which draw depends on how the replicas' tasks interleave, so a seed
+//! replays the fault pattern, not the exact run.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use longhaul_coordinator::server::transport::{MessageFilter, Verdict};
+use longhaul_core::rng::SeedRng;
 
 /// The messages a rule applies to, by sender and receiver replica id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,16 +50,6 @@ impl Route {
             Route::OneWay { from: f, to: t } => (from, to) == (f, t),
         }
     }
-}
-
-/// What happens to one message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Deliver,
-    /// Deliver once this much time has passed since the message was queued.
-    DeliverAfter(Duration),
-    /// Lost, like a packet on a broken network.
-    Drop,
 }
 
 /// Names an installed rule, to remove it with [`Faults::remove`].
@@ -114,7 +93,7 @@ impl Rule {
 
 #[derive(Debug)]
 struct Rules {
-    rng: StdRng,
+    rng: SeedRng,
     next_id: u64,
     installed: Vec<(RuleId, Rule)>,
 }
@@ -141,13 +120,18 @@ impl Faults {
             seed,
             active: AtomicBool::new(false),
             rules: Mutex::new(Rules {
-                rng: StdRng::seed_from_u64(seed),
+                rng: SeedRng::new(seed),
                 next_id: 0,
                 installed: Vec::new(),
             }),
             dropped: AtomicU64::new(0),
             delayed: AtomicU64::new(0),
         }))
+    }
+
+    /// This handle as a replica's `message_filter`.
+    pub fn filter(&self) -> Option<Arc<dyn MessageFilter>> {
+        Some(Arc::new(self.clone()))
     }
 
     /// The seed of every random draw.
@@ -230,7 +214,7 @@ impl Faults {
             let dropped = match rule {
                 Rule::Partition { .. } | Rule::Isolate { .. } => rule.cuts(from, to),
                 Rule::Drop { route, probability } => {
-                    route.matches(from, to) && rng.gen_bool(*probability)
+                    route.matches(from, to) && rng.chance(*probability)
                 }
                 Rule::Delay {
                     route,
@@ -239,11 +223,7 @@ impl Faults {
                 } => {
                     if route.matches(from, to) {
                         let jitter = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
-                        let drawn = if jitter == 0 {
-                            0
-                        } else {
-                            rng.gen_range(0..=jitter)
-                        };
+                        let drawn = if jitter == 0 { 0 } else { rng.up_to(jitter) };
                         delay = delay
                             .saturating_add(*base)
                             .saturating_add(Duration::from_nanos(drawn));
@@ -276,6 +256,12 @@ impl Faults {
     /// The rules; a panic while they were held cannot leave them half changed.
     fn lock(&self) -> MutexGuard<'_, Rules> {
         self.0.rules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl MessageFilter for Faults {
+    fn judge(&self, from: u64, to: u64) -> Verdict {
+        Faults::judge(self, from, to)
     }
 }
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use longhaul_coordinator::cli::{Cli, run};
+use longhaul_cli::{Cli, run};
 
 fn main() -> ExitCode {
     // stderr is not locked for the whole run: `emulate` logs to it from

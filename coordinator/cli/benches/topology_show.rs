@@ -2,14 +2,14 @@
 //! validate, summarise and render, as the CLI does. Prints the mean and the
 //! slowest of the timed runs.
 //!
-//! Run: `cargo bench -p longhaul-coordinator --bench topology_show`
+//! Run: `cargo bench -p longhaul-cli --bench topology_show`
 
 use std::time::{Duration, Instant};
 
-use longhaul_coordinator::cli::topology::render;
+use longhaul_cli::topology::render;
 use longhaul_core::Topology;
 
-const FILE: &str = include_str!("../../deploy/examples/hyperscale-plus-two.toml");
+const FILE: &str = include_str!("../../../deploy/examples/hyperscale-plus-two.toml");
 const RUNS: u32 = 200;
 
 fn show_once() -> usize {

@@ -5,21 +5,19 @@
 //! one site cannot register, renew or report another — is tested beside the
 //! replica, in `coordinator/tests/cluster/tls.rs`.)
 
-#![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use longhaul_coordinator::server::Replica;
-use longhaul_coordinator::testing::{TestCa, eventually, free_addr, replica_configs};
 use longhaul_core::identity::site_dns_name;
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use longhaul_testkit::{KillOnDrop, TestCa, eventually, free_addr, replica_configs};
 
 fn agent_config(dir: &Path, site: &str, cert: &str, coordinator: &str) -> std::path::PathBuf {
     let topology =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/examples/two-campuses-80km.toml");
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/two-campuses-80km.toml");
     let text = format!(
         r#"site = "{site}"
 coordinators = ["https://{coordinator}"]
@@ -60,13 +58,15 @@ async fn an_agent_with_its_site_certificate_registers_over_mutual_tls() {
 
     // The north agent, with north's certificate: registered.
     let north = agent_config(dir.path(), "north", "north", &coordinator);
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_site-agent"))
-        .args(["run", "--config"])
-        .arg(&north)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let agent = KillOnDrop::spawn(
+        "agent north",
+        Command::new(env!("CARGO_BIN_EXE_longhaul"))
+            .args(["internal", "agent", "--config"])
+            .arg(&north)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .unwrap();
     let channel = tonic::transport::Endpoint::from_shared(format!("https://{coordinator}"))
         .unwrap()
         .tls_config(replica_tls.client())
@@ -96,13 +96,12 @@ async fn an_agent_with_its_site_certificate_registers_over_mutual_tls() {
         },
     )
     .await;
-    let _ = agent.kill();
-    let _ = agent.wait();
+    drop(agent);
 
     // An agent for south holding north's certificate refuses to start.
     let south = agent_config(dir.path(), "south", "north", &coordinator);
-    let output = Command::new(env!("CARGO_BIN_EXE_site-agent"))
-        .args(["run", "--config"])
+    let output = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args(["internal", "agent", "--config"])
         .arg(&south)
         .output()
         .unwrap();
