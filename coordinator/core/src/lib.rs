@@ -11,6 +11,7 @@ pub mod cost;
 pub mod gpu;
 pub mod identity;
 pub mod job;
+pub mod lease;
 pub mod linearizability;
 pub mod placement;
 pub mod rng;

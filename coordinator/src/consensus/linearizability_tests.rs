@@ -485,7 +485,8 @@ impl Run {
                     )
                 })
                 .collect();
-            self.trace.push(format!("tick {tick}: {}", replicas.join(" ")));
+            self.trace
+                .push(format!("tick {tick}: {}", replicas.join(" ")));
         }
         for client in 0..self.clients.len() {
             self.give_up(client);
@@ -589,7 +590,12 @@ fn a_seed_replays_the_same_history() {
     let second = execute_seed(3, ReadPath::ReadIndex, 60);
     assert!(first.history.operations().len() > 20, "{:?}", first.stats);
     assert!(
-        first.trace.iter().filter(|t| t.starts_with("nemesis")).count() > 3,
+        first
+            .trace
+            .iter()
+            .filter(|t| t.starts_with("nemesis"))
+            .count()
+            > 3,
         "too few faults to show anything: {:?}",
         first.trace
     );

@@ -1,22 +1,14 @@
-//! Site leases, kept alive in the leader's memory.
-//!
-//! Only transitions go through Raft: a registration (which carries the lease
-//! id and TTL into the replicated site record) and an expiry (`MarkSiteDown`
-//! guarded by the lease id). Renewals touch nothing but this table, so a
-//! keep-alive costs no disk write, as etcd's leases do.
-//!
-//! Any leader can check a renewal, because the lease id is in the replicated
-//! record. A new leader has no deadlines yet: it gives every live lease a
-//! full TTL from the moment it takes over, so an agent that needs a moment
-//! to find the new leader is not marked down for it.
-//!
-//! Sites registered without a lease (id 0, e.g. by an operator) never expire.
+//! Site leases, kept alive in the leader's memory: the pure table
+//! (`longhaul_core::lease`, which says how leases work) behind a mutex, fed
+//! the time since the replica started, and the task that proposes an expiry
+//! for every lease that runs out.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use longhaul_core::state::{ClusterState, Command, Liveness, Request};
+pub use longhaul_core::lease::LeaseError;
+use longhaul_core::lease::{Expiry, LeaseTable};
+use longhaul_core::state::{Command, Request};
 
 use super::raft_loop::{RaftHandle, Role};
 use super::service::now_unix_ms;
@@ -25,46 +17,14 @@ use super::state_machine::ApplyResponse;
 /// The TTL granted when the replica is not configured otherwise.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
-/// Why a renewal was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum LeaseError {
-    #[error("field `site_id`: unknown site {0:?}; register first")]
-    UnknownSite(String),
-    #[error("field `lease_id`: site {site:?} is down ({reason}); register again")]
-    SiteDown { site: String, reason: String },
-    #[error("field `lease_id`: site {site:?} holds lease {current}, not {given}; register again")]
-    Superseded {
-        site: String,
-        current: u64,
-        given: u64,
-    },
-    #[error("this replica is not the leader; renew at the leader")]
-    NotLeader,
-}
-
-#[derive(Debug)]
-struct Entry {
-    lease_id: u64,
-    deadline: Instant,
-    ttl: Duration,
-    /// An expiry was proposed and has not been answered yet.
-    expiring: bool,
-}
-
-#[derive(Debug, Default)]
-struct Table {
-    /// The leader term the deadlines were counted in; a new term starts over.
-    term: u64,
-    next: u32,
-    entries: HashMap<String, Entry>,
-}
-
 /// The lease table of one replica (meaningful while it leads).
 #[derive(Debug, Clone)]
 pub struct Leases {
     raft: RaftHandle,
     ttl: Duration,
-    table: Arc<Mutex<Table>>,
+    /// The origin of the table's time.
+    started: Instant,
+    table: Arc<Mutex<LeaseTable>>,
 }
 
 impl Leases {
@@ -72,7 +32,8 @@ impl Leases {
         Self {
             raft,
             ttl,
-            table: Arc::new(Mutex::new(Table::default())),
+            started: Instant::now(),
+            table: Arc::new(Mutex::new(LeaseTable::new(ttl))),
         }
     }
 
@@ -81,7 +42,7 @@ impl Leases {
         self.ttl
     }
 
-    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+    fn table(&self) -> std::sync::MutexGuard<'_, LeaseTable> {
         // A panic while holding the lock cannot leave the table
         // inconsistent in a way that matters: deadlines are refreshed.
         self.table
@@ -89,21 +50,19 @@ impl Leases {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A lease id no other leader can have granted: the term in the high
-    /// half (one leader per term), a counter in the low half.
+    /// The table's time: since this replica started.
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// A lease id no other leader can have granted (see
+    /// [`LeaseTable::grant`]).
     pub fn grant(&self) -> Result<u64, LeaseError> {
         let status = self.raft.status();
         if status.role != Role::Leader {
             return Err(LeaseError::NotLeader);
         }
-        let mut table = self.table();
-        if table.term != status.term {
-            table.term = status.term;
-            table.next = 0;
-            table.entries.clear();
-        }
-        table.next = table.next.wrapping_add(1).max(1);
-        Ok((status.term << 32) | u64::from(table.next))
+        Ok(self.table().grant(status.term))
     }
 
     /// Renews `site`'s lease; returns the TTL now running.
@@ -113,54 +72,31 @@ impl Leases {
             return Err(LeaseError::NotLeader);
         }
         let state = self.raft.state().read();
-        let record = state
-            .site(site)
-            .ok_or_else(|| LeaseError::UnknownSite(site.to_string()))?;
-        if record.liveness == Liveness::Down {
-            return Err(LeaseError::SiteDown {
-                site: site.to_string(),
-                reason: record.liveness_reason.clone(),
-            });
-        }
-        if record.lease_id != lease_id || lease_id == 0 {
-            return Err(LeaseError::Superseded {
-                site: site.to_string(),
-                current: record.lease_id,
-                given: lease_id,
-            });
-        }
-        let ttl = ttl_of(record.lease_ttl_ms, self.ttl);
-        drop(state);
+        let ttl = longhaul_core::lease::check_renewal(&state, site, lease_id, self.ttl)?;
+        let now = self.now();
         let mut table = self.table();
-        sync(&mut table, status.term, &self.raft.state().read(), self.ttl);
-        if let Some(entry) = table.entries.get_mut(site) {
-            entry.deadline = Instant::now() + entry.ttl;
-        }
+        table.sync(status.term, &state, now);
+        table.renew(site, now);
+        metrics::gauge!("longhaul_leases_held").set(table.len() as f64);
+        drop(table);
+        drop(state);
         metrics::counter!("longhaul_lease_renewals_total").increment(1);
         Ok(ttl)
     }
 
-    /// The sites whose lease ran out, as (site, lease id, TTL); each is
-    /// returned once until [`Leases::expiry_failed`] hands it back.
-    fn expired(&self, term: u64) -> Vec<(String, u64, Duration)> {
-        let now = Instant::now();
+    /// The sites whose lease ran out; each is returned once until
+    /// [`Leases::expiry_failed`] hands it back.
+    fn expired(&self, term: u64) -> Vec<Expiry> {
+        let now = self.now();
+        let state = self.raft.state().read();
         let mut table = self.table();
-        sync(&mut table, term, &self.raft.state().read(), self.ttl);
-        table
-            .entries
-            .iter_mut()
-            .filter(|(_, e)| !e.expiring && e.deadline <= now)
-            .map(|(site, e)| {
-                e.expiring = true;
-                (site.clone(), e.lease_id, e.ttl)
-            })
-            .collect()
+        table.sync(term, &state, now);
+        metrics::gauge!("longhaul_leases_held").set(table.len() as f64);
+        table.expired(now)
     }
 
     fn expiry_failed(&self, site: &str) {
-        if let Some(entry) = self.table().entries.get_mut(site) {
-            entry.expiring = false;
-        }
+        self.table().expiry_failed(site);
     }
 
     /// Watches the leases while this replica leads; proposes `MarkSiteDown`
@@ -177,7 +113,12 @@ impl Leases {
                 if status.role != Role::Leader {
                     continue;
                 }
-                for (site, lease_id, ttl) in leases.expired(status.term) {
+                for Expiry {
+                    site,
+                    lease_id,
+                    ttl,
+                } in leases.expired(status.term)
+                {
                     let command = Command::MarkSiteDown {
                         site_id: site.clone(),
                         reason: format!(
@@ -221,45 +162,4 @@ impl Leases {
             }
         });
     }
-}
-
-fn ttl_of(ttl_ms: u64, default: Duration) -> Duration {
-    if ttl_ms == 0 {
-        default
-    } else {
-        Duration::from_millis(ttl_ms)
-    }
-}
-
-/// Brings the table in line with the replicated records: a new term starts
-/// every lease afresh; a site that registered (a new lease) gets a full TTL;
-/// sites that are down or lease-less are dropped.
-fn sync(table: &mut Table, term: u64, state: &ClusterState, default_ttl: Duration) {
-    if table.term != term {
-        table.term = term;
-        table.next = 0;
-        table.entries.clear();
-    }
-    let now = Instant::now();
-    table.entries.retain(|site, entry| {
-        state
-            .site(site)
-            .is_some_and(|r| r.liveness == Liveness::Up && r.lease_id == entry.lease_id)
-    });
-    for record in state.sites() {
-        if record.liveness != Liveness::Up || record.lease_id == 0 {
-            continue;
-        }
-        let ttl = ttl_of(record.lease_ttl_ms, default_ttl);
-        table
-            .entries
-            .entry(record.site.id.clone())
-            .or_insert_with(|| Entry {
-                lease_id: record.lease_id,
-                deadline: now + ttl,
-                ttl,
-                expiring: false,
-            });
-    }
-    metrics::gauge!("longhaul_leases_held").set(table.entries.len() as f64);
 }
