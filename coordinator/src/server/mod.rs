@@ -91,7 +91,7 @@ pub enum ServerError {
 pub struct Replica {
     pub raft: RaftHandle,
     pub local_addr: SocketAddr,
-    consensus: tokio::task::JoinHandle<Result<(), NodeError>>,
+    consensus: raft_loop::ConsensusThread,
     server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -137,7 +137,8 @@ impl Replica {
         let client_tls = config.tls.as_ref().map(tls::TlsMaterial::client);
         let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone())
             .with_filter(config.message_filter.clone());
-        let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval);
+        let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval)
+            .map_err(|e| ServerError::Config(format!("cannot start the consensus thread: {e}")))?;
         keep_peer_book_current(&raft, &peers);
         replan::spawn(raft.clone());
 
@@ -214,19 +215,15 @@ impl Replica {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        self.consensus.abort();
         let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.server).await;
         self.server.abort();
+        self.consensus.stop(Duration::from_secs(5)).await;
     }
 
     /// Waits until the consensus loop or the server stops, and says why.
     pub async fn wait(mut self) -> Result<(), ServerError> {
         tokio::select! {
-            result = &mut self.consensus => match result {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(error)) => Err(error.into()),
-                Err(join) => Err(ServerError::Config(format!("consensus task failed: {join}"))),
-            },
+            result = self.consensus.wait() => result,
             result = &mut self.server => match result {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(error)) => Err(error.into()),

@@ -1,6 +1,10 @@
-//! The runtime around the sans-IO [`Node`]: one tokio task owns the node,
-//! ticks it, feeds it proposals, reads and peer messages, runs the Ready loop
-//! and hands outgoing messages to the transport.
+//! The runtime around the sans-IO [`Node`]: one dedicated thread owns the
+//! node, ticks it, feeds it proposals, reads and peer messages, runs the
+//! Ready loop and hands outgoing messages to the transport. The thread runs
+//! its own single-threaded tokio runtime (timers and channels only), so the
+//! log's fsyncs and the applies block that thread and never one of the
+//! server runtime's workers, which keep serving gRPC meanwhile; everything
+//! reaches the loop through channels.
 //!
 //! Inputs are drained in batches before each Ready pass, so many concurrent
 //! proposals share one fsync (group commit). Everything that waits on the
@@ -221,15 +225,63 @@ fn parse_context(bytes: &[u8], id: u64, boot: u64) -> Option<u64> {
     Some(u64::from_le_bytes(seq.try_into().ok()?))
 }
 
-/// Starts the consensus loop for `node` and returns its handle.
+/// The consensus loop's thread. Dropping it (or [`ConsensusThread::stop`])
+/// tells the loop to stop; the node, and with it the store, is closed on
+/// the thread.
+#[derive(Debug)]
+pub struct ConsensusThread {
+    stop: Option<oneshot::Sender<()>>,
+    done: oneshot::Receiver<Result<(), NodeError>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ConsensusThread {
+    /// Waits until the loop ends by itself (an error, or every input sender
+    /// gone), and says why.
+    pub async fn wait(&mut self) -> Result<(), super::ServerError> {
+        match (&mut self.done).await {
+            Ok(result) => result.map_err(Into::into),
+            // The thread ended without a word: it panicked.
+            Err(_) => Err(super::ServerError::Config(
+                "consensus thread failed: it panicked".into(),
+            )),
+        }
+    }
+
+    /// Tells the loop to stop and waits (at most `limit`) until the node
+    /// and its store are closed.
+    pub async fn stop(mut self, limit: Duration) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(limit, &mut self.done).await;
+    }
+}
+
+impl Drop for ConsensusThread {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // Not joined: a drop must not block an async caller; the thread
+        // closes the store and ends by itself.
+        drop(self.thread.take());
+    }
+}
+
+/// Starts the consensus loop for `node` on a thread of its own and returns
+/// its handle. Must be called within a tokio runtime, on which the
+/// transport's peer tasks are spawned.
 pub fn spawn(
     mut node: Node<CoordinatorStateMachine>,
     outbox: Outbox,
     tick_interval: Duration,
-) -> (RaftHandle, tokio::task::JoinHandle<Result<(), NodeError>>) {
+) -> Result<(RaftHandle, ConsensusThread), std::io::Error> {
     let (input_tx, input_rx) = mpsc::channel(16 * 1024);
     let (status_tx, status_rx) = watch::channel(Status::default());
     let (events_tx, _) = broadcast::channel(16 * 1024);
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
     let state = node.state_machine().shared();
     let applied_events = node.state_machine().applied_events();
     let handle = RaftHandle {
@@ -239,24 +291,40 @@ pub fn spawn(
         events: events_tx.clone(),
     };
     let loop_handle = handle.clone();
-    let task = tokio::spawn(async move {
-        let result = run(
-            &mut node,
-            input_rx,
-            outbox,
-            tick_interval,
-            &status_tx,
-            &events_tx,
-            &applied_events,
-            &loop_handle,
-        )
-        .await;
-        if let Err(error) = &result {
-            tracing::error!(%error, "consensus loop stopped");
-        }
-        result
-    });
-    (handle, task)
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
+    let thread = std::thread::Builder::new()
+        .name(format!("raft-{}", node.id()))
+        .spawn(move || {
+            let result = runtime.block_on(run(
+                &mut node,
+                input_rx,
+                stop_rx,
+                outbox,
+                tick_interval,
+                &status_tx,
+                &events_tx,
+                &applied_events,
+                &loop_handle,
+            ));
+            if let Err(error) = &result {
+                tracing::error!(%error, "consensus loop stopped");
+            }
+            // Close the store before saying so: a replica restarted on the
+            // same directory must find it closed.
+            drop(node);
+            drop(runtime);
+            let _ = done_tx.send(result);
+        })?;
+    Ok((
+        handle,
+        ConsensusThread {
+            stop: Some(stop_tx),
+            done: done_rx,
+            thread: Some(thread),
+        },
+    ))
 }
 
 #[allow(
@@ -266,6 +334,7 @@ pub fn spawn(
 async fn run(
     node: &mut Node<CoordinatorStateMachine>,
     mut inputs: mpsc::Receiver<Input>,
+    mut stop: oneshot::Receiver<()>,
     outbox: Outbox,
     tick_interval: Duration,
     status: &watch::Sender<Status>,
@@ -295,6 +364,8 @@ async fn run(
     loop {
         let mut batch = Vec::new();
         tokio::select! {
+            // Asked to stop, or the owner is gone.
+            _ = &mut stop => return Ok(()),
             _ = ticker.tick() => { node.tick(); }
             _ = state_sync.tick(), if state_flush.is_none() => {
                 if let Some(file) = node.stage_state_sync()? {

@@ -94,6 +94,9 @@ pub struct Outbox {
     peers: PeerBook,
     tls: Option<tonic::transport::ClientTlsConfig>,
     senders: Arc<std::sync::Mutex<HashMap<u64, mpsc::Sender<Queued>>>>,
+    /// The server's runtime, where peer tasks run (not the consensus
+    /// thread's, which only drives the node).
+    runtime: tokio::runtime::Handle,
     /// Judges each message before it is queued (tests only).
     filter: Option<Arc<dyn MessageFilter>>,
 }
@@ -107,6 +110,8 @@ struct Queued {
 }
 
 impl Outbox {
+    /// An outbox whose peer tasks run on the current tokio runtime (call it
+    /// from the server's).
     pub fn new(
         cluster_id: u64,
         peers: PeerBook,
@@ -117,6 +122,7 @@ impl Outbox {
             peers,
             tls,
             senders: Arc::default(),
+            runtime: tokio::runtime::Handle::current(),
             filter: None,
         }
     }
@@ -149,7 +155,7 @@ impl Outbox {
             };
             let sender = senders.entry(to).or_insert_with(|| {
                 let (tx, rx) = mpsc::channel(PEER_QUEUE);
-                tokio::spawn(peer_task(
+                self.runtime.spawn(peer_task(
                     self.cluster_id,
                     to,
                     self.peers.clone(),
