@@ -7,13 +7,13 @@
 //! removals of jobs they never had.
 
 use longhaul_core::placement::{CrossSiteMode, Plan};
-use longhaul_core::state::{JobRecord, JobState, Placement};
+use longhaul_core::state::{JobRecord, JobState};
 use longhaul_proto::v1 as pb;
 
 /// The stored plan of a placed job.
-pub fn plan_of(job: &JobRecord) -> Option<Plan> {
-    match (&job.state, &job.placement) {
-        (JobState::Placed, Placement::Placed { plan_json }) => serde_json::from_str(plan_json).ok(),
+pub fn plan_of(job: &JobRecord) -> Option<&Plan> {
+    match job.state {
+        JobState::Placed => job.placement.plan(),
         _ => None,
     }
 }
@@ -79,7 +79,7 @@ pub fn assignment_for(job: &JobRecord, site: &str, revision: u64) -> pb::Assignm
         stages: stages.into_iter().collect(),
         replicas: replicas.into_iter().collect(),
         ranks,
-        sync: sync_schedule(&job.id, &plan),
+        sync: sync_schedule(&job.id, plan),
         removed: false,
         sync_point: false,
         world_size: plan.gpus(),

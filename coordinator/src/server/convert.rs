@@ -72,18 +72,7 @@ pub fn measurement_to_wire(m: LinkMeasurement) -> pb::LinkMeasurement {
 
 pub fn job(record: &JobRecord) -> pb::Job {
     let (plan, infeasible_reason) = match &record.placement {
-        Placement::Placed { plan_json } => (
-            serde_json::from_str::<longhaul_core::placement::Plan>(plan_json)
-                .ok()
-                .and_then(|plan| plan_to_wire(&plan).ok())
-                .or_else(|| {
-                    Some(pb::Plan {
-                        canonical_json: plan_json.clone(),
-                        ..pb::Plan::default()
-                    })
-                }),
-            String::new(),
-        ),
+        Placement::Placed { plan } => (plan_to_wire(plan).ok(), String::new()),
         Placement::Infeasible { reason } => (None, reason.clone()),
         Placement::Pending => (None, String::new()),
     };

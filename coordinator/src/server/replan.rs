@@ -51,26 +51,22 @@ pub fn place_live(
 }
 
 fn replan(job: &JobRecord, topology: &longhaul_core::Topology) -> Option<Replan> {
-    if let Placement::Placed { plan_json } = &job.placement
-        && let Ok(plan) = serde_json::from_str::<Plan>(plan_json)
+    if let Some(plan) = job.placement.plan()
         && let Ok(spec) = job.spec.restricted_to(topology)
-        && validate_plan(topology, &spec, &plan).is_ok()
+        && validate_plan(topology, &spec, plan).is_ok()
     {
         return None;
     }
     let (placement, reason) = match place_live(topology, &job.spec) {
-        Ok(plan) => match serde_json::to_string(&plan) {
-            Ok(plan_json) => (
-                Placement::Placed { plan_json },
-                format!("placed on {}", plan.site_order.join(", ")),
-            ),
-            Err(error) => (
-                Placement::Infeasible {
-                    reason: format!("plan serialization failed: {error}"),
+        Ok(plan) => {
+            let reason = format!("placed on {}", plan.site_order.join(", "));
+            (
+                Placement::Placed {
+                    plan: Box::new(plan),
                 },
-                "serialization failed".to_string(),
-            ),
-        },
+                reason,
+            )
+        }
         Err(error) => (
             Placement::Infeasible {
                 reason: error.clone(),
@@ -229,13 +225,12 @@ mod tests {
         assert_eq!(state.site("virginia").unwrap().liveness, Liveness::Down);
         let changes = replans(&state);
         assert_eq!(changes.len(), 1);
-        let Placement::Placed { plan_json } = &changes[0].placement else {
+        let Some(plan) = changes[0].placement.plan() else {
             panic!(
                 "the job is placeable on paris and frankfurt: {:?}",
                 changes[0]
             );
         };
-        let plan: longhaul_core::placement::Plan = serde_json::from_str(plan_json).unwrap();
         assert!(
             plan.site_order.iter().all(|s| s != "virginia"),
             "{:?}",

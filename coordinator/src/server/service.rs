@@ -529,8 +529,7 @@ impl Coordinator for CoordinatorService {
         // outcome (plan or the reason it is infeasible) is replicated with it.
         let placement = match self.place(&spec).await? {
             Ok(plan) => Placement::Placed {
-                plan_json: serde_json::to_string(&plan)
-                    .map_err(|e| Status::internal(format!("plan serialization: {e}")))?,
+                plan: Box::new(plan),
             },
             Err(reason) => Placement::Infeasible { reason },
         };
@@ -661,7 +660,7 @@ impl Coordinator for CoordinatorService {
                         body.job_id, job.state
                     ))
                 })?;
-                super::assignments::sync_schedule(&job.id, &plan).ok_or_else(|| {
+                super::assignments::sync_schedule(&job.id, plan).ok_or_else(|| {
                     Status::failed_precondition(format!(
                         "field `job_id`: job {:?} runs as one cross-site pipeline: it has no outer synchronisation",
                         body.job_id

@@ -237,3 +237,77 @@ impl StateMachine for CoordinatorStateMachine {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use longhaul_core::state::{Command, JobState, Placement};
+    use longhaul_core::{JobSpec, Topology};
+
+    use super::*;
+
+    /// A job record as older releases stored it: the plan's JSON as a
+    /// string inside the entity's JSON.
+    fn legacy_job_entity() -> (Vec<u8>, longhaul_core::placement::Plan) {
+        let topology = Topology::from_toml(
+            "t.toml",
+            include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+        )
+        .unwrap();
+        let spec = JobSpec::from_toml(
+            "j.toml",
+            include_str!("../../../deploy/examples/llama-70b.job.toml"),
+        )
+        .unwrap();
+        let plan = longhaul_core::placement::place(&topology, &spec).unwrap();
+        let mut state = ClusterState::default();
+        state
+            .apply(&Request::new(Command::SubmitJob {
+                job_id: "llama".into(),
+                spec,
+                placement: Placement::Placed {
+                    plan: Box::new(plan.clone()),
+                },
+            }))
+            .unwrap();
+        let record = state.job("llama").unwrap().clone();
+        let mut value = serde_json::to_value(Change::Job { record }).unwrap();
+        let placement = value
+            .pointer_mut("/record/placement")
+            .and_then(|p| p.as_object_mut())
+            .unwrap();
+        let typed = placement.remove("plan").unwrap();
+        placement.insert("plan_json".into(), typed.to_string().into());
+        (serde_json::to_vec(&value).unwrap(), plan)
+    }
+
+    #[test]
+    fn a_state_file_with_plans_stored_as_strings_loads_them_typed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("state.redb")).unwrap();
+        let (entity, plan) = legacy_job_entity();
+        assert!(String::from_utf8_lossy(&entity).contains("plan_json"));
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(STATE_MACHINE).unwrap();
+            table
+                .insert(
+                    format!("{ENTITY_PREFIX}job/llama").as_bytes(),
+                    entity.as_slice(),
+                )
+                .unwrap();
+            table
+                .insert(REVISION_KEY, 1u64.to_le_bytes().as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        let machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        let state = machine.shared();
+        let state = state.read();
+        let job = state.job("llama").unwrap();
+        assert_eq!(job.state, JobState::Placed);
+        assert_eq!(job.placement.plan(), Some(&plan));
+        assert_eq!(state.revision(), 1);
+    }
+}

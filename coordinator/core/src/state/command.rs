@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobSpec;
+use crate::placement::Plan;
 use crate::topology::{DomainGroup, Site, WanLink};
 
 /// A write, as proposed through Raft.
@@ -146,18 +147,75 @@ pub enum InventoryChange {
 }
 
 /// What placement decided for a job.
+///
+/// The plan is a typed value, parsed once when a command or a stored record
+/// is read. Records and commands written before it was (`"plan_json"`: the
+/// plan's JSON as a string inside the JSON) are still read, into the same
+/// value, so old logs, snapshots and state files stay readable; they are
+/// written back in the typed form.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
+#[serde(tag = "outcome", rename_all = "snake_case", try_from = "PlacementRepr")]
 pub enum Placement {
-    /// The plan in its canonical JSON form.
     Placed {
-        plan_json: String,
+        plan: Box<Plan>,
     },
     Infeasible {
         reason: String,
     },
     /// Not planned yet.
     Pending,
+}
+
+impl Placement {
+    /// The plan, if the job was placed.
+    pub fn plan(&self) -> Option<&Plan> {
+        match self {
+            Placement::Placed { plan } => Some(plan),
+            Placement::Infeasible { .. } | Placement::Pending => None,
+        }
+    }
+}
+
+/// What a placement may look like in storage: the typed plan, or the plan
+/// as a JSON string (older records).
+#[derive(Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+enum PlacementRepr {
+    Placed {
+        #[serde(default)]
+        plan: Option<Box<Plan>>,
+        #[serde(default)]
+        plan_json: Option<String>,
+    },
+    Infeasible {
+        reason: String,
+    },
+    Pending,
+}
+
+impl TryFrom<PlacementRepr> for Placement {
+    type Error = String;
+
+    fn try_from(repr: PlacementRepr) -> Result<Self, String> {
+        Ok(match repr {
+            PlacementRepr::Placed {
+                plan: Some(plan), ..
+            } => Placement::Placed { plan },
+            PlacementRepr::Placed {
+                plan: None,
+                plan_json: Some(json),
+            } => Placement::Placed {
+                plan: serde_json::from_str(&json)
+                    .map_err(|e| format!("field `plan_json`: not a plan: {e}"))?,
+            },
+            PlacementRepr::Placed {
+                plan: None,
+                plan_json: None,
+            } => return Err("a placed job needs field `plan`".into()),
+            PlacementRepr::Infeasible { reason } => Placement::Infeasible { reason },
+            PlacementRepr::Pending => Placement::Pending,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

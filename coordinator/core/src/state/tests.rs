@@ -418,3 +418,94 @@ fn inventory_deltas_move_domains_between_groups_and_are_validated() {
     );
     assert_eq!(state, before);
 }
+
+/// A placed submission of the bundled 70B job on the two campuses.
+fn placed_submission() -> (Request, crate::placement::Plan) {
+    let spec = JobSpec::from_toml("job.toml", JOB).unwrap();
+    let plan = crate::placement::place(&topology(), &spec).unwrap();
+    let request = Request::new(Command::SubmitJob {
+        job_id: "llama".into(),
+        spec,
+        placement: Placement::Placed {
+            plan: Box::new(plan.clone()),
+        },
+    });
+    (request, plan)
+}
+
+/// `value` with every typed placement rewritten the way older releases
+/// wrote it: the plan's JSON as a string in `plan_json`.
+fn as_legacy(value: &mut serde_json::Value) -> usize {
+    let mut rewritten = 0;
+    match value {
+        serde_json::Value::Object(map) => {
+            if map.get("outcome").and_then(|o| o.as_str()) == Some("placed")
+                && let Some(plan) = map.remove("plan")
+            {
+                map.insert("plan_json".into(), plan.to_string().into());
+                rewritten += 1;
+            }
+            for child in map.values_mut() {
+                rewritten += as_legacy(child);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for child in items {
+                rewritten += as_legacy(child);
+            }
+        }
+        _ => {}
+    }
+    rewritten
+}
+
+#[test]
+fn a_placement_stored_as_a_json_string_reads_as_the_same_typed_plan() {
+    let (request, plan) = placed_submission();
+    // A command in an old log entry.
+    let mut old = serde_json::to_value(&request).unwrap();
+    assert_eq!(as_legacy(&mut old), 1);
+    let read: Request = serde_json::from_value(old).unwrap();
+    assert_eq!(read, request);
+    // A record in an old state file or snapshot, and the watch event.
+    let mut state = ClusterState::default();
+    state.apply(&request).unwrap();
+    let job = state.job("llama").unwrap().clone();
+    assert_eq!(job.placement.plan(), Some(&plan));
+    let change = Change::Job { record: job };
+    let mut old = serde_json::to_value(&change).unwrap();
+    assert_eq!(as_legacy(&mut old), 1);
+    let read: Change = serde_json::from_value(old).unwrap();
+    assert_eq!(read, change);
+    // Written back typed: no string inside the JSON.
+    let typed = serde_json::to_string(&read).unwrap();
+    assert!(!typed.contains("plan_json") && typed.contains("\"plan\":{"));
+}
+
+#[test]
+fn a_typed_plan_replays_bit_exactly() {
+    let (request, plan) = placed_submission();
+    let text = serde_json::to_string(&request).unwrap();
+    let read: Request = serde_json::from_str(&text).unwrap();
+    assert_eq!(read, request);
+    assert_eq!(serde_json::to_string(&read).unwrap(), text);
+    let Command::SubmitJob { placement, .. } = read.command else {
+        panic!("a submission");
+    };
+    assert_eq!(placement.plan(), Some(&plan));
+}
+
+#[test]
+fn a_placement_without_a_plan_or_with_a_broken_one_is_refused_by_name() {
+    let broken = r#"{"outcome":"placed","plan_json":"{\"not\": \"a plan\"}"}"#;
+    let error = serde_json::from_str::<Placement>(broken).unwrap_err();
+    assert!(
+        error.to_string().contains("field `plan_json`: not a plan"),
+        "{error}"
+    );
+    let empty = r#"{"outcome":"placed"}"#;
+    let error = serde_json::from_str::<Placement>(empty).unwrap_err();
+    assert!(error.to_string().contains("needs field `plan`"), "{error}");
+    let pending: Placement = serde_json::from_str(r#"{"outcome":"pending"}"#).unwrap();
+    assert_eq!(pending, Placement::Pending);
+}
