@@ -275,12 +275,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
         eprintln!("metrics at http://{addr}/metrics");
     }
-    let replica = Replica::start(config).await?;
-    tokio::select! {
-        result = replica.wait() => result?,
-        _ = tokio::signal::ctrl_c() => eprintln!("interrupted; stopping"),
-    }
-    Ok(())
+    let mut replica = Replica::start(config).await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    let outcome = tokio::select! {
+        result = replica.wait() => result.map_err(anyhow::Error::from),
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted; stopping");
+            Ok(())
+        }
+        _ = terminate.recv() => {
+            eprintln!("terminated; stopping");
+            Ok(())
+        }
+    };
+    // Either way the store is closed (its applied state committed and
+    // fsynced) before the process exits.
+    replica.stop().await;
+    outcome
 }
 
 /// Runs a replica until it fails or is interrupted: logging to stderr, a

@@ -224,7 +224,15 @@ impl<S: StateMachine> Node<S> {
                 })
             })?;
         }
-        let raft_config = config.to_raft(storage.state().applied);
+        let state = storage.state();
+        // After a clean shutdown the two agree; after a crash the replica
+        // applies the difference again once it learns the commit index.
+        tracing::info!(
+            applied = state.applied,
+            last_index = state.last_index,
+            "opened the store"
+        );
+        let raft_config = config.to_raft(state.applied);
         raft_config.validate()?;
         let logger = super::logging::raft_logger(config.id);
         let raw = RawNode::new(&raft_config, storage, &logger)?;

@@ -92,7 +92,8 @@ pub struct Replica {
     pub raft: RaftHandle,
     pub local_addr: SocketAddr,
     consensus: raft_loop::ConsensusThread,
-    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    /// Until it ended.
+    server: Option<tokio::task::JoinHandle<Result<(), tonic::transport::Error>>>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -112,6 +113,33 @@ impl Replica {
             path: config.data_dir.clone(),
             source,
         })?;
+        // What can fail without the store is done before it is opened, so
+        // a failed start leaves no store open and no consensus thread.
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| ServerError::Listen {
+                addr: config.listen,
+                source,
+            })?;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(longhaul_proto::v1::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
+        if let Some(material) = &config.tls {
+            builder = builder.tls_config(material.server())?;
+        } else {
+            tracing::warn!(
+                "serving PLAINTEXT gRPC: clients and peers are not authenticated (pass TLS material for mTLS)"
+            );
+        }
         // `store.wal/` and `store.state.redb`; a `store.redb` of older versions held the log
         // and is moved on open.
         let storage = RedbStorage::open(&config.data_dir.join("store.redb"))?;
@@ -137,31 +165,14 @@ impl Replica {
         let client_tls = config.tls.as_ref().map(tls::TlsMaterial::client);
         let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone())
             .with_filter(config.message_filter.clone());
+
         let (raft, consensus) = raft_loop::spawn(node, outbox, tick_interval)
             .map_err(|e| ServerError::Config(format!("cannot start the consensus thread: {e}")))?;
         keep_peer_book_current(&raft, &peers);
         replan::spawn(raft.clone());
 
-        let listener =
-            TcpListener::bind(config.listen)
-                .await
-                .map_err(|source| ServerError::Listen {
-                    addr: config.listen,
-                    source,
-                })?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|source| ServerError::Listen {
-                addr: config.listen,
-                source,
-            })?;
-
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         report_health(&raft, health_reporter);
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(longhaul_proto::v1::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| ServerError::Reflection(e.to_string()))?;
 
         let leases = leases::Leases::new(raft.clone(), config.lease_ttl);
         leases.spawn_expiry();
@@ -181,14 +192,6 @@ impl Replica {
         })
         .max_decoding_message_size(usize::MAX);
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
-        let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
-        if let Some(material) = &config.tls {
-            builder = builder.tls_config(material.server())?;
-        } else {
-            tracing::warn!(
-                "serving PLAINTEXT gRPC: clients and peers are not authenticated (pass TLS material for mTLS)"
-            );
-        }
         let server = tokio::spawn(
             builder
                 .add_service(health_service)
@@ -205,7 +208,7 @@ impl Replica {
             raft,
             local_addr,
             consensus,
-            server,
+            server: Some(server),
             shutdown: Some(shutdown_tx),
         })
     }
@@ -215,20 +218,38 @@ impl Replica {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.server).await;
-        self.server.abort();
-        self.consensus.stop(Duration::from_secs(5)).await;
+        if let Some(mut server) = self.server.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
+            server.abort();
+        }
+        // Closing the store commits and fsyncs the applied state; on a slow
+        // machine that may take a while, and a replica restarted on the same
+        // directory needs it closed.
+        self.consensus.stop(Duration::from_secs(30)).await;
     }
 
-    /// Waits until the consensus loop or the server stops, and says why.
-    pub async fn wait(mut self) -> Result<(), ServerError> {
+    /// Waits until the consensus loop or the server stops, and says why;
+    /// [`Replica::stop`] afterwards closes the rest.
+    pub async fn wait(&mut self) -> Result<(), ServerError> {
+        let server = async {
+            match self.server.as_mut() {
+                Some(server) => {
+                    let result = server.await;
+                    self.server = None;
+                    match result {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(error)) => Err(error.into()),
+                        Err(join) => {
+                            Err(ServerError::Config(format!("server task failed: {join}")))
+                        }
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             result = self.consensus.wait() => result,
-            result = &mut self.server => match result {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(error)) => Err(error.into()),
-                Err(join) => Err(ServerError::Config(format!("server task failed: {join}"))),
-            },
+            result = server => result,
         }
     }
 }

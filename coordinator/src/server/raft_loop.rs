@@ -231,15 +231,22 @@ fn parse_context(bytes: &[u8], id: u64, boot: u64) -> Option<u64> {
 #[derive(Debug)]
 pub struct ConsensusThread {
     stop: Option<oneshot::Sender<()>>,
-    done: oneshot::Receiver<Result<(), NodeError>>,
+    /// Until the loop's outcome was taken.
+    done: Option<oneshot::Receiver<Result<(), NodeError>>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ConsensusThread {
     /// Waits until the loop ends by itself (an error, or every input sender
     /// gone), and says why.
+    /// Once it ended, waits forever (the outcome is taken once).
     pub async fn wait(&mut self) -> Result<(), super::ServerError> {
-        match (&mut self.done).await {
+        let Some(done) = self.done.as_mut() else {
+            return std::future::pending().await;
+        };
+        let outcome = done.await;
+        self.done = None;
+        match outcome {
             Ok(result) => result.map_err(Into::into),
             // The thread ended without a word: it panicked.
             Err(_) => Err(super::ServerError::Config(
@@ -248,13 +255,21 @@ impl ConsensusThread {
         }
     }
 
-    /// Tells the loop to stop and waits (at most `limit`) until the node
-    /// and its store are closed.
-    pub async fn stop(mut self, limit: Duration) {
+    /// Tells the loop to stop and waits (at most `limit`, with a warning
+    /// if that passes) until the node and its store are closed.
+    pub async fn stop(&mut self, limit: Duration) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let _ = tokio::time::timeout(limit, &mut self.done).await;
+        let Some(done) = self.done.take() else {
+            return;
+        };
+        if tokio::time::timeout(limit, done).await.is_err() {
+            tracing::warn!(
+                ?limit,
+                "the consensus thread did not close the store in time; it goes on closing it"
+            );
+        }
     }
 }
 
@@ -291,12 +306,26 @@ pub fn spawn(
         events: events_tx.clone(),
     };
     let loop_handle = handle.clone();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()?;
+    // The runtime is built on the thread (a runtime may not be dropped on an
+    // async caller's thread, as it would be if the spawn failed), and the
+    // caller waits for it to be built.
+    let (started_tx, started_rx) = std::sync::mpsc::sync_channel(1);
     let thread = std::thread::Builder::new()
         .name(format!("raft-{}", node.id()))
         .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+            {
+                Ok(runtime) => {
+                    let _ = started_tx.send(Ok(()));
+                    runtime
+                }
+                Err(error) => {
+                    let _ = started_tx.send(Err(error));
+                    return;
+                }
+            };
             let result = runtime.block_on(run(
                 &mut node,
                 input_rx,
@@ -317,11 +346,14 @@ pub fn spawn(
             drop(runtime);
             let _ = done_tx.send(result);
         })?;
+    started_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the consensus thread ended before it started"))??;
     Ok((
         handle,
         ConsensusThread {
             stop: Some(stop_tx),
-            done: done_rx,
+            done: Some(done_rx),
             thread: Some(thread),
         },
     ))

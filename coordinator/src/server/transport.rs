@@ -87,6 +87,11 @@ pub trait MessageFilter: Send + Sync + std::fmt::Debug {
     fn judge(&self, from: u64, to: u64) -> Verdict;
 }
 
+/// An instant no test outlives (a year from now).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(365 * 24 * 3600)
+}
+
 /// Where the consensus loop puts outgoing messages.
 #[derive(Debug, Clone)]
 pub struct Outbox {
@@ -143,7 +148,12 @@ impl Outbox {
             };
             let not_before = match verdict {
                 Verdict::Deliver => None,
-                Verdict::DeliverAfter(delay) => Some(tokio::time::Instant::now() + delay),
+                // A delay past the clock's range is a delay past the run.
+                Verdict::DeliverAfter(delay) => Some(
+                    tokio::time::Instant::now()
+                        .checked_add(delay)
+                        .unwrap_or_else(far_future),
+                ),
                 Verdict::Drop => {
                     // A lost packet: raft retries on its own, but waits for
                     // the outcome of a snapshot it sent.
