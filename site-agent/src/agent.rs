@@ -22,6 +22,7 @@ use tonic::Code;
 
 use crate::coordinator::{Coordinators, is_transient};
 use crate::inventory::Inventory;
+use crate::status::{SharedStatus, lock};
 use crate::store::{AgentState, JobRecord, Store};
 
 /// Where the inventory comes from; called at start and on every rescan.
@@ -53,106 +54,6 @@ pub struct Settings {
     pub rescan_interval: Duration,
     /// Bound on one call to the coordinator.
     pub call_timeout: Duration,
-}
-
-/// What `site-agent status` shows, kept current by the tasks.
-#[derive(Debug, Default)]
-pub struct StatusBoard {
-    pub lease_id: u64,
-    pub lease_ttl: Duration,
-    pub registered: bool,
-    pub last_renewal: Option<Instant>,
-    pub leader_id: u64,
-    pub endpoint: String,
-    pub last_revision: u64,
-    pub inventory: Option<Inventory>,
-    pub inventory_source: String,
-    pub jobs: std::collections::BTreeMap<String, JobRecord>,
-    pub probes: Vec<pb::PeerProbe>,
-    pub renewals: u64,
-    pub reconnects: u64,
-    pub plaintext: bool,
-    /// Revisions of the assignments acted on in this run (the last 256).
-    pub handled_revisions: std::collections::VecDeque<u64>,
-}
-
-/// How many handled revisions the status keeps.
-const HANDLED_KEPT: usize = 256;
-
-pub type SharedStatus = Arc<Mutex<StatusBoard>>;
-
-pub fn lock(status: &SharedStatus) -> std::sync::MutexGuard<'_, StatusBoard> {
-    status
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl StatusBoard {
-    /// The board as the status service returns it.
-    pub fn to_wire(&self, site_id: &str) -> pb::AgentStatus {
-        let since = self
-            .last_renewal
-            .map_or(0, |t| t.elapsed().as_millis() as u64);
-        let lease_state = if !self.registered {
-            pb::LeaseState::Registering
-        } else if self
-            .last_renewal
-            .is_some_and(|t| t.elapsed() > self.lease_ttl)
-        {
-            pb::LeaseState::Lapsed
-        } else {
-            pb::LeaseState::Held
-        };
-        let inventory = self.inventory.as_ref().map(|inv| pb::InventorySummary {
-            source: self.inventory_source.clone(),
-            buildings: inv.site.buildings.len() as u32,
-            domains: inv
-                .site
-                .buildings
-                .iter()
-                .flat_map(|b| &b.domains)
-                .map(|g| g.count)
-                .sum(),
-            nodes: inv.nodes.len() as u64,
-            gpus: inv.site.gpus(),
-            unmapped: inv
-                .unmapped
-                .iter()
-                .map(|u| format!("{}: {}", u.object, u.reason))
-                .collect(),
-        });
-        pb::AgentStatus {
-            site_id: site_id.to_string(),
-            lease_state: lease_state as i32,
-            lease_id: self.lease_id,
-            lease_ttl_ms: self.lease_ttl.as_millis() as u64,
-            since_last_renewal_ms: since,
-            leader_id: self.leader_id,
-            coordinator_endpoint: self.endpoint.clone(),
-            last_revision: self.last_revision,
-            inventory,
-            probes: self.probes.clone(),
-            assignments: self
-                .jobs
-                .iter()
-                .map(|(job, r)| pb::AssignmentSummary {
-                    job_id: job.clone(),
-                    revision: r.revision,
-                    ranks: r.ranks as u32,
-                    rendered_files: r
-                        .rendered_files
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect(),
-                    submitted_as: r.submitted_as.clone().unwrap_or_default(),
-                })
-                .collect(),
-            renewals: self.renewals,
-            reconnects: self.reconnects,
-            plaintext: self.plaintext,
-            handled_revisions: self.handled_revisions.iter().copied().collect(),
-        }
-    }
 }
 
 /// The changes that turn `old` into `new` at domain-group granularity, or
@@ -584,11 +485,7 @@ async fn watch_task(
                     Outcome::Progress => changed = true,
                     Outcome::Handled => {
                         changed = true;
-                        let mut board = lock(&status);
-                        board.handled_revisions.push_back(message.revision);
-                        while board.handled_revisions.len() > HANDLED_KEPT {
-                            board.handled_revisions.pop_front();
-                        }
+                        lock(&status).record_handled(message.revision);
                     }
                 }
             }
