@@ -12,6 +12,10 @@
 //! handled (persisted in its state directory), so after a reconnect or a
 //! restart nothing is missed and nothing is handled twice.
 
+pub mod backoff;
+pub mod lease;
+pub mod watch;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
