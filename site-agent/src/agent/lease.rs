@@ -237,9 +237,12 @@ impl Lease {
 }
 
 /// A renewal's bound: a sixth of the TTL, at least 100 ms and at most the
-/// configured call timeout, so that a dead replica costs little.
+/// configured call timeout (which wins when it is shorter than 100 ms), so
+/// that a dead replica costs little.
 fn renewal_timeout(ttl: Duration, call_timeout: Duration) -> Duration {
-    (ttl / 6).clamp(MIN_RENEWAL_TIMEOUT, call_timeout)
+    // Not `clamp`: it panics when the call timeout is below 100 ms, which
+    // the config allows.
+    (ttl / 6).max(MIN_RENEWAL_TIMEOUT).min(call_timeout)
 }
 
 #[cfg(test)]
@@ -323,6 +326,22 @@ mod tests {
         assert_eq!(renewal_timeout(ms(9_000), CALL_TIMEOUT), ms(1_500));
         assert_eq!(renewal_timeout(ms(300), CALL_TIMEOUT), ms(100));
         assert_eq!(renewal_timeout(ms(60_000), CALL_TIMEOUT), CALL_TIMEOUT);
+    }
+
+    #[test]
+    fn a_call_timeout_below_100_ms_bounds_renewals_instead_of_panicking() {
+        assert_eq!(renewal_timeout(ms(9_000), ms(50)), ms(50));
+        let start = Instant::now();
+        let mut lease = Lease::new(start, ms(50));
+        lease.poll_call(start);
+        lease.handle_registered(start, 7, TTL_MS);
+        assert_eq!(
+            lease.poll_call(start + ms(3_000)),
+            Some(LeaseCall::KeepAlive {
+                lease_id: 7,
+                timeout: ms(50)
+            })
+        );
     }
 
     #[test]
