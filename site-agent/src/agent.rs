@@ -1,16 +1,17 @@
 //! The running agent: registration and lease, inventory deltas, and the
 //! assignment watch, each a task on the tokio runtime.
 //!
-//! Lease: the agent registers its inventory (the coordinator commits it
-//! through Raft and grants a lease), then renews every third of the TTL.
-//! A renewal that fails because a replica is unreachable or has no leader
-//! moves to the next replica at once, so a leader change costs one or two
-//! short timeouts, well inside the TTL. A renewal refused because the lease
-//! is gone (the site was marked down) registers again.
-//!
-//! Assignments: the watch resumes after the last revision the agent
-//! handled (persisted in its state directory), so after a reconnect or a
-//! restart nothing is missed and nothing is handled twice.
+//! The lease's and the watch's decisions are made in sans-IO machines,
+//! [`lease::Lease`] and [`watch::Watch`], where the rules are written down
+//! and tested with no clock and no network. The tasks here only drive
+//! them: they make the calls the machines ask for, sleep until they are
+//! due, feed the results back, and carry out what the machines decided
+//! (switch replicas, publish the lease, hand assignments to the handler,
+//! persist the state, keep the status board, count and log).
+
+pub mod backoff;
+pub mod lease;
+pub mod watch;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,7 +23,10 @@ use tonic::Code;
 
 use crate::coordinator::{Coordinators, is_transient};
 use crate::inventory::Inventory;
+use crate::status::{SharedStatus, lock};
 use crate::store::{AgentState, JobRecord, Store};
+use lease::{Lease, LeaseCall, LeaseEvent, RenewalFailure};
+use watch::{OpenFailure, Removal, Watch, WatchEvent};
 
 /// Where the inventory comes from; called at start and on every rescan.
 pub trait Discover: Send + Sync + 'static {
@@ -53,106 +57,6 @@ pub struct Settings {
     pub rescan_interval: Duration,
     /// Bound on one call to the coordinator.
     pub call_timeout: Duration,
-}
-
-/// What `site-agent status` shows, kept current by the tasks.
-#[derive(Debug, Default)]
-pub struct StatusBoard {
-    pub lease_id: u64,
-    pub lease_ttl: Duration,
-    pub registered: bool,
-    pub last_renewal: Option<Instant>,
-    pub leader_id: u64,
-    pub endpoint: String,
-    pub last_revision: u64,
-    pub inventory: Option<Inventory>,
-    pub inventory_source: String,
-    pub jobs: std::collections::BTreeMap<String, JobRecord>,
-    pub probes: Vec<pb::PeerProbe>,
-    pub renewals: u64,
-    pub reconnects: u64,
-    pub plaintext: bool,
-    /// Revisions of the assignments acted on in this run (the last 256).
-    pub handled_revisions: std::collections::VecDeque<u64>,
-}
-
-/// How many handled revisions the status keeps.
-const HANDLED_KEPT: usize = 256;
-
-pub type SharedStatus = Arc<Mutex<StatusBoard>>;
-
-pub fn lock(status: &SharedStatus) -> std::sync::MutexGuard<'_, StatusBoard> {
-    status
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl StatusBoard {
-    /// The board as the status service returns it.
-    pub fn to_wire(&self, site_id: &str) -> pb::AgentStatus {
-        let since = self
-            .last_renewal
-            .map_or(0, |t| t.elapsed().as_millis() as u64);
-        let lease_state = if !self.registered {
-            pb::LeaseState::Registering
-        } else if self
-            .last_renewal
-            .is_some_and(|t| t.elapsed() > self.lease_ttl)
-        {
-            pb::LeaseState::Lapsed
-        } else {
-            pb::LeaseState::Held
-        };
-        let inventory = self.inventory.as_ref().map(|inv| pb::InventorySummary {
-            source: self.inventory_source.clone(),
-            buildings: inv.site.buildings.len() as u32,
-            domains: inv
-                .site
-                .buildings
-                .iter()
-                .flat_map(|b| &b.domains)
-                .map(|g| g.count)
-                .sum(),
-            nodes: inv.nodes.len() as u64,
-            gpus: inv.site.gpus(),
-            unmapped: inv
-                .unmapped
-                .iter()
-                .map(|u| format!("{}: {}", u.object, u.reason))
-                .collect(),
-        });
-        pb::AgentStatus {
-            site_id: site_id.to_string(),
-            lease_state: lease_state as i32,
-            lease_id: self.lease_id,
-            lease_ttl_ms: self.lease_ttl.as_millis() as u64,
-            since_last_renewal_ms: since,
-            leader_id: self.leader_id,
-            coordinator_endpoint: self.endpoint.clone(),
-            last_revision: self.last_revision,
-            inventory,
-            probes: self.probes.clone(),
-            assignments: self
-                .jobs
-                .iter()
-                .map(|(job, r)| pb::AssignmentSummary {
-                    job_id: job.clone(),
-                    revision: r.revision,
-                    ranks: r.ranks as u32,
-                    rendered_files: r
-                        .rendered_files
-                        .iter()
-                        .map(|p| p.display().to_string())
-                        .collect(),
-                    submitted_as: r.submitted_as.clone().unwrap_or_default(),
-                })
-                .collect(),
-            renewals: self.renewals,
-            reconnects: self.reconnects,
-            plaintext: self.plaintext,
-            handled_revisions: self.handled_revisions.iter().copied().collect(),
-        }
-    }
 }
 
 /// The changes that turn `old` into `new` at domain-group granularity, or
@@ -276,10 +180,10 @@ fn current(inventory: &Mutex<Inventory>) -> Inventory {
         .clone()
 }
 
-/// Registers, then renews; re-registers when the lease is lost or the
-/// rescan task asks for it. Publishes the lease held (`None` while
-/// registering). Nothing else runs in this loop, so a slow call elsewhere
-/// never delays a renewal.
+/// Keeps the lease as [`Lease`] decides: makes its calls, sleeps until it
+/// is due, and publishes the lease held (`None` while registering).
+/// Nothing else runs in this loop, so a slow call elsewhere never delays a
+/// renewal.
 async fn lease_task(
     settings: Settings,
     mut coordinators: Coordinators,
@@ -288,97 +192,111 @@ async fn lease_task(
     lease: tokio::sync::watch::Sender<Option<u64>>,
     reregister: Arc<tokio::sync::Notify>,
 ) {
-    let mut backoff = Backoff::new();
+    let mut machine = Lease::new(Instant::now(), settings.call_timeout);
     loop {
-        lease.send_replace(None);
-        // Register (any replica; followers forward to the leader).
-        let site = current(&inventory).site;
-        let request = pb::RegisterRequest {
-            site_id: settings.site_id.clone(),
-            inventory: Some(site_to_wire(&site)),
-            data_address: settings.data_address.clone(),
-        };
-        let mut call = tonic::Request::new(request);
-        call.set_timeout(settings.call_timeout);
-        let (lease_id, ttl) = match coordinators.client().register(call).await {
-            Ok(response) => {
-                let response = response.into_inner();
-                backoff.reset();
-                (
-                    response.lease_id,
-                    Duration::from_millis(response.lease_ttl_ms.max(1)),
-                )
-            }
-            Err(error) => {
-                let transient = is_transient(&error);
-                tracing::warn!(
-                    endpoint = coordinators.url(),
-                    code = ?error.code(),
-                    message = error.message(),
-                    "registration failed"
-                );
-                if transient {
-                    switch(&mut coordinators, &status);
+        while let Some(event) = machine.poll_event() {
+            match event {
+                LeaseEvent::SwitchReplica => switch(&mut coordinators, &status),
+                LeaseEvent::Registered { lease_id, ttl } => {
+                    {
+                        let mut board = lock(&status);
+                        board.registered = true;
+                        board.lease_id = lease_id;
+                        board.lease_ttl = ttl;
+                        board.last_renewal = Some(Instant::now());
+                    }
+                    lease.send_replace(Some(lease_id));
+                    metrics::counter!("longhaul_agent_registrations_total").increment(1);
+                    tracing::info!(site = %settings.site_id, lease_id, ttl_ms = ttl.as_millis() as u64, endpoint = coordinators.url(), "registered");
                 }
-                tokio::time::sleep(backoff.next()).await;
-                continue;
-            }
-        };
-        {
-            let mut board = lock(&status);
-            board.registered = true;
-            board.lease_id = lease_id;
-            board.lease_ttl = ttl;
-            board.last_renewal = Some(Instant::now());
-        }
-        lease.send_replace(Some(lease_id));
-        metrics::counter!("longhaul_agent_registrations_total").increment(1);
-        tracing::info!(site = %settings.site_id, lease_id, ttl_ms = ttl.as_millis() as u64, endpoint = coordinators.url(), "registered");
-
-        // Renew every third of the TTL; a failed renewal retries at once
-        // elsewhere, with the call bounded so a dead replica costs little.
-        let period = ttl / 3;
-        let call_timeout = (ttl / 6).clamp(Duration::from_millis(100), settings.call_timeout);
-        let mut next_renewal = Instant::now() + period;
-        let lost = loop {
-            tokio::select! {
-                () = tokio::time::sleep_until(next_renewal.into()) => {}
-                () = reregister.notified() => break "the inventory changed shape".to_string(),
-            }
-            let mut call = tonic::Request::new(pb::KeepAliveRequest {
-                site_id: settings.site_id.clone(),
-                lease_id,
-            });
-            call.set_timeout(call_timeout);
-            match coordinators.client().keep_alive(call).await {
-                Ok(response) => {
-                    let response = response.into_inner();
+                LeaseEvent::Renewed {
+                    leader_id,
+                    leader_url,
+                } => {
                     {
                         let mut board = lock(&status);
                         board.last_renewal = Some(Instant::now());
                         board.renewals += 1;
-                        board.leader_id = response.leader_id;
+                        board.leader_id = leader_id;
                     }
                     metrics::counter!("longhaul_agent_lease_renewals_total").increment(1);
-                    coordinators.prefer(&response.leader_url);
+                    coordinators.prefer(&leader_url);
                     lock(&status).endpoint = coordinators.url().to_string();
-                    next_renewal = Instant::now() + period;
                 }
-                Err(error) if matches!(error.code(), Code::NotFound | Code::FailedPrecondition) => {
-                    break error.message().to_string();
-                }
-                Err(error) => {
-                    tracing::debug!(endpoint = coordinators.url(), code = ?error.code(), message = error.message(), "renewal failed; trying the next replica");
-                    switch(&mut coordinators, &status);
-                    // Retry soon, not at once: a cluster without a leader
-                    // should not be hammered.
-                    next_renewal = Instant::now() + Duration::from_millis(50).min(period);
-                    continue;
+                LeaseEvent::Lost { reason } => {
+                    lock(&status).registered = false;
+                    tracing::warn!(site = %settings.site_id, %reason, "lease lost; registering again");
+                    lease.send_replace(None);
                 }
             }
-        };
-        lock(&status).registered = false;
-        tracing::warn!(site = %settings.site_id, reason = %lost, "lease lost; registering again");
+        }
+        match machine.poll_call(Instant::now()) {
+            Some(LeaseCall::Register { timeout }) => {
+                // Any replica; followers forward to the leader.
+                let site = current(&inventory).site;
+                let mut call = tonic::Request::new(pb::RegisterRequest {
+                    site_id: settings.site_id.clone(),
+                    inventory: Some(site_to_wire(&site)),
+                    data_address: settings.data_address.clone(),
+                });
+                call.set_timeout(timeout);
+                match coordinators.client().register(call).await {
+                    Ok(response) => {
+                        let response = response.into_inner();
+                        machine.handle_registered(
+                            Instant::now(),
+                            response.lease_id,
+                            response.lease_ttl_ms,
+                        );
+                    }
+                    Err(error) => {
+                        tracing::warn!(
+                            endpoint = coordinators.url(),
+                            code = ?error.code(),
+                            message = error.message(),
+                            "registration failed"
+                        );
+                        machine.handle_register_failed(Instant::now(), error.code());
+                    }
+                }
+            }
+            Some(LeaseCall::KeepAlive { lease_id, timeout }) => {
+                let mut call = tonic::Request::new(pb::KeepAliveRequest {
+                    site_id: settings.site_id.clone(),
+                    lease_id,
+                });
+                call.set_timeout(timeout);
+                match coordinators.client().keep_alive(call).await {
+                    Ok(response) => {
+                        let response = response.into_inner();
+                        machine.handle_renewed(
+                            Instant::now(),
+                            response.leader_id,
+                            response.leader_url,
+                        );
+                    }
+                    Err(error) => {
+                        let failure = machine.handle_renewal_failed(
+                            Instant::now(),
+                            error.code(),
+                            error.message(),
+                        );
+                        if failure == RenewalFailure::NextReplica {
+                            tracing::debug!(endpoint = coordinators.url(), code = ?error.code(), message = error.message(), "renewal failed; trying the next replica");
+                        }
+                    }
+                }
+            }
+            None => {
+                let Some(due) = machine.poll_timeout() else {
+                    continue;
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(due.into()) => {}
+                    () = reregister.notified() => machine.handle_inventory_reshaped(Instant::now()),
+                }
+            }
+        }
     }
 }
 
@@ -511,20 +429,35 @@ fn switch(coordinators: &mut Coordinators, status: &SharedStatus) {
     metrics::counter!("longhaul_agent_reconnects_total").increment(1);
 }
 
-/// Watches the site's assignments from the last handled revision on.
+/// Watches the site's assignments as [`Watch`] decides: opens the stream,
+/// feeds it the messages, and carries out what it asks for.
 async fn watch_task(
     settings: Settings,
     mut coordinators: Coordinators,
     inventory: Arc<Mutex<Inventory>>,
     handler: Box<dyn Handle>,
     store: Store,
-    mut state: AgentState,
+    state: AgentState,
     status: SharedStatus,
 ) {
     let handler: SharedHandler = Arc::new(Mutex::new(handler));
-    let mut backoff = Backoff::new();
+    let mut machine = Watch::new(state, Instant::now());
     loop {
-        let after = state.last_revision;
+        carry_out(
+            &mut machine,
+            &mut coordinators,
+            &handler,
+            &inventory,
+            &store,
+            &status,
+        )
+        .await;
+        let Some(after) = machine.poll_open(Instant::now()) else {
+            if let Some(due) = machine.poll_timeout() {
+                tokio::time::sleep_until(due.into()).await;
+            }
+            continue;
+        };
         let request = pb::WatchAssignmentsRequest {
             site_id: settings.site_id.clone(),
             after_revision: after,
@@ -532,89 +465,101 @@ async fn watch_task(
         let mut stream = match coordinators.client().watch_assignments(request).await {
             Ok(response) => response.into_inner(),
             Err(error) => {
-                if error.code() == Code::OutOfRange {
-                    tracing::warn!(after, "assignment history compacted; listing from scratch");
-                    state.last_revision = 0;
-                    continue;
+                match machine.handle_open_failed(Instant::now(), error.code()) {
+                    OpenFailure::Compacted { after } => {
+                        tracing::warn!(after, "assignment history compacted; listing from scratch");
+                    }
+                    OpenFailure::NextReplica => {
+                        tracing::debug!(code = ?error.code(), message = error.message(), "assignment watch failed; trying the next replica");
+                    }
                 }
-                tracing::debug!(code = ?error.code(), message = error.message(), "assignment watch failed; trying the next replica");
-                switch(&mut coordinators, &status);
-                tokio::time::sleep(backoff.next()).await;
                 continue;
             }
         };
-        // Jobs listed by a full listing; the sync point drops the others.
-        let mut listed: Option<std::collections::BTreeSet<String>> =
-            (after == 0).then(Default::default);
+        machine.handle_opened();
         loop {
-            let message = match stream.message().await {
-                Ok(Some(message)) => message,
+            match stream.message().await {
+                Ok(Some(message)) => {
+                    machine.handle_message(message);
+                    carry_out(
+                        &mut machine,
+                        &mut coordinators,
+                        &handler,
+                        &inventory,
+                        &store,
+                        &status,
+                    )
+                    .await;
+                }
                 Ok(None) => break,
                 Err(error) => {
                     tracing::debug!(code = ?error.code(), message = error.message(), "assignment stream ended");
                     break;
                 }
-            };
-            backoff.reset();
-            let mut changed = false;
-            if message.sync_point {
-                if let Some(listed) = listed.take() {
-                    let gone: Vec<String> = state
-                        .jobs
-                        .keys()
-                        .filter(|j| !listed.contains(*j))
-                        .cloned()
-                        .collect();
-                    for job in gone {
-                        if let Some(record) = state.jobs.remove(&job) {
-                            lock_handler(&handler).remove(&job, &record);
-                        }
-                    }
-                }
-                if message.revision > state.last_revision {
-                    state.last_revision = message.revision;
-                    changed = true;
-                }
-            } else {
-                if let Some(listed) = listed.as_mut() {
-                    listed.insert(message.job_id.clone());
-                }
-                match handle(&mut state, &handler, &message, &inventory).await {
-                    Outcome::Nothing => {}
-                    Outcome::Progress => changed = true,
-                    Outcome::Handled => {
-                        changed = true;
-                        let mut board = lock(&status);
-                        board.handled_revisions.push_back(message.revision);
-                        while board.handled_revisions.len() > HANDLED_KEPT {
-                            board.handled_revisions.pop_front();
-                        }
-                    }
-                }
             }
-            if changed {
-                if let Err(error) = store.save(&state) {
+        }
+        machine.handle_stream_ended(Instant::now());
+    }
+}
+
+/// Carries out what the watch asks for, until it asks for nothing more.
+/// Rendering and submitting run off the async threads (a 100k-rank table,
+/// an `sbatch` that takes seconds).
+async fn carry_out(
+    machine: &mut Watch,
+    coordinators: &mut Coordinators,
+    handler: &SharedHandler,
+    inventory: &Mutex<Inventory>,
+    store: &Store,
+    status: &SharedStatus,
+) {
+    while let Some(event) = machine.poll_event() {
+        match event {
+            WatchEvent::SwitchReplica => switch(coordinators, status),
+            WatchEvent::Assign(message) => {
+                let inventory = current(inventory);
+                let worker = handler.clone();
+                let owned = message.clone();
+                let outcome = tokio::task::spawn_blocking(move || {
+                    lock_handler(&worker).assign(&owned, &inventory)
+                })
+                .await
+                .unwrap_or_else(|e| Err(format!("the rendering task failed: {e}")));
+                match &outcome {
+                    Ok(_) => {
+                        tracing::info!(job = %message.job_id, revision = message.revision, ranks = message.ranks.len(), "assignment handled");
+                    }
+                    Err(error) => {
+                        // Recorded as handled all the same (see `watch`).
+                        tracing::error!(job = %message.job_id, revision = message.revision, %error, "assignment could not be handled");
+                        metrics::counter!("longhaul_agent_assignment_errors_total").increment(1);
+                    }
+                }
+                machine.handle_assigned(outcome);
+            }
+            WatchEvent::Remove {
+                job_id,
+                record,
+                why,
+            } => {
+                if let Removal::Removed { revision } = why {
+                    tracing::info!(job = %job_id, revision, "job no longer runs on this site");
+                }
+                lock_handler(handler).remove(&job_id, &record);
+            }
+            WatchEvent::Handled { revision } => lock(status).record_handled(revision),
+            WatchEvent::Persist => {
+                let state = machine.state();
+                if let Err(error) = store.save(state) {
                     tracing::error!(%error, "cannot persist the agent state; the next start may handle assignments again");
                 }
-                let mut board = lock(&status);
+                let mut board = lock(status);
                 board.last_revision = state.last_revision;
                 board.jobs = state.jobs.clone();
                 metrics::gauge!("longhaul_agent_last_revision").set(state.last_revision as f64);
             }
         }
-        switch(&mut coordinators, &status);
-        tokio::time::sleep(backoff.next()).await;
     }
-}
-
-/// What one assignment message did.
-enum Outcome {
-    /// Already handled (a repeat in a full listing).
-    Nothing,
-    /// Only the last revision moved.
-    Progress,
-    /// Rendered, submitted or removed.
-    Handled,
 }
 
 type SharedHandler = Arc<Mutex<Box<dyn Handle>>>;
@@ -623,86 +568,6 @@ fn lock_handler(handler: &SharedHandler) -> std::sync::MutexGuard<'_, Box<dyn Ha
     handler
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Applies one assignment message. Rendering and submitting run off the
-/// async threads (a 100k-rank table, an `sbatch` that takes seconds).
-async fn handle(
-    state: &mut AgentState,
-    handler: &SharedHandler,
-    message: &pb::Assignment,
-    inventory: &Mutex<Inventory>,
-) -> Outcome {
-    let known = state.jobs.get(&message.job_id);
-    // A full listing repeats jobs already handled; a removal of a job this
-    // site never had is only progress.
-    let nothing_to_do = known.is_some_and(|r| r.revision >= message.revision)
-        || (known.is_none() && message.removed);
-    if nothing_to_do {
-        if message.revision > state.last_revision {
-            state.last_revision = message.revision;
-            return Outcome::Progress;
-        }
-        return Outcome::Nothing;
-    }
-    if message.removed {
-        if let Some(record) = state.jobs.remove(&message.job_id) {
-            tracing::info!(job = %message.job_id, revision = message.revision, "job no longer runs on this site");
-            lock_handler(handler).remove(&message.job_id, &record);
-        }
-    } else {
-        let inventory = current(inventory);
-        let worker = handler.clone();
-        let owned = message.clone();
-        let outcome =
-            tokio::task::spawn_blocking(move || lock_handler(&worker).assign(&owned, &inventory))
-                .await
-                .unwrap_or_else(|e| Err(format!("the rendering task failed: {e}")));
-        match outcome {
-            Ok(record) => {
-                tracing::info!(job = %message.job_id, revision = message.revision, ranks = message.ranks.len(), "assignment handled");
-                state.jobs.insert(message.job_id.clone(), record);
-            }
-            Err(error) => {
-                // Recorded as handled: retrying cannot fix a rendering
-                // error; the next assignment for the job tries again.
-                tracing::error!(job = %message.job_id, revision = message.revision, %error, "assignment could not be handled");
-                metrics::counter!("longhaul_agent_assignment_errors_total").increment(1);
-                state.jobs.insert(
-                    message.job_id.clone(),
-                    JobRecord {
-                        revision: message.revision,
-                        ranks: message.ranks.len() as u64,
-                        ..JobRecord::default()
-                    },
-                );
-            }
-        }
-    }
-    state.last_revision = state.last_revision.max(message.revision);
-    Outcome::Handled
-}
-
-/// Exponential backoff between 100 ms and 2 s.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    fn new() -> Self {
-        Self {
-            next: Duration::from_millis(100),
-        }
-    }
-    fn reset(&mut self) {
-        self.next = Duration::from_millis(100);
-    }
-    fn next(&mut self) -> Duration {
-        let now = self.next;
-        self.next = (self.next * 2).min(Duration::from_secs(2));
-        now
-    }
 }
 
 #[cfg(test)]

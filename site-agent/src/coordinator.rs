@@ -40,8 +40,14 @@ pub enum ConnectError {
 
 /// Whether a failed call is worth retrying at another replica.
 pub fn is_transient(status: &Status) -> bool {
+    is_transient_code(status.code())
+}
+
+/// Whether a call that failed with `code` is worth retrying at another
+/// replica.
+pub fn is_transient_code(code: Code) -> bool {
     matches!(
-        status.code(),
+        code,
         Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Unknown

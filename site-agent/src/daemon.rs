@@ -12,14 +12,14 @@ use anyhow::Context;
 use longhaul_proto::v1::site_agent_server::SiteAgentServer;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-use crate::agent::{self, Agent, Discover, Settings, StatusBoard};
+use crate::agent::{self, Agent, Discover, Settings};
 use crate::config::AgentConfig;
 use crate::coordinator::Coordinators;
 use crate::inventory::{Inventory, InventorySource, source_from_config};
 use crate::launch::RenderAndSubmit;
 use crate::prober;
 use crate::render::slurm::SlurmSubmitOptions;
-use crate::status::StatusService;
+use crate::status::{StatusBoard, StatusService};
 use crate::store::Store;
 use crate::tls::AgentTls;
 

@@ -10,12 +10,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use longhaul_proto::v1 as pb;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::agent::{SharedStatus, lock};
 use crate::coordinator::Coordinators;
 use crate::probe::{
     ProbePeer, ProbeReport, ProbeScheduler, ProbeServer, ProbeServerOptions, SchedulerOptions,
 };
-use crate::status::ProbeTrigger;
+use crate::status::{ProbeTrigger, SharedStatus, lock};
 use crate::tls::AgentTls;
 
 /// How often the peer list is read from the coordinator.

@@ -1,14 +1,125 @@
-//! The agent's local `longhaul.v1.SiteAgent` service: what `site-agent
-//! status` shows, and probes on demand.
+//! What `site-agent status` shows: the status board the agent's tasks keep
+//! current, and the local `longhaul.v1.SiteAgent` service that serves it
+//! and runs probes on demand.
 
-use std::time::Duration;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::site_agent_server::SiteAgent;
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Request, Response, Status};
 
-use crate::agent::{SharedStatus, lock};
+use crate::inventory::Inventory;
+use crate::store::JobRecord;
+
+/// What `site-agent status` shows, kept current by the tasks.
+#[derive(Debug, Default)]
+pub struct StatusBoard {
+    pub lease_id: u64,
+    pub lease_ttl: Duration,
+    pub registered: bool,
+    pub last_renewal: Option<Instant>,
+    pub leader_id: u64,
+    pub endpoint: String,
+    pub last_revision: u64,
+    pub inventory: Option<Inventory>,
+    pub inventory_source: String,
+    pub jobs: BTreeMap<String, JobRecord>,
+    pub probes: Vec<pb::PeerProbe>,
+    pub renewals: u64,
+    pub reconnects: u64,
+    pub plaintext: bool,
+    /// Revisions of the assignments acted on in this run (the last 256).
+    pub handled_revisions: VecDeque<u64>,
+}
+
+/// How many handled revisions the status keeps.
+const HANDLED_KEPT: usize = 256;
+
+pub type SharedStatus = Arc<Mutex<StatusBoard>>;
+
+pub fn lock(status: &SharedStatus) -> MutexGuard<'_, StatusBoard> {
+    status.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl StatusBoard {
+    /// Notes that the assignment of `revision` was acted on, keeping the
+    /// last [`HANDLED_KEPT`].
+    pub fn record_handled(&mut self, revision: u64) {
+        self.handled_revisions.push_back(revision);
+        while self.handled_revisions.len() > HANDLED_KEPT {
+            self.handled_revisions.pop_front();
+        }
+    }
+
+    /// The board as the status service returns it.
+    pub fn to_wire(&self, site_id: &str) -> pb::AgentStatus {
+        let since = self
+            .last_renewal
+            .map_or(0, |t| t.elapsed().as_millis() as u64);
+        let lease_state = if !self.registered {
+            pb::LeaseState::Registering
+        } else if self
+            .last_renewal
+            .is_some_and(|t| t.elapsed() > self.lease_ttl)
+        {
+            pb::LeaseState::Lapsed
+        } else {
+            pb::LeaseState::Held
+        };
+        let inventory = self.inventory.as_ref().map(|inv| pb::InventorySummary {
+            source: self.inventory_source.clone(),
+            buildings: inv.site.buildings.len() as u32,
+            domains: inv
+                .site
+                .buildings
+                .iter()
+                .flat_map(|b| &b.domains)
+                .map(|g| g.count)
+                .sum(),
+            nodes: inv.nodes.len() as u64,
+            gpus: inv.site.gpus(),
+            unmapped: inv
+                .unmapped
+                .iter()
+                .map(|u| format!("{}: {}", u.object, u.reason))
+                .collect(),
+        });
+        pb::AgentStatus {
+            site_id: site_id.to_string(),
+            lease_state: lease_state as i32,
+            lease_id: self.lease_id,
+            lease_ttl_ms: self.lease_ttl.as_millis() as u64,
+            since_last_renewal_ms: since,
+            leader_id: self.leader_id,
+            coordinator_endpoint: self.endpoint.clone(),
+            last_revision: self.last_revision,
+            inventory,
+            probes: self.probes.clone(),
+            assignments: self
+                .jobs
+                .iter()
+                .map(|(job, r)| pb::AssignmentSummary {
+                    job_id: job.clone(),
+                    revision: r.revision,
+                    ranks: r.ranks as u32,
+                    rendered_files: r
+                        .rendered_files
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect(),
+                    submitted_as: r.submitted_as.clone().unwrap_or_default(),
+                })
+                .collect(),
+            renewals: self.renewals,
+            reconnects: self.reconnects,
+            plaintext: self.plaintext,
+            handled_revisions: self.handled_revisions.iter().copied().collect(),
+        }
+    }
+}
 
 /// Asks the prober to probe every peer now; answered with the results.
 pub type ProbeTrigger = mpsc::Sender<oneshot::Sender<Vec<pb::PeerProbe>>>;
