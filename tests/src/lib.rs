@@ -6,7 +6,11 @@
 //! - [`seed`]: a test's seed from `LONGHAUL_SEED`, printed so it replays.
 //! - [`TestCa`]: a certificate authority made for one test.
 //! - [`replicas`]: coordinator replica configs with fast timers, clients.
-//! - [`faults`]: seeded fault rules on the real raft transport.
+//! - [`faults`]: seeded fault rules on raft messages (`Faults`), judged by
+//!   the real gRPC transport and by the virtual-time network alike.
+//! - [`cluster`]: one cluster abstraction (`FaultCluster`) over the
+//!   virtual-time cluster and replicas over real gRPC; [`scenarios`]: fault
+//!   scenarios written once over it.
 //! - [`KillOnDrop`]: child processes that cannot outlive the test (the one
 //!   helper the rehearsal uses too, from the coordinator crate).
 //!
@@ -19,12 +23,14 @@
 )]
 
 mod ca;
-pub mod faults;
+pub mod cluster;
 mod ports;
 pub mod replicas;
+pub mod scenarios;
 mod wait;
 
 pub use ca::TestCa;
+pub use longhaul_coordinator::consensus::faults;
 pub use longhaul_coordinator::process::{KillOnDrop, append_log};
 pub use ports::free_addr;
 pub use replicas::{client, fast_node, leader_of, replica_configs, small_job};

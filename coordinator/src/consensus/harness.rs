@@ -1,13 +1,19 @@
-//! An in-process Raft cluster in virtual time, for tests.
+//! An in-process Raft cluster in virtual time, for tests: generic over the state machine (the
+//! key-value one for the consensus tests, the registers of the linearizability tests).
 //!
-//! Each replica is a real [`Node`] on its own redb file in a temporary directory. The transport
-//! is a `Vec` of messages passed through composable fault [`Filter`]s (as in tikv's
+//! Each replica is a real [`Node`] on its own store in a temporary directory (in memory where
+//! the OS offers one). The transport is a `Vec` of messages judged by the cluster's
+//! [`Faults`] (composable seeded rules: drop, delay, partition, isolate — the same vocabulary
+//! and the same `MessageFilter` seam as the real gRPC transport's, as in tikv's
 //! `test_raftstore`), and time only moves when the test calls [`Cluster::tick`]. Every random
 //! choice (message loss, delays, election timeouts) flows from one seed, printed when a test
 //! fails; set `LONGHAUL_SEED` to replay it.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
 
 use longhaul_core::rng::SeedRng;
 use raft::SnapshotStatus;
@@ -16,8 +22,10 @@ use raft::eraftpb::{
 };
 use tempfile::TempDir;
 
+use super::faults::Faults;
+use super::filter::{MessageFilter, Verdict};
 use super::kv::{KvCommand, KvStateMachine};
-use super::{Event, Node, NodeConfig, RedbStorage};
+use super::{Event, Node, NodeConfig, RedbStorage, StateMachine};
 
 /// Crashes the owner of a store (a [`Node`] or a bare [`RedbStorage`]) the way SIGKILL does.
 /// The OS keeps what the process wrote: every byte appended to the log, and the pages of the
@@ -46,39 +54,41 @@ pub(super) fn crash<T>(owner: T, store: &std::path::Path) {
     }
 }
 
+/// A directory for a replica's store, in memory where the OS offers one. A simulated crash
+/// ([`crash`]) keeps what the process wrote to the file, as SIGKILL does, so the fsyncs only
+/// cost time: on a disk they make a linearizability seed take ~20 s instead of ~2.
+fn scratch_dir() -> std::io::Result<TempDir> {
+    let memory = std::path::Path::new("/dev/shm");
+    if memory.is_dir() {
+        tempfile::Builder::new()
+            .prefix("longhaul-harness")
+            .tempdir_in(memory)
+    } else {
+        tempfile::tempdir()
+    }
+}
+
 /// The redb file of a replica whose store lives in `dir`.
 pub(super) fn store_path(dir: &TempDir) -> std::path::PathBuf {
     dir.path().join("raft.redb")
 }
 
-/// A fault on the transport: it may drop, hold back or reorder messages.
-pub trait Filter {
-    fn before(&self, msgs: &mut Vec<Message>);
-    /// Whether the filter holds messages it will release later (keeps [`Cluster::drive`] going).
-    fn holds_messages(&self) -> bool {
-        false
-    }
-}
-
-/// Delivers one round of messages through the filters to the replicas in
+/// Delivers one round of messages through the network to the replicas in
 /// `nodes`, reporting undelivered snapshots and unreachable peers to raft as a
 /// real transport would. Returns false when nothing is in flight (idle).
 /// Shared by every virtual-time cluster of the test suites.
-pub(super) fn deliver<S: super::StateMachine>(
+pub(super) fn deliver<S: StateMachine>(
     nodes: &mut BTreeMap<u64, Node<S>>,
-    filters: &[&dyn Filter],
-    mut msgs: Vec<Message>,
+    network: &Network,
+    msgs: Vec<Message>,
 ) -> bool {
     let snapshots: Vec<(u64, u64)> = msgs
         .iter()
         .filter(|m| m.get_msg_type() == MessageType::MsgSnapshot)
         .map(|m| (m.from, m.to))
         .collect();
-    for filter in filters {
-        filter.before(&mut msgs);
-    }
-    let holding = filters.iter().any(|f| f.holds_messages());
-    if msgs.is_empty() && !holding && snapshots.is_empty() {
+    let msgs = network.judge(msgs);
+    if msgs.is_empty() && snapshots.is_empty() {
         return false;
     }
     for (from, to) in snapshots {
@@ -111,132 +121,90 @@ pub(super) fn deliver<S: super::StateMachine>(
     true
 }
 
-/// Drops each message with probability `rate`.
-pub struct DropRandomly {
-    rate: f64,
-    rng: RefCell<SeedRng>,
+/// The virtual network: every message is judged once, when sent, by a
+/// [`MessageFilter`] (the cluster's [`Faults`], as the gRPC transport's
+/// outbox judges it in real time); a delayed one is held until the
+/// cluster's clock has moved on by its delay, rounded up to whole ticks (a
+/// held snapshot is reported failed, as a late transfer would time out).
+pub struct Network {
+    filter: Arc<dyn MessageFilter>,
+    /// The cluster's clock, in ticks.
+    clock: Rc<Cell<u64>>,
+    tick: Duration,
+    held: RefCell<Vec<(u64, Message)>>,
 }
 
-impl DropRandomly {
-    pub fn new(rate: f64, seed: u64) -> Self {
-        Self {
-            rate,
-            rng: RefCell::new(SeedRng::new(seed)),
-        }
+impl std::fmt::Debug for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Network")
+            .field("filter", &self.filter)
+            .field("held", &self.held.borrow().len())
+            .finish_non_exhaustive()
     }
 }
 
-impl Filter for DropRandomly {
-    fn before(&self, msgs: &mut Vec<Message>) {
-        let mut rng = self.rng.borrow_mut();
-        msgs.retain(|_| !rng.chance(self.rate));
-    }
-}
-
-/// Drops every message between the two sides.
-pub struct Partition {
-    left: BTreeSet<u64>,
-    right: BTreeSet<u64>,
-}
-
-impl Partition {
-    pub fn new(left: &[u64], right: &[u64]) -> Self {
-        Self {
-            left: left.iter().copied().collect(),
-            right: right.iter().copied().collect(),
-        }
-    }
-}
-
-impl Filter for Partition {
-    fn before(&self, msgs: &mut Vec<Message>) {
-        msgs.retain(|m| {
-            let crosses = (self.left.contains(&m.from) && self.right.contains(&m.to))
-                || (self.right.contains(&m.from) && self.left.contains(&m.to));
-            !crosses
-        });
-    }
-}
-
-/// Drops every message from or to one replica.
-pub struct Isolate(pub u64);
-
-impl Filter for Isolate {
-    fn before(&self, msgs: &mut Vec<Message>) {
-        msgs.retain(|m| m.from != self.0 && m.to != self.0);
-    }
-}
-
-/// Holds each message back with probability `rate` for 1..=`max_rounds` delivery rounds, which
-/// also reorders messages.
-pub struct Delay {
-    rate: f64,
-    max_rounds: u32,
-    rng: RefCell<SeedRng>,
-    held: RefCell<Vec<(u32, Message)>>,
-}
-
-impl Delay {
-    pub fn new(rate: f64, max_rounds: u32, seed: u64) -> Self {
-        Self {
-            rate,
-            max_rounds,
-            rng: RefCell::new(SeedRng::new(seed)),
-            held: RefCell::new(Vec::new()),
-        }
-    }
-}
-
-impl Filter for Delay {
-    fn before(&self, msgs: &mut Vec<Message>) {
-        let mut rng = self.rng.borrow_mut();
+impl Network {
+    /// The messages to deliver now: those of `msgs` the filter lets through
+    /// at once, and the held ones that are due.
+    fn judge(&self, msgs: Vec<Message>) -> Vec<Message> {
+        let now = self.clock.get();
         let mut held = self.held.borrow_mut();
-        let mut released = Vec::new();
-        for (rounds, msg) in std::mem::take(&mut *held) {
-            if rounds <= 1 {
-                released.push(msg);
-            } else {
-                held.push((rounds - 1, msg));
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut *held)
+            .into_iter()
+            .partition(|(at, _)| *at <= now);
+        *held = later;
+        let mut out = Vec::with_capacity(msgs.len() + due.len());
+        for msg in msgs {
+            match self.filter.judge(msg.from, msg.to) {
+                Verdict::Deliver => out.push(msg),
+                Verdict::Drop => {}
+                Verdict::DeliverAfter(delay) => {
+                    let tick = self.tick.as_nanos().max(1);
+                    let ticks = u64::try_from(delay.as_nanos().div_ceil(tick)).unwrap_or(u64::MAX);
+                    if ticks == 0 {
+                        out.push(msg);
+                    } else {
+                        held.push((now.saturating_add(ticks), msg));
+                    }
+                }
             }
         }
-        for msg in std::mem::take(msgs) {
-            if rng.chance(self.rate) {
-                held.push((rng.between(1, u64::from(self.max_rounds)) as u32, msg));
-            } else {
-                msgs.push(msg);
-            }
-        }
-        msgs.extend(released);
-    }
-
-    fn holds_messages(&self) -> bool {
-        !self.held.borrow().is_empty()
+        out.extend(due.into_iter().map(|(_, msg)| msg));
+        out
     }
 }
 
 /// Bound on delivery rounds in one [`Cluster::drive`]: far above what a healthy cluster needs.
 const MAX_ROUNDS_PER_DRIVE: usize = 10_000;
 
-pub type FilterId = usize;
-
-/// N replicas, a filtered transport and a virtual clock.
-pub struct Cluster {
+/// N replicas, a network judged by [`Faults`] and a virtual clock.
+pub struct Cluster<S: StateMachine = KvStateMachine> {
     pub seed: u64,
     rng: SeedRng,
     dirs: BTreeMap<u64, TempDir>,
-    nodes: BTreeMap<u64, Node<KvStateMachine>>,
+    /// The running replicas.
+    pub nodes: BTreeMap<u64, Node<S>>,
     election_ticks: BTreeMap<u64, usize>,
-    filters: BTreeMap<FilterId, Box<dyn Filter>>,
-    next_filter: FilterId,
+    /// The rules every message is judged by.
+    faults: Faults,
+    network: Network,
     next_request: u64,
     /// Every event each replica reported, in order.
     pub events: BTreeMap<u64, Vec<Event>>,
     /// Virtual time, in ticks.
     pub now: u64,
+    /// The same, for the network, which holds messages until a time.
+    clock: Rc<Cell<u64>>,
     tune: fn(&mut NodeConfig),
 }
 
-impl Drop for Cluster {
+impl<S: StateMachine + Default> std::fmt::Debug for Cluster<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl<S: StateMachine> Drop for Cluster<S> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!(
@@ -247,6 +215,13 @@ impl Drop for Cluster {
     }
 }
 
+/// The length of a tick of replicas whose config `tune` adjusts.
+fn tick_interval(tune: fn(&mut NodeConfig)) -> Duration {
+    let mut config = NodeConfig::new(1);
+    tune(&mut config);
+    config.tick_interval
+}
+
 /// The seed for a test: `LONGHAUL_SEED` if set, else the test's own default.
 pub fn seed_or(default: u64) -> u64 {
     std::env::var("LONGHAUL_SEED")
@@ -255,7 +230,7 @@ pub fn seed_or(default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-impl Cluster {
+impl<S: StateMachine + Default> Cluster<S> {
     /// Starts replicas `1..=n`, all founding voters.
     pub fn new(n: u64, seed: u64) -> Self {
         Self::with_config(n, seed, |_| {})
@@ -263,17 +238,28 @@ impl Cluster {
 
     /// Like [`Cluster::new`], with `tune` applied to every replica's config.
     pub fn with_config(n: u64, seed: u64, tune: fn(&mut NodeConfig)) -> Self {
+        // The faults' own seed, derived rather than drawn, so adding a rule
+        // changes no election timeout.
+        let faults = Faults::new(longhaul_core::rng::derive(seed, "faults", 0));
+        let clock = Rc::new(Cell::new(0));
+        let network = Network {
+            filter: Arc::new(faults.clone()),
+            clock: Rc::clone(&clock),
+            tick: tick_interval(tune),
+            held: RefCell::new(Vec::new()),
+        };
         let mut cluster = Self {
             seed,
             rng: SeedRng::new(seed),
             dirs: BTreeMap::new(),
             nodes: BTreeMap::new(),
             election_ticks: BTreeMap::new(),
-            filters: BTreeMap::new(),
-            next_filter: 0,
+            faults,
+            network,
             next_request: 0,
             events: BTreeMap::new(),
             now: 0,
+            clock,
             tune,
         };
         let voters: Vec<u64> = (1..=n).collect();
@@ -317,10 +303,10 @@ impl Cluster {
         let dir = self
             .dirs
             .entry(id)
-            .or_insert_with(|| tempfile::tempdir().expect("temp dir"));
+            .or_insert_with(|| scratch_dir().expect("temp dir"));
         let storage = RedbStorage::open(&store_path(dir)).expect("open store");
         let config = self.config(id);
-        let node = Node::open(config, storage, KvStateMachine, initial_voters).expect("open node");
+        let node = Node::open(config, storage, S::default(), initial_voters).expect("open node");
         self.nodes.insert(id, node);
     }
 
@@ -337,11 +323,11 @@ impl Cluster {
         self.start(id, &[]);
     }
 
-    pub fn node(&self, id: u64) -> &Node<KvStateMachine> {
+    pub fn node(&self, id: u64) -> &Node<S> {
         &self.nodes[&id]
     }
 
-    pub fn node_mut(&mut self, id: u64) -> &mut Node<KvStateMachine> {
+    pub fn node_mut(&mut self, id: u64) -> &mut Node<S> {
         self.nodes.get_mut(&id).expect("node is running")
     }
 
@@ -349,53 +335,59 @@ impl Cluster {
         self.nodes.keys().copied().collect()
     }
 
-    pub fn add_filter(&mut self, filter: impl Filter + 'static) -> FilterId {
-        let id = self.next_filter;
-        self.next_filter += 1;
-        self.filters.insert(id, Box::new(filter));
-        id
+    /// The rules the network judges every message by: install and remove
+    /// them at any time (`partition`, `isolate`, `drop_randomly`, `delay`,
+    /// `heal`); a delay counts in virtual time.
+    pub fn faults(&self) -> &Faults {
+        &self.faults
     }
 
-    pub fn remove_filter(&mut self, id: FilterId) {
-        self.filters.remove(&id);
+    /// The length of one tick of virtual time (every replica's).
+    pub fn tick_interval(&self) -> Duration {
+        tick_interval(self.tune)
     }
 
-    pub fn clear_filters(&mut self) {
-        self.filters.clear();
+    /// How many replicas were ever started (running or not): ids `1..=n`.
+    pub fn replicas_known(&self) -> u64 {
+        self.election_ticks.len() as u64
     }
 
-    /// Runs every replica's Ready loop and delivers messages until nothing moves.
-    pub fn drive(&mut self) {
+    /// Runs every replica's Ready loop and delivers messages until nothing moves; returns the
+    /// events reported meanwhile, each with its replica (they are also kept in `events`).
+    pub fn drive(&mut self) -> Vec<(u64, Event)> {
+        let mut reported = Vec::new();
         for _ in 0..MAX_ROUNDS_PER_DRIVE {
             let mut msgs = Vec::new();
             for (id, node) in &mut self.nodes {
                 loop {
                     let out = node.handle_ready().expect("ready loop");
                     msgs.extend(out.messages);
+                    reported.extend(out.events.iter().map(|e| (*id, e.clone())));
                     self.events.entry(*id).or_default().extend(out.events);
                     if !node.has_ready() {
                         break;
                     }
                 }
             }
-            let filters: Vec<&dyn Filter> = self.filters.values().map(|f| f.as_ref()).collect();
-            if !deliver(&mut self.nodes, &filters, msgs) {
-                return;
+            if !deliver(&mut self.nodes, &self.network, msgs) {
+                return reported;
             }
         }
         panic!("cluster did not settle within {MAX_ROUNDS_PER_DRIVE} rounds");
     }
 
-    /// One tick of virtual time on every running replica, then drive to idle.
-    pub fn tick(&mut self) {
+    /// One tick of virtual time on every running replica, then drive to idle; returns the
+    /// events reported meanwhile.
+    pub fn tick(&mut self) -> Vec<(u64, Event)> {
         self.now += 1;
+        self.clock.set(self.now);
         for node in self.nodes.values_mut() {
             node.tick();
             // The runtime makes the applied state durable on a timer of about a tick
             // (`server::raft_loop`); automatic compaction never passes that point.
             node.sync_state().expect("sync the applied state");
         }
-        self.drive();
+        self.drive()
     }
 
     pub fn ticks(&mut self, n: u64) {
@@ -478,7 +470,9 @@ impl Cluster {
             _ => None,
         })
     }
+}
 
+impl Cluster<KvStateMachine> {
     /// Writes `key = value` through the current leader and returns the log index once the
     /// leader has applied it (the moment a server would acknowledge the client). Retries with
     /// a new proposal when leadership moves. `None` if not acknowledged within `max_ticks`.
@@ -522,7 +516,9 @@ impl Cluster {
         self.try_put(key, value, 300)
             .unwrap_or_else(|| panic!("put {key}={value} was not acknowledged"))
     }
+}
 
+impl<S: StateMachine + Default> Cluster<S> {
     /// Proposes a membership change at the leader and waits until the leader applied it.
     pub fn change_membership(&mut self, changes: &[(ConfChangeType, u64)], joint: bool) {
         let leader = self.leader().expect("a leader to propose to");
@@ -542,7 +538,9 @@ impl Cluster {
             .expect("propose conf change");
         self.drive();
     }
+}
 
+impl Cluster<KvStateMachine> {
     /// The key-value state of replica `id`, read from its store.
     pub fn kv(&self, id: u64) -> BTreeMap<String, String> {
         let txn = self.node(id).storage().read().expect("read txn");

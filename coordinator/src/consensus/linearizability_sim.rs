@@ -1,19 +1,12 @@
-//! A cluster of [`Registers`] replicas for the linearizability tests.
-//!
-//! It is driven like `harness::Cluster` and reuses its fault filters, but runs its own state
-//! machine, because `KvCommand` has no compare-and-set: `Registers` holds `u64` registers keyed
-//! by one byte and applies writes and compare-and-sets, the model the checker knows.
+//! The state machine of the linearizability tests, run on the harness's cluster: `KvCommand`
+//! has no compare-and-set, so [`Registers`] holds `u64` registers keyed by one byte and applies
+//! writes and compare-and-sets, the model the checker knows.
 
-use std::collections::BTreeMap;
-
-use longhaul_core::rng::SeedRng;
-use raft::eraftpb::Message;
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
-use tempfile::TempDir;
 
-use super::harness::{Filter, crash, deliver, store_path};
+use super::harness::Cluster;
 use super::storage::STATE_MACHINE;
-use super::{BoxError, Event, Node, NodeConfig, RedbStorage, StateMachine};
+use super::{BoxError, StateMachine};
 
 const OP_WRITE: u8 = 1;
 const OP_CAS: u8 = 2;
@@ -132,40 +125,16 @@ impl StateMachine for Registers {
     }
 }
 
-/// A directory for a replica's store, in memory where the OS offers one. A simulated crash
-/// ([`Sim::crash`]) keeps what the process wrote to the file, as SIGKILL does, so the fsyncs
-/// only cost time: on a disk they make one seed take ~20 s instead of ~2.
-fn scratch_dir() -> std::io::Result<TempDir> {
-    let memory = std::path::Path::new("/dev/shm");
-    if memory.is_dir() {
-        tempfile::Builder::new()
-            .prefix("longhaul-lin")
-            .tempdir_in(memory)
-    } else {
-        tempfile::tempdir()
-    }
-}
+/// The cluster the linearizability tests drive: the harness's, of [`Registers`] replicas that
+/// snapshot often, so that restarted and partitioned replicas also catch up from snapshots and
+/// reads are served from restored state machines.
+pub(super) type Sim = Cluster<Registers>;
 
-/// Bound on delivery rounds in one [`Sim::drive`], as in the harness.
-const MAX_ROUNDS_PER_DRIVE: usize = 10_000;
-
-/// Replicas of [`Registers`] on redb files, a filtered transport and a virtual clock.
-pub(super) struct Sim {
-    pub(super) seed: u64,
-    pub(super) rng: SeedRng,
-    dirs: BTreeMap<u64, TempDir>,
-    pub(super) nodes: BTreeMap<u64, Node<Registers>>,
-    pub(super) election_ticks: BTreeMap<u64, usize>,
-    pub(super) filters: Vec<Box<dyn Filter>>,
-    pub(super) now: u64,
-}
-
-impl Drop for Sim {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("{}", replay_hint(self.seed));
-        }
-    }
+pub(super) fn registers_cluster(replicas: u64, seed: u64) -> Sim {
+    Cluster::with_config(replicas, seed, |config| {
+        config.snapshot_interval_entries = 40;
+        config.compaction_retained_entries = 10;
+    })
 }
 
 pub(super) fn replay_hint(seed: u64) -> String {
@@ -174,107 +143,9 @@ pub(super) fn replay_hint(seed: u64) -> String {
     )
 }
 
-impl Sim {
-    pub(super) fn new(replicas: u64, seed: u64) -> Self {
-        let mut sim = Self {
-            seed,
-            rng: SeedRng::new(seed),
-            dirs: BTreeMap::new(),
-            nodes: BTreeMap::new(),
-            election_ticks: BTreeMap::new(),
-            filters: Vec::new(),
-            now: 0,
-        };
-        let voters: Vec<u64> = (1..=replicas).collect();
-        for id in 1..=replicas {
-            sim.start(id, &voters);
-        }
-        sim
-    }
-
-    pub(super) fn start(&mut self, id: u64, initial_voters: &[u64]) {
-        // Distinct seeded election timeouts, as in the harness: raft-rs's own are unseedable.
-        let timeout = match self.election_ticks.get(&id) {
-            Some(timeout) => *timeout,
-            None => loop {
-                let candidate = self.rng.between(10, 29) as usize;
-                if !self.election_ticks.values().any(|t| *t == candidate) {
-                    self.election_ticks.insert(id, candidate);
-                    break candidate;
-                }
-            },
-        };
-        let config = NodeConfig {
-            min_election_ticks: timeout,
-            max_election_ticks: timeout + 1,
-            // Snapshot often, so that restarted and partitioned replicas also catch up from
-            // snapshots and reads are served from restored state machines.
-            snapshot_interval_entries: 40,
-            compaction_retained_entries: 10,
-            ..NodeConfig::new(id)
-        };
-        let dir = self
-            .dirs
-            .entry(id)
-            .or_insert_with(|| scratch_dir().expect("temp dir"));
-        let storage = RedbStorage::open(&store_path(dir)).expect("open store");
-        let node = Node::open(config, storage, Registers, initial_voters).expect("open node");
-        self.nodes.insert(id, node);
-    }
-
-    /// Crashes replica `id` as SIGKILL would: applies not yet made durable by an fsync are lost
-    /// (see [`crash`]).
-    pub(super) fn crash(&mut self, id: u64) {
-        if let (Some(node), Some(dir)) = (self.nodes.remove(&id), self.dirs.get(&id)) {
-            crash(node, &store_path(dir));
-        }
-    }
-
-    /// Runs every replica's Ready loop and delivers messages until nothing moves; returns the
-    /// events, each with its replica.
-    pub(super) fn drive(&mut self) -> Vec<(u64, Event)> {
-        let mut events = Vec::new();
-        for _ in 0..MAX_ROUNDS_PER_DRIVE {
-            let mut msgs: Vec<Message> = Vec::new();
-            for (id, node) in &mut self.nodes {
-                loop {
-                    let out = node.handle_ready().expect("ready loop");
-                    msgs.extend(out.messages);
-                    events.extend(out.events.into_iter().map(|e| (*id, e)));
-                    if !node.has_ready() {
-                        break;
-                    }
-                }
-            }
-            let filters: Vec<&dyn Filter> = self.filters.iter().map(|f| f.as_ref()).collect();
-            if !deliver(&mut self.nodes, &filters, msgs) {
-                return events;
-            }
-        }
-        panic!("cluster did not settle within {MAX_ROUNDS_PER_DRIVE} rounds");
-    }
-
-    pub(super) fn tick(&mut self) -> Vec<(u64, Event)> {
-        self.now += 1;
-        for node in self.nodes.values_mut() {
-            node.tick();
-            // The runtime makes the applied state durable on a timer of about a tick
-            // (`server::raft_loop`); automatic compaction never passes that point.
-            node.sync_state().expect("sync the applied state");
-        }
-        self.drive()
-    }
-
-    pub(super) fn leader(&self) -> Option<u64> {
-        self.nodes
-            .values()
-            .filter(|n| n.is_leader())
-            .max_by_key(|n| n.term())
-            .map(|n| n.id())
-    }
-
+impl Cluster<Registers> {
     pub(super) fn read(&self, id: u64, key: u8) -> Option<u64> {
-        let txn = self.nodes[&id].storage().read().expect("read txn");
+        let txn = self.node(id).storage().read().expect("read txn");
         get(&txn, key).expect("read register")
     }
 }

@@ -33,8 +33,10 @@ use longhaul_core::linearizability::{History, HistoryError, Op, OpResult};
 use longhaul_core::rng::SeedRng;
 
 use super::Event;
-use super::harness::{Delay, DropRandomly, Isolate, Partition};
-use super::linearizability_sim::{Command, RESPONSE_BAD_COMMAND, Sim, replay_hint};
+use super::faults::Route;
+use super::linearizability_sim::{
+    Command, RESPONSE_BAD_COMMAND, Sim, registers_cluster, replay_hint,
+};
 
 /// How reads are served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,8 +120,8 @@ struct Run {
 
 impl Run {
     fn new(seed: u64, replicas: u64, clients: usize, reads: ReadPath) -> Self {
-        let mut sim = Sim::new(replicas, seed);
-        let rng = SeedRng::new(sim.rng.next_u64());
+        let mut sim = registers_cluster(replicas, seed);
+        let rng = SeedRng::new(sim.fork_seed());
         Self {
             sim,
             rng,
@@ -154,7 +156,7 @@ impl Run {
     /// Client `client` issues a random operation to a random replica, or (mostly) to the leader
     /// that replica names, as a client following redirects would.
     fn invoke(&mut self, client: usize) {
-        let ids: Vec<u64> = (1..=self.sim.election_ticks.len() as u64).collect();
+        let ids: Vec<u64> = (1..=self.sim.replicas_known()).collect();
         let asked = ids[self.rng.index(ids.len())];
         let Some(node) = self.sim.nodes.get(&asked) else {
             return; // Connection refused: nothing was sent.
@@ -365,46 +367,43 @@ impl Run {
 
     /// One random fault, or a repair.
     fn nemesis(&mut self) {
-        let ids: Vec<u64> = (1..=self.sim.election_ticks.len() as u64).collect();
+        let ids: Vec<u64> = (1..=self.sim.replicas_known()).collect();
         let majority = ids.len() / 2 + 1;
         let seed = self.rng.next_u64();
         let action = self.rng.up_to(8);
         self.trace.push(format!(
             "nemesis {action} (seed {seed}), filters {}",
-            self.sim.filters.len()
+            self.sim.faults().rule_count()
         ));
         match action {
-            0 => self.sim.filters.clear(),
+            0 => self.sim.faults().heal(),
             1 => {
                 let mut shuffled = ids.clone();
                 self.rng.shuffle(&mut shuffled);
                 let cut = self.rng.between(1, (ids.len() / 2) as u64) as usize;
                 let (minority, rest) = shuffled.split_at(cut);
-                self.sim
-                    .filters
-                    .push(Box::new(Partition::new(minority, rest)));
+                self.sim.faults().partition(&[minority, rest]);
             }
             2 => {
                 let id = ids[self.rng.index(ids.len())];
-                self.sim.filters.push(Box::new(Isolate(id)));
+                self.sim.faults().isolate(id);
             }
             3 => {
                 let rate = self.rng.uniform(0.05, 0.3);
-                self.sim
-                    .filters
-                    .push(Box::new(DropRandomly::new(rate, seed)));
+                self.sim.faults().drop_randomly(Route::All, rate);
             }
             4 => {
                 let rate = self.rng.uniform(0.1, 0.5);
                 let rounds = self.rng.between(1, 4) as u32;
+                let most = self.sim.tick_interval() * rounds;
                 self.sim
-                    .filters
-                    .push(Box::new(Delay::new(rate, rounds, seed)));
+                    .faults()
+                    .delay_randomly(Route::All, rate, std::time::Duration::ZERO, most);
             }
             5 if self.sim.nodes.len() > majority => {
                 let running: Vec<u64> = self.sim.nodes.keys().copied().collect();
                 let id = running[self.rng.index(running.len())];
-                self.sim.crash(id);
+                self.sim.stop(id);
                 self.stats.crashes += 1;
             }
             6 => {
@@ -435,8 +434,8 @@ impl Run {
             }
         }
         // Too many filters at once and nothing moves for long: start over.
-        if self.sim.filters.len() > 3 {
-            self.sim.filters.clear();
+        if self.sim.faults().rule_count() > 3 {
+            self.sim.faults().heal();
         }
     }
 
@@ -451,8 +450,8 @@ impl Run {
                 self.nemesis();
             }
             if tick == faulty_ticks {
-                self.sim.filters.clear();
-                let down: Vec<u64> = (1..=self.sim.election_ticks.len() as u64)
+                self.sim.faults().heal();
+                let down: Vec<u64> = (1..=self.sim.replicas_known())
                     .filter(|id| !self.sim.nodes.contains_key(id))
                     .collect();
                 for id in down {

@@ -6,18 +6,23 @@
 //! - [`node`]: [`Node`], a sans-IO driver around `raft::RawNode` that owns the Ready loop.
 //! - [`kv`]: [`KvStateMachine`], a small key-value state machine used by tests and examples.
 //! - [`logging`]: raft-rs's slog records, forwarded to `tracing`.
-//! - `harness` (tests only): an in-process cluster in virtual time with seeded fault filters.
+//! - `harness` (tests, and the test kit through the `testkit` feature): an in-process cluster in
+//!   virtual time with seeded fault filters, and the transport's `MessageFilter` applied in
+//!   virtual time.
 //!
 //! **Invariant:** nothing here does network I/O, reads a clock or spawns a task. Time enters as
 //! `tick()`, peers' messages as `step()`, and outgoing messages leave as values.
 
+#[cfg(any(test, feature = "testkit"))]
+pub mod faults;
+pub mod filter;
 pub mod kv;
 pub mod logging;
 pub mod node;
 pub mod storage;
 
-#[cfg(test)]
-mod harness;
+#[cfg(any(test, feature = "testkit"))]
+pub mod harness;
 #[cfg(test)]
 mod linearizability_sim;
 #[cfg(test)]

@@ -13,7 +13,11 @@ use raft::StateRole;
 use raft::eraftpb::ConfChangeType;
 
 use super::Event;
-use super::harness::{Cluster, Delay, DropRandomly, Isolate, Partition, seed_or};
+use super::faults::Route;
+use super::harness::seed_or;
+
+/// The harness's cluster of key-value replicas.
+type Cluster = super::harness::Cluster;
 use super::storage::decompress_snapshot;
 
 /// Raft keeps voters in hash order; compare them sorted.
@@ -74,7 +78,7 @@ fn isolated_leader_is_replaced_and_no_acknowledged_write_is_lost() {
     for i in 0..5 {
         cluster.put(&format!("before{i}"), "acked");
     }
-    let isolate = cluster.add_filter(Isolate(old));
+    let isolate = cluster.faults().isolate(old);
     // The old leader still accepts this proposal but can never commit it: not acknowledged.
     cluster
         .node_mut(old)
@@ -89,7 +93,7 @@ fn isolated_leader_is_replaced_and_no_acknowledged_write_is_lost() {
     // check-quorum: the old leader notices it lost its quorum and steps down on its own.
     cluster.tick_until(100, "old leader steps down", |c| !c.node(old).is_leader());
 
-    cluster.remove_filter(isolate);
+    cluster.faults().remove(isolate);
     cluster.assert_converged();
     let kv = cluster.kv(old);
     assert_eq!(kv.len(), 10, "{kv:?}");
@@ -105,7 +109,7 @@ fn leader_in_minority_partition_cannot_commit_and_majority_moves_on() {
     let buddy = if old == 1 { 2 } else { 1 };
     let minority = [old, buddy];
     let majority: Vec<u64> = (1..=5).filter(|id| !minority.contains(id)).collect();
-    let partition = cluster.add_filter(Partition::new(&minority, &majority));
+    let partition = cluster.faults().partition(&[&minority[..], &majority[..]]);
     cluster
         .node_mut(old)
         .propose(b"minority-write".to_vec(), b"x".to_vec())
@@ -119,7 +123,7 @@ fn leader_in_minority_partition_cannot_commit_and_majority_moves_on() {
         "check-quorum steps the old leader down"
     );
 
-    cluster.remove_filter(partition);
+    cluster.faults().remove(partition);
     cluster.assert_converged();
     assert_eq!(cluster.leader(), Some(new));
     for id in cluster.ids() {
@@ -190,7 +194,7 @@ fn follower_behind_compacted_log_catches_up_from_zstd_snapshot() {
     cluster.assert_converged();
     let lagging_last = cluster.node(lagging).storage().state().last_index;
 
-    let isolate = cluster.add_filter(Isolate(lagging));
+    let isolate = cluster.faults().isolate(lagging);
     for i in 0..30 {
         cluster.put(&format!("k{i}"), &"x".repeat(100));
     }
@@ -203,7 +207,7 @@ fn follower_behind_compacted_log_catches_up_from_zstd_snapshot() {
     );
     cluster.put("after-compaction", "2");
 
-    cluster.remove_filter(isolate);
+    cluster.faults().remove(isolate);
     cluster.assert_converged();
     let installed = cluster.events[&lagging]
         .iter()
@@ -244,7 +248,7 @@ fn healed_minority_does_not_bump_the_majority_term_with_pre_vote() {
         .collect();
     let term = cluster.node(leader).term();
 
-    let partition = cluster.add_filter(Partition::new(&[minority], &majority));
+    let partition = cluster.faults().partition(&[&[minority], &majority[..]]);
     // Many election timeouts: without pre-vote the minority's term would climb each time.
     cluster.ticks(200);
     assert_eq!(
@@ -254,7 +258,7 @@ fn healed_minority_does_not_bump_the_majority_term_with_pre_vote() {
     );
     assert_ne!(cluster.node(minority).role(), StateRole::Leader);
 
-    cluster.remove_filter(partition);
+    cluster.faults().remove(partition);
     cluster.ticks(50);
     assert_eq!(
         cluster.leader(),
@@ -334,7 +338,7 @@ fn read_index_confirms_leadership_before_answering() {
     }
 
     // An isolated leader cannot confirm it still leads, so it answers no read.
-    cluster.add_filter(Isolate(leader));
+    cluster.faults().isolate(leader);
     cluster.node_mut(leader).read_index(b"stale".to_vec());
     cluster.ticks(5);
     let answered = cluster.events[&leader]
@@ -360,9 +364,11 @@ fn lossy_delaying_network_loses_no_acknowledged_write() {
     for default_seed in [21, 22, 23] {
         let mut cluster = Cluster::new(3, seed_or(default_seed));
         cluster.wait_for_leader(&[1, 2, 3]);
-        let (drop_seed, delay_seed) = (cluster.fork_seed(), cluster.fork_seed());
-        cluster.add_filter(DropRandomly::new(0.15, drop_seed));
-        cluster.add_filter(Delay::new(0.2, 3, delay_seed));
+        let three_ticks = 3 * cluster.tick_interval();
+        cluster.faults().drop_randomly(Route::All, 0.15);
+        cluster
+            .faults()
+            .delay_randomly(Route::All, 0.2, std::time::Duration::ZERO, three_ticks);
         let mut acknowledged = Vec::new();
         for i in 0..15 {
             let key = format!("k{i}");
@@ -377,7 +383,7 @@ fn lossy_delaying_network_loses_no_acknowledged_write() {
             }
         }
         assert!(!acknowledged.is_empty(), "nothing got through at all");
-        cluster.clear_filters();
+        cluster.faults().heal();
         cluster.wait_for_leader(&[1, 2, 3]);
         cluster.put("final", "v");
         cluster.assert_converged();
@@ -399,7 +405,7 @@ fn automatic_compaction_bounds_the_log_and_a_replica_behind_it_gets_a_snapshot()
     });
     cluster.wait_for_leader(&[1, 2, 3]);
     let lagging = 3;
-    let isolate = cluster.add_filter(Isolate(lagging));
+    let isolate = cluster.faults().isolate(lagging);
     for i in 0..40 {
         cluster.put(&format!("k{i}"), "v");
         if i % 5 == 4 {
@@ -407,7 +413,7 @@ fn automatic_compaction_bounds_the_log_and_a_replica_behind_it_gets_a_snapshot()
             cluster.tick();
         }
     }
-    cluster.remove_filter(isolate);
+    cluster.faults().remove(isolate);
     cluster.put("last", "v");
     cluster.ticks(2);
     cluster.assert_converged();

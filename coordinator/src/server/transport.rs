@@ -57,35 +57,7 @@ impl PeerBook {
     }
 }
 
-/// What happens to one outgoing raft message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
-    Deliver,
-    /// Deliver once this much time has passed since the message was queued.
-    DeliverAfter(Duration),
-    /// Lost, like a packet on a broken network.
-    Drop,
-}
-
-/// Judges each raft message a replica is about to queue for a peer (the
-/// sender's side): the transport's seam for tests that inject faults over
-/// real gRPC (the test kit's `Faults`). What a verdict means here:
-///
-/// - a dropped message is a lost packet: nothing is reported and raft
-///   retries by itself; a dropped snapshot is reported to raft as failed,
-///   as the transport does when a transfer fails;
-/// - a delayed message waits on its peer's queue, so one peer's messages
-///   stay in order (as on a TCP stream) and other peers are not held up;
-/// - the verdict is given when the message is queued: a message queued (or
-///   delayed) before a cut is still delivered, as a packet in flight would
-///   be.
-///
-/// Only raft messages pass through it: a client request a follower forwards
-/// to the leader does not.
-pub trait MessageFilter: Send + Sync + std::fmt::Debug {
-    /// The fate of a message from replica `from` to replica `to`, queued now.
-    fn judge(&self, from: u64, to: u64) -> Verdict;
-}
+pub use crate::consensus::filter::{MessageFilter, Verdict};
 
 /// An instant no test outlives (a year from now).
 fn far_future() -> tokio::time::Instant {

@@ -8,5 +8,6 @@
 mod faults;
 mod in_process;
 mod processes;
+mod scenarios;
 mod tls;
 mod util;

@@ -1,29 +1,29 @@
-//! Faults on the raft transport: seeded rules that drop, delay or cut raft
-//! messages between replicas that talk real gRPC, the same kinds of fault
-//! the virtual-time harness (`consensus::harness`) has as filters.
-//!
-//! One [`Faults`] handle is shared by every replica of a test cluster
-//! (`ReplicaConfig::message_filter`, see [`Faults::filter`]); each replica's
-//! `Outbox` asks it about every message it is about to queue for a peer
-//! (the sender's side; what a verdict means there is
-//! `longhaul_coordinator::server::transport::MessageFilter`'s to say), so a
-//! rule between two replicas holds in both directions only if both use the
-//! handle. Rules compose: a message is dropped if any partition or
+//! Faults on raft messages, for tests: seeded rules that drop, delay or cut
+//! messages between replicas, the one vocabulary of faults of both kinds of
+//! test cluster. It is a [`MessageFilter`] (whose documentation says what a
+//! verdict means): over real gRPC, one handle is shared by every replica of
+//! a cluster (`ReplicaConfig::message_filter`, see [`Faults::filter`]) and
+//! each replica's `Outbox` asks it about every message it is about to queue
+//! for a peer; in virtual time the harness's network asks it about every
+//! message sent (`harness::Cluster::faults`). A rule between two replicas
+//! holds in both directions only if both use the handle. Rules compose: a message is dropped if any partition or
 //! isolation cuts its route or any drop rule draws it, and otherwise waits
 //! for the sum of the delays whose routes it takes.
 //!
 //! Every random draw comes from one [`SeedRng`] seeded with
-//! [`Faults::seed`], in the order messages are judged. Which message gets
-//! which draw depends on how the replicas' tasks interleave, so a seed
-//! replays the fault pattern, not the exact run.
+//! [`Faults::seed`], in the order messages are judged. In virtual time that
+//! order is fixed, so a seed replays the run exactly; over gRPC which
+//! message gets which draw depends on how the replicas' tasks interleave, so
+//! a seed replays the fault pattern, not the exact run.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use longhaul_coordinator::server::transport::{MessageFilter, Verdict};
 use longhaul_core::rng::SeedRng;
+
+use super::filter::{MessageFilter, Verdict};
 
 /// The messages a rule applies to, by sender and receiver replica id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +64,8 @@ enum Rule {
     },
     Delay {
         route: Route,
+        /// Of a message on the route being held back at all.
+        probability: f64,
         base: Duration,
         jitter: Duration,
     },
@@ -157,9 +159,42 @@ impl Faults {
     pub fn delay(&self, route: Route, base: Duration, jitter: Duration) -> RuleId {
         self.install(Rule::Delay {
             route,
+            probability: 1.0,
             base,
             jitter,
         })
+    }
+
+    /// Holds back each message on `route` with probability `probability`,
+    /// for `base` plus a uniformly drawn part of `jitter`; the others pass
+    /// at once. Held messages overtake nothing but are overtaken: the
+    /// network reorders.
+    ///
+    /// # Panics
+    ///
+    /// If `probability` is not within `0.0..=1.0`.
+    pub fn delay_randomly(
+        &self,
+        route: Route,
+        probability: f64,
+        base: Duration,
+        jitter: Duration,
+    ) -> RuleId {
+        assert!(
+            (0.0..=1.0).contains(&probability),
+            "probability: {probability} is not within 0..=1"
+        );
+        self.install(Rule::Delay {
+            route,
+            probability,
+            base,
+            jitter,
+        })
+    }
+
+    /// How many rules are installed.
+    pub fn rule_count(&self) -> usize {
+        self.lock().installed.len()
     }
 
     /// Cuts every route between replicas of different `groups`, both ways.
@@ -218,10 +253,13 @@ impl Faults {
                 }
                 Rule::Delay {
                     route,
+                    probability,
                     base,
                     jitter,
                 } => {
-                    if route.matches(from, to) {
+                    // A certain delay draws nothing for its probability.
+                    if route.matches(from, to) && (*probability >= 1.0 || rng.chance(*probability))
+                    {
                         let jitter = u64::try_from(jitter.as_nanos()).unwrap_or(u64::MAX);
                         let drawn = if jitter == 0 { 0 } else { rng.up_to(jitter) };
                         delay = delay
