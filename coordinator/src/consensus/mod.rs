@@ -1,8 +1,9 @@
 //! Raft consensus for the coordinator: durable storage, the Ready-loop driver and the
 //! state-machine seam.
 //!
-//! - [`storage`]: [`RedbStorage`], a `raft::Storage` over two redb files: the log, fsynced on
-//!   every commit, and the applied state, fsynced now and then (see its documentation).
+//! - [`storage`]: [`RedbStorage`], a `raft::Storage` in two parts: the log, a write-ahead log
+//!   fsynced on every commit ([`storage::wal`]), and the applied state, one redb file fsynced now
+//!   and then (see its documentation).
 //! - [`node`]: [`Node`], a sans-IO driver around `raft::RawNode` that owns the Ready loop.
 //! - [`kv`]: [`KvStateMachine`], a small key-value state machine used by tests and examples.
 //! - [`logging`]: raft-rs's slog records, forwarded to `tracing`.

@@ -47,10 +47,9 @@
 //! | `raft_conf_state`      | `()`   | protobuf-encoded `ConfState` as applied      |
 //! | `state_machine`        | bytes  | opaque, owned by the [`StateMachine`](super::StateMachine) |
 //!
-//! Stores written before the log moved out of redb kept it in the redb file at the given path
-//! (tables `raft_log`, `raft_hard_state`, `raft_log_truncated`, `raft_snapshot_meta`,
-//! `raft_snapshot_data`), and before that the state tables too; [`RedbStorage::open`] moves
-//! them and removes that file.
+//! Stores written before the log moved out of redb kept it in the redb file at the given path,
+//! and before that the state tables too; [`RedbStorage::open`] moves them and removes that file
+//! (`storage/migrate.rs`).
 
 use std::cell::Cell;
 use std::io::Read;
@@ -59,16 +58,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, RaftState};
-use redb::{
-    Database, Durability, ReadTransaction, ReadableTable, ReadableTableMetadata, TableDefinition,
-    TableHandle, WriteTransaction,
-};
+use redb::{Database, Durability, ReadTransaction, TableDefinition, WriteTransaction};
 
 mod batch;
+mod error;
+mod migrate;
 pub mod wal;
 
 pub use batch::Batch;
 use batch::PendingState;
+pub use error::{Result, StorageError};
 use wal::{LogOp, MemLog, Wal};
 
 /// Locks a mutex of the store. Nothing panics while holding one, so a poisoned lock still
@@ -79,17 +78,8 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-// Tables of the log in stores written before it moved out of redb (see `import_legacy_log`).
-const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("raft_log");
-const HARD_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_hard_state");
 const CONF_STATE: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_conf_state");
 const APPLIED: TableDefinition<'_, (), u64> = TableDefinition::new("raft_applied_index");
-// The log start is kept apart from the snapshot because the log may be compacted past the
-// stored snapshot, and raft still needs the term of the entry just before the log.
-const LOG_TRUNCATED: TableDefinition<'_, (), (u64, u64)> =
-    TableDefinition::new("raft_log_truncated");
-const SNAPSHOT_META: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_snapshot_meta");
-const SNAPSHOT_DATA: TableDefinition<'_, (), &[u8]> = TableDefinition::new("raft_snapshot_data");
 
 /// The table a [`StateMachine`](super::StateMachine) may use for its own data, in the state
 /// store. It is written in the same transaction as the applied index, so state and applied index
@@ -110,116 +100,6 @@ const SNAPSHOT_ZSTD_LEVEL: i32 = 3;
 /// fsync, even if nothing else asks for it: this bounds the open transaction, the fsync that ends
 /// it, and what a restart re-applies.
 pub const STATE_SYNC_ENTRIES: u64 = 1024;
-
-/// Errors of the durable Raft store.
-#[derive(Debug, thiserror::Error)]
-pub enum StorageError {
-    #[error("cannot open raft store {path}: {source}")]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: Box<redb::DatabaseError>,
-    },
-    #[error("raft store transaction: {0}")]
-    Transaction(#[from] Box<redb::TransactionError>),
-    #[error("raft store table: {0}")]
-    Table(#[from] Box<redb::TableError>),
-    #[error("raft store I/O: {0}")]
-    Storage(#[from] Box<redb::StorageError>),
-    #[error("raft store commit: {0}")]
-    Commit(#[from] Box<redb::CommitError>),
-    #[error("corrupt {what} in raft store: {source}")]
-    Decode {
-        what: &'static str,
-        #[source]
-        source: protobuf::ProtobufError,
-    },
-    #[error("cannot encode {what}: {source}")]
-    Encode {
-        what: &'static str,
-        #[source]
-        source: protobuf::ProtobufError,
-    },
-    #[error("log entry {index} is missing although the log spans {first}..={last}")]
-    MissingEntry { index: u64, first: u64, last: u64 },
-    #[error("appended entries start at {first_new} but the log ends at {last}: a gap")]
-    Gap { first_new: u64, last: u64 },
-    #[error("appended entries start at {first_new} but the log is compacted up to {truncated}")]
-    OverwriteCompacted { first_new: u64, truncated: u64 },
-    #[error("cannot compact to {to}: {reason} (limit {limit})")]
-    CompactTooFar {
-        to: u64,
-        limit: u64,
-        reason: &'static str,
-    },
-    #[error("snapshot at index {index} is out of date: log is compacted up to {truncated}")]
-    SnapshotOutOfDate { index: u64, truncated: u64 },
-    #[error("snapshot data: {0}")]
-    SnapshotData(#[source] std::io::Error),
-    #[error("snapshot data exceeds {limit} bytes once decompressed")]
-    SnapshotTooLarge { limit: u64 },
-    #[error(
-        "the state store has applied entry {applied} but the log ends at {last}: the two files \
-         of the store do not belong together"
-    )]
-    StateAheadOfLog { applied: u64, last: u64 },
-    #[error("the state store is behind the log's start and there is no snapshot to restore")]
-    NoSnapshotToRestore,
-    #[error("a failed batch dropped applied entries that were not committed; reopen the store")]
-    AppliesLost,
-    #[error("cannot open the state file to flush it: {0}")]
-    StateFile(#[source] std::io::Error),
-    #[error("corrupt raft log: {0}")]
-    CorruptLog(&'static str),
-    #[error(
-        "the raft log segment {path} is corrupt at byte {offset}: {reason}; it was left as it is \
-         (restore this replica from a backup, or remove it from the cluster and add it again)"
-    )]
-    CorruptSegment {
-        path: PathBuf,
-        offset: usize,
-        reason: &'static str,
-    },
-    #[error("a raft log record of {bytes} bytes exceeds the limit of {limit} bytes")]
-    RecordTooLarge { bytes: usize, limit: u32 },
-    #[error("an earlier write or fsync of the raft log failed; reopen the store")]
-    LogFailed,
-    #[error("cannot {what} ({path}): {source}")]
-    LogFile {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("state machine: {0}")]
-    StateMachine(#[source] Box<dyn std::error::Error + Send + Sync>),
-}
-
-// redb's error types are large; boxing keeps `Result<_, StorageError>` small. These impls let `?`
-// box them implicitly.
-macro_rules! boxed_from {
-    ($($t:ty),*) => {$(
-        impl From<$t> for StorageError {
-            fn from(e: $t) -> Self {
-                Box::new(e).into()
-            }
-        }
-    )*};
-}
-boxed_from!(
-    redb::TransactionError,
-    redb::TableError,
-    redb::StorageError,
-    redb::CommitError
-);
-
-impl From<StorageError> for raft::Error {
-    fn from(e: StorageError) -> Self {
-        raft::Error::Store(raft::StorageError::Other(Box::new(e)))
-    }
-}
-
-pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
 /// What raft needs to know about the log without reading it: cached, and replaced only after
 /// the batch that changed it has committed.
@@ -337,20 +217,7 @@ impl RedbStorage {
     pub fn open(path: &Path) -> Result<Self> {
         let [wal_dir, state_path] = Self::files(path);
         let state_db = open_database(&state_path)?;
-        let legacy = path.exists();
-        let (wal, mem) = if legacy && !Wal::exists(&wal_dir)? {
-            Self::import_legacy_log(path, &wal_dir, &state_db)?
-        } else {
-            Wal::open(&wal_dir, || Ok(MemLog::default()))?
-        };
-        if legacy {
-            // Imported now or before a crash (the log is only written once the import is).
-            std::fs::remove_file(path).map_err(|source| StorageError::LogFile {
-                what: "remove the store's old log file",
-                path: path.to_owned(),
-                source,
-            })?;
-        }
+        let (wal, mem) = migrate::open_log(path, &wal_dir, &state_db)?;
         // Create every table up front so that read transactions never meet a missing table.
         let txn = durable_write(&state_db)?;
         txn.open_table(APPLIED)?;
@@ -381,110 +248,6 @@ impl RedbStorage {
             state_unsynced: Cell::new(false),
             snapshot_wanted: Cell::new(false),
         })
-    }
-
-    /// Moves a store written before the log left redb: its state tables (if it predates the
-    /// state file too) go to the state file, fsynced, then its log becomes the first segment of
-    /// the write-ahead log. The caller removes the old file afterwards; a crash before that
-    /// finds the log written and only repeats the removal.
-    fn import_legacy_log(
-        path: &Path,
-        wal_dir: &Path,
-        state_db: &Database,
-    ) -> Result<(Wal, MemLog)> {
-        let log_db = open_database(path)?;
-        Self::move_state_tables(&log_db, state_db)?;
-        let txn = log_db.begin_read()?;
-        let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
-        let holds = |name: &str| names.iter().any(|n| n == name);
-        let single = |def: TableDefinition<'_, (), &[u8]>| -> Result<Option<Vec<u8>>> {
-            if !holds(def.name()) {
-                return Ok(None);
-            }
-            Ok(txn.open_table(def)?.get(())?.map(|v| v.value().to_vec()))
-        };
-        let mut mem = MemLog::default();
-        if let Some(bytes) = single(HARD_STATE)? {
-            mem.hard_state = decode("hard state", &bytes)?;
-        }
-        if let Some(bytes) = single(SNAPSHOT_META)? {
-            mem.snapshot = decode("snapshot metadata", &bytes)?;
-        }
-        let snapshot_data = single(SNAPSHOT_DATA)?;
-        if holds(LOG_TRUNCATED.name())
-            && let Some(v) = txn.open_table(LOG_TRUNCATED)?.get(())?
-        {
-            mem.truncated = v.value();
-        }
-        if holds(LOG.name()) {
-            let mut entries = Vec::new();
-            for item in txn.open_table(LOG)?.iter()? {
-                let (_, bytes) = item?;
-                entries.push(decode::<Entry>("log entry", bytes.value())?);
-            }
-            mem.apply(LogOp::Append(entries))?;
-        }
-        let snapshot = mem.snapshot.clone();
-        Wal::open(wal_dir, move || {
-            if let Some(data) = snapshot_data.filter(|_| snapshot.index != 0) {
-                Wal::write_snapshot_in(wal_dir, &snapshot, &data)?;
-            }
-            tracing::info!(
-                from = %path.display(),
-                to = %wal_dir.display(),
-                entries = mem.entries.len(),
-                "moved the raft log out of the redb file into the write-ahead log"
-            );
-            Ok(mem)
-        })
-    }
-
-    /// Moves the state tables of a store written before the log and the state were split from
-    /// the log file into the state file: copied (fsynced) first, then dropped from the log file,
-    /// so a crash in between only repeats the drop.
-    fn move_state_tables(log_db: &Database, state_db: &Database) -> Result<()> {
-        let old = log_db.begin_read()?;
-        let names: Vec<String> = old.list_tables()?.map(|t| t.name().to_string()).collect();
-        let holds = |name: &str| names.iter().any(|n| n == name);
-        if !holds(APPLIED.name()) && !holds(CONF_STATE.name()) && !holds(STATE_MACHINE.name()) {
-            return Ok(());
-        }
-        let moved = {
-            let txn = state_db.begin_read()?;
-            match txn.open_table(APPLIED) {
-                Ok(table) => !table.is_empty()?,
-                Err(redb::TableError::TableDoesNotExist(_)) => false,
-                Err(error) => return Err(error.into()),
-            }
-        };
-        if !moved {
-            let txn = durable_write(state_db)?;
-            if holds(APPLIED.name())
-                && let Some(applied) = old.open_table(APPLIED)?.get(())?
-            {
-                txn.open_table(APPLIED)?.insert((), applied.value())?;
-            }
-            if holds(CONF_STATE.name())
-                && let Some(conf_state) = old.open_table(CONF_STATE)?.get(())?
-            {
-                txn.open_table(CONF_STATE)?.insert((), conf_state.value())?;
-            }
-            if holds(STATE_MACHINE.name()) {
-                let mut to = txn.open_table(STATE_MACHINE)?;
-                for item in old.open_table(STATE_MACHINE)?.iter()? {
-                    let (key, value) = item?;
-                    to.insert(key.value(), value.value())?;
-                }
-            }
-            txn.commit()?;
-        }
-        drop(old);
-        let txn = durable_write(log_db)?;
-        txn.delete_table(APPLIED)?;
-        txn.delete_table(CONF_STATE)?;
-        txn.delete_table(STATE_MACHINE)?;
-        txn.commit()?;
-        Ok(())
     }
 
     fn load(log: &MemLog, state_store: &ReadTransaction) -> Result<LogState> {

@@ -1,7 +1,9 @@
 use raft::Storage as _;
 use raft::eraftpb::{ConfState, Entry, HardState, Snapshot, SnapshotMetadata};
 use raft::{GetEntriesContext, StorageError as RaftStorageError};
+use redb::ReadableTable as _;
 
+use super::migrate::{HARD_STATE, LOG, LOG_TRUNCATED, SNAPSHOT_DATA, SNAPSHOT_META};
 use super::*;
 
 fn entry(index: u64, term: u64) -> Entry {

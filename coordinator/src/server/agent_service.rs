@@ -20,10 +20,9 @@ use tonic::{Request, Response, Status};
 
 use super::assignments::assignment_for;
 use super::convert::{self, invalid};
+use super::forward::{DEFAULT_WAIT, FORWARDED, Forwarding, forward, wait_for};
 use super::leases::{LeaseError, Leases};
-use super::service::{
-    CoordinatorService, FORWARDED, async_stream, follow_live, now_unix_ms, wait_for,
-};
+use super::service::{CoordinatorService, async_stream, follow_live, now_unix_ms};
 
 /// The agent-facing service of one replica.
 #[derive(Debug, Clone)]
@@ -42,32 +41,17 @@ impl AgentServiceImpl {
             leases,
         }
     }
+}
 
-    /// Forwards to the leader when this replica is not it.
-    fn leader<T>(
-        &self,
-        request: &Request<T>,
-    ) -> Result<Option<AgentServiceClient<tonic::transport::Channel>>, Status> {
+impl Forwarding for AgentServiceImpl {
+    type Client = AgentServiceClient<tonic::transport::Channel>;
+
+    fn leader_client<T>(&self, request: &Request<T>) -> Result<Option<Self::Client>, Status> {
         Ok(self
             .coordinator
             .leader_channel(request)?
             .map(|channel| AgentServiceClient::new(channel).max_decoding_message_size(64 << 20)))
     }
-}
-
-/// Forwards a request to the leader, once, marking it as forwarded.
-macro_rules! forward {
-    ($self:ident, $request:ident, $method:ident) => {
-        if let Some(mut client) = $self.leader(&$request)? {
-            let timeout = wait_for(&$request, super::service::DEFAULT_WAIT);
-            let mut forwarded = Request::new($request.into_inner());
-            forwarded.set_timeout(timeout);
-            forwarded
-                .metadata_mut()
-                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-            return client.$method(forwarded).await;
-        }
-    };
 }
 
 /// The site names on the client's certificate (`None` without TLS).
@@ -206,7 +190,7 @@ impl AgentService for AgentServiceImpl {
                 .map_err(|e| invalid("data_address", format!("not a host:port address: {e}")))?;
         }
         forward!(self, request, register);
-        let wait = wait_for(&request, super::service::DEFAULT_WAIT);
+        let wait = wait_for(&request, DEFAULT_WAIT);
         let body = request.into_inner();
         let lease_id = self.leases.grant().map_err(lease_status)?;
         let ttl = self.leases.ttl();
@@ -275,7 +259,7 @@ impl AgentService for AgentServiceImpl {
             .map(|(i, c)| group_change(c, i))
             .collect::<Result<Vec<_>, _>>()?;
         forward!(self, request, report_inventory_delta);
-        let wait = wait_for(&request, super::service::DEFAULT_WAIT);
+        let wait = wait_for(&request, DEFAULT_WAIT);
         let body = request.into_inner();
         let revision = self
             .coordinator
@@ -364,7 +348,7 @@ impl AgentService for AgentServiceImpl {
             ));
         }
         forward!(self, request, report_link_probe);
-        let wait = wait_for(&request, super::service::DEFAULT_WAIT);
+        let wait = wait_for(&request, DEFAULT_WAIT);
         let body = request.into_inner();
         let m = body.measurement.unwrap_or_default();
         let revision = self

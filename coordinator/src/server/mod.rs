@@ -6,6 +6,7 @@
 pub mod agent_service;
 pub mod assignments;
 pub mod convert;
+pub mod forward;
 pub mod leases;
 pub mod raft_loop;
 pub mod replan;

@@ -4,6 +4,8 @@
 //! leader it knows. Reads are linearizable (ReadIndex) unless the request
 //! sets `allow_stale`. Every wait on consensus is bounded: a request that
 //! cannot complete fails with UNAVAILABLE or DEADLINE_EXCEEDED, never hangs.
+//! Forwarding and the bounds on waits are `forward.rs`'s, shared with the
+//! agent service.
 
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -17,15 +19,10 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, invalid};
-use super::raft_loop::{ConsensusError, RaftHandle, Role};
+use super::forward::{self, Forwarding, bounded, forward, wait_for};
+use super::raft_loop::RaftHandle;
 use super::state_machine::ApplyResponse;
 use super::transport::PeerBook;
-
-/// Metadata key set on forwarded requests, so a request is forwarded once.
-pub(super) const FORWARDED: &str = "x-longhaul-forwarded";
-
-/// The default bound on a wait for consensus when the client sets no deadline.
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 pub struct CoordinatorService {
@@ -41,45 +38,6 @@ pub fn now_unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Bounds a wait; the message says what was waited for.
-pub(super) async fn bounded<T>(
-    wait: Duration,
-    what: &str,
-    future: impl Future<Output = Result<T, ConsensusError>>,
-) -> Result<T, Status> {
-    match tokio::time::timeout(wait, future).await {
-        Ok(result) => result.map_err(Status::from),
-        Err(_) => Err(Status::deadline_exceeded(format!(
-            "{what} did not complete within {} ms (no quorum reachable?)",
-            wait.as_millis()
-        ))),
-    }
-}
-
-/// The client's deadline (`grpc-timeout`), capped by the server's bound.
-pub(super) fn wait_for<T>(request: &Request<T>, default: Duration) -> Duration {
-    request
-        .metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .map_or(default, |client| client.min(default))
-}
-
-fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (number, unit) = value.split_at(value.len().checked_sub(1)?);
-    let number: u64 = number.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(number * 3600),
-        "M" => Duration::from_secs(number * 60),
-        "S" => Duration::from_secs(number),
-        "m" => Duration::from_millis(number),
-        "u" => Duration::from_micros(number),
-        "n" => Duration::from_nanos(number),
-        _ => return None,
-    })
-}
-
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
 
 impl CoordinatorService {
@@ -92,7 +50,7 @@ impl CoordinatorService {
             raft,
             peers,
             tls,
-            wait: DEFAULT_WAIT,
+            wait: forward::DEFAULT_WAIT,
         }
     }
 
@@ -138,47 +96,13 @@ impl CoordinatorService {
         Ok((value, self.header_at(revision)))
     }
 
-    /// A client for the leader, when this replica is not it.
-    fn leader_client<T>(
-        &self,
-        request: &Request<T>,
-    ) -> Result<Option<CoordinatorClient<tonic::transport::Channel>>, Status> {
-        Ok(self.leader_channel(request)?.map(CoordinatorClient::new))
-    }
-
     /// A channel to the leader when this replica is not it (`None` when it
-    /// is). A request already forwarded once is not forwarded again.
+    /// is), for either service; see [`forward::leader_channel`].
     pub(super) fn leader_channel<T>(
         &self,
         request: &Request<T>,
     ) -> Result<Option<tonic::transport::Channel>, Status> {
-        let status = self.raft.status();
-        if status.role == Role::Leader {
-            return Ok(None);
-        }
-        if request.metadata().contains_key(FORWARDED) {
-            return Err(Status::unavailable(
-                "this replica is not the leader and the request was already forwarded once; retry",
-            ));
-        }
-        if status.leader_id == 0 {
-            return Err(Status::unavailable(ConsensusError::NoLeader.to_string()));
-        }
-        let url = self.leader_url(status.leader_id).ok_or_else(|| {
-            Status::unavailable(format!(
-                "leader {} has no known address; retry",
-                status.leader_id
-            ))
-        })?;
-        let mut endpoint = tonic::transport::Endpoint::from_shared(url)
-            .map_err(|e| Status::internal(format!("leader address: {e}")))?
-            .connect_timeout(Duration::from_secs(1));
-        if let Some(tls) = &self.tls {
-            endpoint = endpoint
-                .tls_config(tls.clone())
-                .map_err(|e| Status::internal(format!("leader TLS: {e}")))?;
-        }
-        Ok(Some(endpoint.connect_lazy()))
+        forward::leader_channel(&self.raft, &self.peers, self.tls.as_ref(), request)
     }
 
     /// The URL replica `id` is reached at.
@@ -215,19 +139,16 @@ impl CoordinatorService {
     }
 }
 
-/// Forwards a request to the leader, once, marking it as forwarded.
-macro_rules! forward {
-    ($self:ident, $request:ident, $method:ident) => {
-        if let Some(mut client) = $self.leader_client(&$request)? {
-            let timeout = wait_for(&$request, $self.wait);
-            let mut forwarded = Request::new($request.into_inner());
-            forwarded.set_timeout(timeout);
-            forwarded
-                .metadata_mut()
-                .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
-            return client.$method(forwarded).await;
-        }
-    };
+impl Forwarding for CoordinatorService {
+    type Client = CoordinatorClient<tonic::transport::Channel>;
+
+    fn leader_client<T>(&self, request: &Request<T>) -> Result<Option<Self::Client>, Status> {
+        Ok(self.leader_channel(request)?.map(CoordinatorClient::new))
+    }
+
+    fn default_wait(&self) -> Duration {
+        self.wait
+    }
 }
 
 fn expected(revision: u64) -> Option<u64> {
