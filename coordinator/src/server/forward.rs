@@ -132,11 +132,17 @@ pub(super) fn wait_for<T>(request: &Request<T>, default: Duration) -> Duration {
 
 /// A `grpc-timeout` value: an integer and one unit letter (gRPC over HTTP/2).
 fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (number, unit) = value.split_at(value.len().checked_sub(1)?);
+    // ASCII digits and a one-letter unit (the gRPC spec allows 8 digits;
+    // more are read, saturating); anything else is ignored, and the
+    // server's own bound applies. Never a panic, whatever a client sends.
+    if !value.is_ascii() || value.len() < 2 {
+        return None;
+    }
+    let (number, unit) = value.split_at(value.len() - 1);
     let number: u64 = number.parse().ok()?;
     Some(match unit {
-        "H" => Duration::from_secs(number * 3600),
-        "M" => Duration::from_secs(number * 60),
+        "H" => Duration::from_secs(number.saturating_mul(3600)),
+        "M" => Duration::from_secs(number.saturating_mul(60)),
         "S" => Duration::from_secs(number),
         "m" => Duration::from_millis(number),
         "u" => Duration::from_micros(number),
@@ -179,6 +185,10 @@ mod tests {
         check(Some("m"), DEFAULT_WAIT);
         check(Some("5x"), DEFAULT_WAIT);
         check(Some("-5S"), DEFAULT_WAIT);
+        // Absurd values saturate to the server's bound instead of
+        // overflowing; a non-ASCII one is ignored.
+        check(Some("99999999999999999H"), DEFAULT_WAIT);
+        check(Some("18446744073709551615M"), DEFAULT_WAIT);
     }
 
     #[test]
