@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
 use longhaul_coordinator::process::{KillOnDrop, append_log};
-use longhaul_core::{Scenario, Topology};
+use longhaul_core::{Scenario, Topology, units};
 use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy};
+use longhaul_site_agent::config::{AgentConfig, ProbeConfig};
+use longhaul_site_agent::inventory::InventoryConfig;
 
 /// A port on 127.0.0.1 that was free a moment ago.
 pub(super) fn free_port() -> anyhow::Result<SocketAddr> {
@@ -248,9 +250,9 @@ pub(super) async fn start_agents(
     for site in &topology.sites {
         let coordinators: Vec<String> = (0..count)
             .filter_map(|j| replicas.reach.get(&(site.id.clone(), j)))
-            .map(|a| format!("\"http://{a}\""))
+            .map(|a| format!("http://{a}"))
             .collect();
-        let mut peers = Vec::new();
+        let mut peers = BTreeMap::new();
         for other in &topology.sites {
             if other.id == site.id || !wan.linked(&site.id, &other.id) {
                 continue;
@@ -259,39 +261,33 @@ pub(super) async fn start_agents(
                 .expose(&site.id, &other.id, data[&other.id])
                 .await
                 .with_context(|| format!("cannot expose {}'s agent to {}", other.id, site.id))?;
-            peers.push(format!("{} = \"{}\"", other.id, udp));
+            peers.insert(other.id.clone(), udp);
         }
-        let config = format!(
-            r#"site = "{site}"
-coordinators = [{coordinators}]
-plaintext = true
-data_listen = "{data}"
-status_listen = "{status}"
-state_dir = {state:?}
-rescan_interval = "30 s"
-call_timeout = "2 s"
-
-[inventory]
-source = "static"
-site = "{site}"
-static = {{ file = {topology:?} }}
-
-[probe]
-interval = "10 s"
-pings = 10
-loss_datagrams = 100
-throughput_duration = "300 ms"
-seed = {seed}
-peer_addresses = {{ {peers} }}
-"#,
-            site = site.id,
-            coordinators = coordinators.join(", "),
-            data = data[&site.id],
-            status = free_port()?,
-            state = dir.join(format!("agent-{}", site.id)),
-            topology = topology_file,
-            peers = peers.join(", "),
-        );
+        let config = AgentConfig {
+            plaintext: true,
+            state_dir: Some(dir.join(format!("agent-{}", site.id))),
+            rescan_interval: units::Duration::from_secs(30),
+            call_timeout: units::Duration::from_secs(2),
+            probe: ProbeConfig {
+                interval: units::Duration::from_secs(10),
+                pings: 10,
+                loss_datagrams: 100,
+                throughput_duration: units::Duration::from_millis(300),
+                seed,
+                peer_addresses: peers,
+                ..ProbeConfig::default()
+            },
+            ..AgentConfig::new(
+                &site.id,
+                coordinators,
+                data[&site.id],
+                free_port()?,
+                InventoryConfig::static_file(&site.id, &topology_file),
+            )
+        };
+        let config = config
+            .to_toml()
+            .with_context(|| format!("cannot write {}'s agent config", site.id))?;
         let path = dir.join(format!("agent-{}.toml", site.id));
         std::fs::write(&path, config)
             .with_context(|| format!("cannot write {}", path.display()))?;
