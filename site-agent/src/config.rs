@@ -28,6 +28,10 @@
 //! ```
 //!
 //! Relative paths are relative to the config file's directory.
+//!
+//! [`AgentConfig::to_toml`] writes a config back as this TOML (what was set,
+//! without the defaults), so programs that start agents build the value and
+//! write it rather than composing text; `from_toml` reads it back equal.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -35,7 +39,7 @@ use std::path::{Path, PathBuf};
 use longhaul_core::ConfigError;
 use longhaul_core::config::{FieldPath, Validate, Violation, check_id};
 use longhaul_core::units::Duration;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::inventory::InventoryConfig;
 use crate::render::RenderOptions;
@@ -45,7 +49,7 @@ pub const DEFAULT_DATA_LISTEN: &str = "127.0.0.1:7800";
 /// Where the agent serves its status unless configured.
 pub const DEFAULT_STATUS_LISTEN: &str = "127.0.0.1:7900";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// The site this agent speaks for.
@@ -53,22 +57,22 @@ pub struct AgentConfig {
     /// Coordinator replica URLs (`http://` in plaintext, `https://` with TLS).
     pub coordinators: Vec<String>,
     /// Run without TLS. For local use only: nothing is authenticated.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub plaintext: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsFiles>,
     #[serde(default = "default_data_listen")]
     pub data_listen: SocketAddr,
     /// The address other agents dial; `data_listen` when unset.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_advertise: Option<SocketAddr>,
     #[serde(default = "default_status_listen")]
     pub status_listen: SocketAddr,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
     /// Where the agent keeps its progress and rendered files
     /// (default `.longhaul-agent/<site>`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_dir: Option<PathBuf>,
     /// Time between inventory rescans (default 30 s).
     #[serde(default = "default_rescan")]
@@ -77,16 +81,21 @@ pub struct AgentConfig {
     #[serde(default = "default_call_timeout")]
     pub call_timeout: Duration,
     pub inventory: InventoryConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub render: RenderOptions,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submit: Option<SubmitConfig>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_default")]
     pub probe: ProbeConfig,
 }
 
+/// Whether a section is all defaults, and so need not be written.
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
 /// Link probes to the other sites' agents (QUIC, on `data_listen`).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProbeConfig {
     /// Probe the other sites at all (the probe server runs regardless, so
@@ -152,7 +161,7 @@ impl ProbeConfig {
 }
 
 /// PEM files for mutual TLS.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TlsFiles {
     /// The CA that signs the coordinators' and agents' certificates.
@@ -163,7 +172,7 @@ pub struct TlsFiles {
 }
 
 /// Submission of rendered Slurm scripts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitConfig {
     /// The sbatch program (default `sbatch` on `PATH`).
@@ -294,6 +303,42 @@ fn lexically_clean(path: &Path) -> PathBuf {
 }
 
 impl AgentConfig {
+    /// A config for `site` with the parser's defaults for everything not
+    /// given. It has neither `[tls]` nor `plaintext = true` (the parser has
+    /// no default for that choice either): set one before use.
+    pub fn new(
+        site: impl Into<String>,
+        coordinators: Vec<String>,
+        data_listen: SocketAddr,
+        status_listen: SocketAddr,
+        inventory: InventoryConfig,
+    ) -> Self {
+        Self {
+            site: site.into(),
+            coordinators,
+            plaintext: false,
+            tls: None,
+            data_listen,
+            data_advertise: None,
+            status_listen,
+            metrics_listen: None,
+            state_dir: None,
+            rescan_interval: default_rescan(),
+            call_timeout: default_call_timeout(),
+            inventory,
+            render: RenderOptions::default(),
+            submit: None,
+            probe: ProbeConfig::default(),
+        }
+    }
+
+    /// The config as the TOML that [`AgentConfig::from_toml`] reads back to
+    /// an equal value; sections left at their defaults are omitted. Fails
+    /// on a path that is not UTF-8.
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        toml::to_string(self)
+    }
+
     /// Parses and checks a config file's text; relative paths are resolved
     /// against `base` (the file's directory).
     pub fn from_toml(file: &str, text: &str, base: &Path) -> Result<Self, ConfigError> {
@@ -402,5 +447,189 @@ static = { file = "topology.toml" }
         )
         .unwrap_err();
         assert!(unknown.to_string().contains("lease"), "{unknown}");
+    }
+
+    /// A config with every field and section set to something other than
+    /// its default, valid as a whole, with absolute paths (which parsing
+    /// leaves as they are).
+    fn everything_set() -> AgentConfig {
+        use crate::inventory::{BuildingConfig, SlurmConfig};
+        use crate::render::{SlurmTopology, Target};
+        use longhaul_core::topology::{Fabric, FabricKind, Location};
+        use longhaul_core::units::DataRate;
+
+        let fabric = |kind, oversubscription| Fabric {
+            kind,
+            link_rate: DataRate::from_gbit_per_second(400),
+            oversubscription,
+        };
+        let mut inventory = InventoryConfig::slurm(
+            "north",
+            fabric(FabricKind::RailAligned, 1.0),
+            SlurmConfig {
+                scontrol: "/opt/slurm/bin/scontrol".into(),
+                timeout: Duration::from_secs(10),
+                nodes_json: Some("/srv/north/nodes.json".into()),
+                nodes_text: None,
+                topology_file: Some("/srv/north/topology.conf".into()),
+                partitions: vec!["gpu".into(), "large".into()],
+                buildings: [("dh1".into(), "block[1-8]".into())].into(),
+                default_building: Some("dh2".into()),
+                untyped_gpu: Some("h100".into()),
+            },
+        );
+        inventory.site_name = Some("North campus".into());
+        inventory.location = Some(Location {
+            latitude: 52.52,
+            longitude: 13.405,
+        });
+        inventory.campus_interconnect = Some(DataRate::from_gbit_per_second(25_600));
+        inventory.buildings = [(
+            "dh2".into(),
+            BuildingConfig {
+                fabric: fabric(FabricKind::LeafSpine, 2.0),
+            },
+        )]
+        .into();
+        inventory.gpu_aliases = [("tesla_h100".into(), "h100".into())].into();
+
+        let mut render = RenderOptions {
+            command: "python -u pretrain.py --config run.yaml".into(),
+            targets: vec![Target::Slurm, Target::Kubernetes],
+            rendezvous_port: 29600,
+            ..RenderOptions::default()
+        };
+        render.slurm.partition = Some("gpu".into());
+        render.slurm.account = Some("ml".into());
+        render.slurm.time_limit = Some("1-12:00:00".into());
+        render.slurm.topology = SlurmTopology::Block;
+        render.slurm.exclusive = false;
+        render.kubernetes.namespace = "training".into();
+        render.kubernetes.queue_name = Some("gpu-queue".into());
+        render.kubernetes.image = Some("registry.example/trainer:1".into());
+        render.kubernetes.domain_label = "example.com/rack".into();
+        render.kubernetes.block_label = Some("example.com/block".into());
+        render.kubernetes.gpu_resource = "example.com/gpu".into();
+
+        let address = |port| SocketAddr::from(([10, 1, 0, 5], port));
+        AgentConfig {
+            tls: Some(TlsFiles {
+                ca: "/etc/longhaul/ca.pem".into(),
+                cert: "/etc/longhaul/north.pem".into(),
+                key: "/etc/longhaul/north.key".into(),
+            }),
+            data_advertise: Some(SocketAddr::from(([192, 0, 2, 7], 7800))),
+            metrics_listen: Some(address(9800)),
+            state_dir: Some("/var/lib/longhaul-agent".into()),
+            rescan_interval: Duration::from_secs(45),
+            call_timeout: Duration::from_millis(1500),
+            render,
+            submit: Some(SubmitConfig {
+                sbatch: "/opt/slurm/bin/sbatch".into(),
+                args: vec!["--hold".into()],
+                timeout: Duration::from_secs(20),
+            }),
+            probe: ProbeConfig {
+                enabled: false,
+                interval: Duration::from_secs(15),
+                pings: 7,
+                loss_datagrams: 0,
+                throughput_duration: Duration::from_millis(2500),
+                throughput_streams: 4,
+                seed: 42,
+                peer_addresses: [
+                    ("south".into(), SocketAddr::from(([127, 0, 0, 1], 17801))),
+                    ("east-2".into(), SocketAddr::from(([127, 0, 0, 1], 17802))),
+                ]
+                .into(),
+            },
+            ..AgentConfig::new(
+                "north",
+                vec![
+                    "https://10.0.0.1:7700".into(),
+                    "https://10.0.0.2:7700".into(),
+                ],
+                address(7800),
+                address(7900),
+                inventory,
+            )
+        }
+    }
+
+    #[test]
+    fn a_config_with_every_section_set_is_read_back_equal() {
+        let config = everything_set();
+        let text = config.to_toml().unwrap();
+        let parsed = AgentConfig::from_toml("written.toml", &text, Path::new("/elsewhere"))
+            .unwrap_or_else(|e| panic!("{e}\nin:\n{text}"));
+        assert_eq!(parsed, config, "in:\n{text}");
+        for section in ["[tls]", "[inventory]", "[render]", "[submit]", "[probe]"] {
+            assert!(text.contains(section), "no {section} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_constructor_has_the_parsers_defaults_and_writes_only_what_is_set() {
+        let config = AgentConfig {
+            plaintext: true,
+            ..AgentConfig::new(
+                "north",
+                vec![
+                    "http://127.0.0.1:7700".into(),
+                    "http://127.0.0.1:7701".into(),
+                ],
+                DEFAULT_DATA_LISTEN.parse().unwrap(),
+                DEFAULT_STATUS_LISTEN.parse().unwrap(),
+                InventoryConfig::static_file("north", "/etc/longhaul/topology.toml"),
+            )
+        };
+        let parsed =
+            AgentConfig::from_toml("agent.toml", GOOD, Path::new("/etc/longhaul")).unwrap();
+        assert_eq!(config, parsed);
+        let text = config.to_toml().unwrap();
+        for absent in ["tls", "render", "probe", "submit", "state_dir"] {
+            assert!(!text.contains(absent), "{absent} written in:\n{text}");
+        }
+        let again = AgentConfig::from_toml("written.toml", &text, Path::new("/elsewhere")).unwrap();
+        assert_eq!(again, config);
+    }
+
+    #[test]
+    fn the_bundled_agent_configs_are_read_back_equal_when_written() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/agents");
+        let dir = dir.canonicalize().unwrap();
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|e| e != "toml") {
+                continue;
+            }
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Paths come out resolved against the (absolute) directory, so
+            // reading the written file there again changes nothing.
+            let config = AgentConfig::from_toml(&name, &text, &dir).unwrap();
+            let written = config.to_toml().unwrap();
+            let again = AgentConfig::from_toml(&name, &written, &dir)
+                .unwrap_or_else(|e| panic!("{e}\nin:\n{written}"));
+            assert_eq!(again, config, "{name}, written as:\n{written}");
+            seen += 1;
+        }
+        assert!(seen >= 3, "only {seen} configs in {}", dir.display());
+    }
+
+    #[test]
+    fn a_written_config_is_still_checked_when_read() {
+        let mut config = everything_set();
+        config.plaintext = true;
+        let error =
+            AgentConfig::from_toml("written.toml", &config.to_toml().unwrap(), Path::new("/"))
+                .unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("field `plaintext`: is true but [tls] is set too"),
+            "{error}"
+        );
     }
 }

@@ -13,32 +13,30 @@ use longhaul_coordinator::server::Replica;
 use longhaul_core::identity::site_dns_name;
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use longhaul_site_agent::config::{AgentConfig, TlsFiles};
+use longhaul_site_agent::inventory::InventoryConfig;
 use longhaul_testkit::{KillOnDrop, TestCa, eventually, free_addr, replica_configs};
 
 fn agent_config(dir: &Path, site: &str, cert: &str, coordinator: &str) -> std::path::PathBuf {
     let topology =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/two-campuses-80km.toml");
-    let text = format!(
-        r#"site = "{site}"
-coordinators = ["https://{coordinator}"]
-data_listen = "{data}"
-status_listen = "{status}"
-state_dir = {state:?}
-
-[tls]
-ca = "ca.pem"
-cert = "{cert}.pem"
-key = "{cert}.key"
-
-[inventory]
-source = "static"
-site = "{site}"
-static = {{ file = {topology:?} }}
-"#,
-        data = free_addr(),
-        status = free_addr(),
-        state = dir.join(format!("state-{site}")),
-    );
+    // The TLS files are relative, so the agent finds them beside its config.
+    let config = AgentConfig {
+        tls: Some(TlsFiles {
+            ca: "ca.pem".into(),
+            cert: format!("{cert}.pem").into(),
+            key: format!("{cert}.key").into(),
+        }),
+        state_dir: Some(dir.join(format!("state-{site}"))),
+        ..AgentConfig::new(
+            site,
+            vec![format!("https://{coordinator}")],
+            free_addr(),
+            free_addr(),
+            InventoryConfig::static_file(site, topology),
+        )
+    };
+    let text = config.to_toml().unwrap();
     let path = dir.join(format!("{site}.toml"));
     std::fs::write(&path, text).unwrap();
     path

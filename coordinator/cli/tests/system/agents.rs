@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 
 use longhaul_coordinator::server::ReplicaConfig;
 use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
-use longhaul_core::{JobSpec, Topology};
+use longhaul_core::{JobSpec, Topology, units};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::site_agent_client::SiteAgentClient;
+use longhaul_site_agent::config::{AgentConfig, ProbeConfig};
+use longhaul_site_agent::inventory::InventoryConfig;
 use longhaul_testkit::{KillOnDrop, append_log, client, eventually, free_addr, replica_configs};
 
 const TOPOLOGY: &str = "../../deploy/examples/three-sites-two-continents.toml";
@@ -47,42 +49,34 @@ struct AgentProcess {
 
 impl AgentProcess {
     fn new(dir: &Path, site: &'static str, coordinators: &[String], topology: &Path) -> Self {
-        let status = free_addr().to_string();
+        let status = free_addr();
         let state_dir = dir.join(format!("agent-{site}"));
+        let settings = AgentConfig {
+            plaintext: true,
+            state_dir: Some(state_dir.clone()),
+            rescan_interval: units::Duration::from_secs(1),
+            call_timeout: units::Duration::from_secs(2),
+            probe: ProbeConfig {
+                interval: units::Duration::from_secs(2),
+                pings: 5,
+                loss_datagrams: 50,
+                throughput_duration: units::Duration::from_millis(200),
+                ..ProbeConfig::default()
+            },
+            ..AgentConfig::new(
+                site,
+                coordinators.to_vec(),
+                free_addr(),
+                status,
+                InventoryConfig::static_file(site, topology),
+            )
+        };
         let config = dir.join(format!("{site}.toml"));
-        let coordinators = coordinators
-            .iter()
-            .map(|c| format!("{c:?}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let text = format!(
-            r#"site = "{site}"
-coordinators = [{coordinators}]
-plaintext = true
-data_listen = "{data}"
-status_listen = "{status}"
-state_dir = {state_dir:?}
-rescan_interval = "1 s"
-call_timeout = "2 s"
-
-[inventory]
-source = "static"
-site = "{site}"
-static = {{ file = {topology:?} }}
-
-[probe]
-interval = "2 s"
-pings = 5
-loss_datagrams = 50
-throughput_duration = "200 ms"
-"#,
-            data = free_addr(),
-        );
-        std::fs::write(&config, text).unwrap();
+        std::fs::write(&config, settings.to_toml().unwrap()).unwrap();
         let mut agent = Self {
             site,
             config,
-            status,
+            status: status.to_string(),
             log: dir.join(format!("agent-{site}.log")),
             state_dir,
             child: None,

@@ -1,0 +1,403 @@
+//! `longhaul rehearse`: a distance scenario played against the real
+//! coordinator and agents, on this machine.
+//!
+//! Every component is a process of this binary (`longhaul internal replica`
+//! and `longhaul internal agent`): the coordinator replicas at the sites the
+//! scenario puts them, one agent per site. Whatever crosses sites goes
+//! through the emulator's proxies for that pair of sites: raft traffic
+//! between replicas, an agent's calls to replicas elsewhere, probes between
+//! agents. The rehearsal itself is the operator's console: it talks to the
+//! replicas directly, and watches what they commit.
+//!
+//! It registers the inventories (each agent reads its site from the
+//! scenario's topology), configures the WAN links, submits the job and shows
+//! the plan, plays the fault timeline, and reports what happened with the
+//! time each thing took: leader changes after a kill, sites going down after
+//! a partition and up after a heal, re-plans after a site changed, and the
+//! emulator's counters per link direction.
+//!
+//! This module holds the arguments, the `internal` roles, loading and the
+//! order of a rehearsal; `processes` starts the replicas and agents behind
+//! the emulator, `observe` watches what the replicas commit, `timeline`
+//! plays the faults, and `report` is what comes out.
+
+mod observe;
+mod processes;
+mod report;
+mod timeline;
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use clap::{Args, Subcommand};
+use longhaul_core::units;
+use longhaul_core::{JobSpec, Scenario, Topology};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use longhaul_simulations::emulator::{self, Emulator};
+use tonic::transport::Channel;
+
+use super::{Failure, Output};
+use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
+use observe::{
+    LiveReplicas, Observed, Shared, job_state, lock, spawn_change_watch, spawn_leader_watch,
+};
+use processes::Wan;
+pub use report::{LinkReport, PlanReport, Record, Report};
+
+const BUNDLED_SCENARIO: &str = include_str!("../../../../deploy/scenarios/two-campuses-80km.toml");
+const BUNDLED_TOPOLOGY: &str = include_str!("../../../../deploy/examples/two-campuses-80km.toml");
+const BUNDLED_JOB: &str = include_str!("../../../../deploy/examples/llama-70b.job.toml");
+
+#[derive(Debug, Args)]
+pub struct RehearseArgs {
+    /// The scenario file; the bundled two-campuses-80km scenario (leader
+    /// kill, then the south campus cut off and healed) when omitted.
+    pub scenario: Option<PathBuf>,
+    /// Seed of the emulated links and the probes; the scenario's when omitted.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// TTL of the agents' leases: how long a silent site stays up.
+    #[arg(long, default_value = "3 s")]
+    pub lease_ttl: units::Duration,
+    /// Keep the rehearsal's files (configs, stores, logs) in this directory
+    /// (created; must be empty). A temporary directory, removed at the end,
+    /// when omitted.
+    #[arg(long)]
+    pub keep: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// Processes the rehearsal starts: the same binary, another role.
+#[derive(Debug, Subcommand)]
+pub enum InternalCommand {
+    /// A coordinator replica (the `coordinator` binary's flags).
+    Replica(Box<longhaul_coordinator::daemon::Args>),
+    /// A site agent (`site-agent run`).
+    Agent {
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, env = "LONGHAUL_LOG", default_value = "info")]
+        log: String,
+    },
+}
+
+pub fn internal(command: InternalCommand) -> Result<(), Failure> {
+    match command {
+        InternalCommand::Replica(args) => longhaul_coordinator::daemon::run_blocking(*args)?,
+        InternalCommand::Agent { config, log } => {
+            longhaul_site_agent::daemon::run_blocking(&config, &log)?;
+        }
+    }
+    Ok(())
+}
+
+/// What was loaded: the scenario, its topology and job.
+struct Loaded {
+    scenario: Scenario,
+    topology: Topology,
+    job: JobSpec,
+}
+
+fn load(path: Option<&Path>) -> Result<Loaded, Failure> {
+    let Some(path) = path else {
+        let scenario = Scenario::from_toml("bundled two-campuses-80km.toml", BUNDLED_SCENARIO)?;
+        let topology = Topology::from_toml("bundled two-campuses-80km.toml", BUNDLED_TOPOLOGY)?;
+        let job = JobSpec::from_toml("bundled llama-70b.job.toml", BUNDLED_JOB)?;
+        return Ok(Loaded {
+            scenario,
+            topology,
+            job,
+        });
+    };
+    let super::ScenarioFile {
+        scenario,
+        topology,
+        dir,
+    } = super::load_scenario(path)?;
+    let job_path = dir.join(&scenario.job);
+    let job = JobSpec::from_toml(&job_path.display().to_string(), &super::read(&job_path)?)?;
+    Ok(Loaded {
+        scenario,
+        topology,
+        job,
+    })
+}
+
+fn client(addr: SocketAddr) -> anyhow::Result<CoordinatorClient<Channel>> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_millis(500));
+    Ok(CoordinatorClient::new(endpoint.connect_lazy()).max_decoding_message_size(64 << 20))
+}
+
+/// Retries `f` until it gives `Some`, for at most `limit`.
+async fn until<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = f().await {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out after {} s waiting for {what}", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A progress line on stderr.
+fn progress(quiet: bool, line: &str) {
+    if !quiet {
+        eprintln!("{line}");
+    }
+}
+
+pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let loaded = load(args.scenario.as_deref())?;
+    let exe = std::env::current_exe().context("cannot find this program's path")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let (dir, temp) = match &args.keep {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("--keep: cannot create {}", dir.display()))?;
+            if std::fs::read_dir(dir)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(false)
+            {
+                return Err(anyhow!("--keep: {} is not empty", dir.display()).into());
+            }
+            (dir.clone(), None)
+        }
+        None => {
+            let temp = tempdir()?;
+            (temp.clone(), Some(temp))
+        }
+    };
+    let result = runtime.block_on(play(args, &loaded, &exe, &dir));
+    runtime.shutdown_timeout(Duration::from_secs(2));
+    if let Some(temp) = temp {
+        let _ = std::fs::remove_dir_all(temp);
+    }
+    let mut report = result?;
+    report.directory = args.keep.clone();
+    match args.output {
+        Output::Json => {
+            let text = serde_json::to_string_pretty(&report).map_err(anyhow::Error::from)?;
+            writeln!(out, "{text}")?;
+        }
+        Output::Text => report::print_report(&report, out)?,
+    }
+    Ok(())
+}
+
+fn tempdir() -> anyhow::Result<PathBuf> {
+    let base = std::env::temp_dir();
+    for attempt in 0..100u32 {
+        let dir = base.join(format!(
+            "longhaul-rehearsal-{}-{attempt}",
+            std::process::id()
+        ));
+        if std::fs::create_dir(&dir).is_ok() {
+            return Ok(dir);
+        }
+    }
+    bail!("cannot create a directory under {}", base.display())
+}
+
+async fn play(
+    args: &RehearseArgs,
+    loaded: &Loaded,
+    exe: &Path,
+    dir: &Path,
+) -> anyhow::Result<Report> {
+    // Progress goes to stderr whatever the output format (the report, to
+    // stdout, comes at the end).
+    let quiet = false;
+    let Loaded {
+        scenario,
+        topology,
+        job,
+    } = loaded;
+    let seed = args.seed.unwrap_or(scenario.seed);
+    let lease_ttl = Duration::from(args.lease_ttl);
+
+    // The emulator: every WAN link of the topology, with the impairments.
+    let emulator = Emulator::new(seed, emulator::scenario_links(topology, Some(scenario)))
+        .context("cannot start the emulator")?;
+    let mut wan = Wan {
+        emulator: &emulator,
+        topology,
+        host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        proxies: Vec::new(),
+    };
+
+    let mut replicas = processes::start_replicas(&mut wan, scenario, lease_ttl, exe, dir).await?;
+    let lease_ttl = replicas.lease_ttl;
+    progress(
+        quiet,
+        &format!(
+            "rehearsal {:?}: {} sites, {} replicas ({}), lease TTL {} ms, seed {seed}, files in {}",
+            scenario.name,
+            topology.sites.len(),
+            replicas.sites.len(),
+            replicas.sites.join(", "),
+            lease_ttl.as_millis(),
+            dir.display()
+        ),
+    );
+
+    // The console's view of the replicas (direct addresses of live ones).
+    let live: LiveReplicas = Arc::new(Mutex::new(processes::running_addrs(&replicas.processes)));
+    let shared: Shared = Arc::new(Mutex::new(Observed::default()));
+    let leader_addr = || async {
+        for r in &replicas.processes {
+            let Ok(mut c) = client(r.addr) else { continue };
+            if let Ok(response) = c
+                .get_cluster(pb::GetClusterRequest { allow_stale: true })
+                .await
+            {
+                let leader = response.into_inner().leader_id;
+                if let Some(l) = replicas.processes.iter().find(|x| x.id == leader) {
+                    return Some(l.addr);
+                }
+            }
+        }
+        None
+    };
+    let leader = until(
+        Duration::from_secs(60),
+        "a coordinator leader",
+        &leader_addr,
+    )
+    .await?;
+    progress(quiet, "  coordinator leader elected");
+
+    // Agents: one per site, reaching remote replicas and agents through
+    // the emulator.
+    let mut agents = processes::start_agents(&mut wan, &replicas, seed, exe, dir).await?;
+    let expected = topology.sites.len();
+    until(Duration::from_secs(90), "every site registered", || async {
+        let mut c = client(leader).ok()?;
+        let sites = c
+            .list_sites(pb::ListSitesRequest { allow_stale: true })
+            .await
+            .ok()?
+            .into_inner()
+            .sites;
+        (sites
+            .iter()
+            .filter(|s| s.state() == pb::SiteState::Up)
+            .count()
+            == expected)
+            .then_some(())
+    })
+    .await?;
+    progress(
+        quiet,
+        &format!("  {expected} sites registered by their agents"),
+    );
+
+    // Links, then the job.
+    let mut c = client(leader)?;
+    for link in &topology.links {
+        c.put_link(pb::PutLinkRequest {
+            link: Some(link_to_wire(link)),
+            expected_revision: 0,
+        })
+        .await
+        .map_err(|s| anyhow!("cannot configure a link: {}", s.message()))?;
+    }
+    let submitted = c
+        .submit_job(pb::SubmitJobRequest {
+            spec: Some(job_to_wire(job)),
+            expected_revision: 0,
+        })
+        .await
+        .map_err(|s| anyhow!("cannot submit the job: {}", s.message()))?
+        .into_inner();
+    let placed = submitted
+        .job
+        .ok_or_else(|| anyhow!("the coordinator returned no job"))?;
+    let revision = submitted.header.map_or(0, |h| h.revision);
+    let plan = placed.plan.clone().unwrap_or_default();
+    let plan_report = report::plan_report(&placed);
+    progress(
+        quiet,
+        &format!(
+            "  job {} {}: {} tp={} pp={} dp={} on {}, predicted step {:.2} s",
+            placed.id,
+            job_state(&placed),
+            plan_report.mode,
+            plan.tensor_parallel,
+            plan.pipeline_parallel,
+            plan.data_parallel,
+            plan_report.sites.join(" + "),
+            plan_report.step_seconds
+        ),
+    );
+
+    // Observe, then play the timeline.
+    let t0 = Instant::now();
+    {
+        let mut observed = lock(&shared);
+        observed.job_sites = plan_report.sites.clone();
+        observed.job_state = job_state(&placed).to_string();
+        observed.job_revision = placed.revision;
+        for site in &topology.sites {
+            observed.sites.insert(site.id.clone(), true);
+        }
+    }
+    spawn_leader_watch(live.clone(), shared.clone(), t0);
+    spawn_change_watch(live.clone(), shared.clone(), t0, revision);
+    timeline::play(
+        scenario,
+        &mut timeline::Stage {
+            emulator: &emulator,
+            replicas: &mut replicas.processes,
+            agents: &mut agents,
+            live: &live,
+            shared: &shared,
+            exe,
+        },
+        t0,
+        quiet,
+    )
+    .await?;
+
+    let links = report::link_reports(&emulator);
+    let mut records = lock(&shared).records.clone();
+    records.sort_by_key(|r| r.t_ms);
+    for agent in agents.values_mut() {
+        agent.kill();
+    }
+    for replica in &mut replicas.processes {
+        replica.process.kill();
+    }
+    drop(wan);
+    Ok(Report {
+        scenario: scenario.name.clone(),
+        seed,
+        lease_ttl_ms: lease_ttl.as_millis() as u64,
+        replicas: replicas
+            .processes
+            .iter()
+            .map(|r| (r.id, r.site.clone()))
+            .collect(),
+        plan: plan_report,
+        timeline: records,
+        links,
+        directory: None,
+    })
+}

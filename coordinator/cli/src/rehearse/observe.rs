@@ -1,0 +1,244 @@
+//! Watching the replicas: the leader (polled), and site and job changes
+//! (a watch stream), each turned into a record with the action or change it
+//! follows and how long after.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use longhaul_core::scenario::Action;
+use longhaul_proto::v1 as pb;
+
+use super::client;
+use super::report::Record;
+
+/// What the observers know now.
+#[derive(Debug, Default)]
+pub(super) struct Observed {
+    pub leader: u64,
+    pub term: u64,
+    pub sites: BTreeMap<String, bool>,
+    pub job_sites: Vec<String>,
+    pub job_state: String,
+    pub job_revision: u64,
+    pub records: Vec<Record>,
+    /// The last action and last site change, for "took".
+    pub actions: Vec<(Duration, Action, Option<String>)>,
+    pub site_changes: Vec<(Duration, String, bool)>,
+}
+
+pub(super) type Shared = Arc<Mutex<Observed>>;
+
+/// The direct addresses of the replicas that are running now, kept by the
+/// timeline for the observers.
+pub(super) type LiveReplicas = Arc<Mutex<Vec<SocketAddr>>>;
+
+pub(super) fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Observed> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+pub(super) fn plan_sites(job: &pb::Job) -> Vec<String> {
+    let mut sites: Vec<String> = job
+        .plan
+        .as_ref()
+        .map(|p| p.stages.iter().map(|s| s.site_id.clone()).collect())
+        .unwrap_or_default();
+    sites.sort();
+    sites.dedup();
+    sites
+}
+
+pub(super) fn job_state(job: &pb::Job) -> &'static str {
+    match pb::JobState::try_from(job.state) {
+        Ok(pb::JobState::Placed) => "placed",
+        Ok(pb::JobState::Infeasible) => "infeasible",
+        Ok(pb::JobState::Pending) => "pending",
+        Ok(pb::JobState::Cancelled) => "cancelled",
+        _ => "unknown",
+    }
+}
+
+/// Polls the live replicas for the leader every 100 ms.
+pub(super) fn spawn_leader_watch(addrs: LiveReplicas, shared: Shared, t0: Instant) {
+    tokio::spawn(async move {
+        loop {
+            let live: Vec<SocketAddr> = addrs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            let mut best: Option<(u64, u64)> = None;
+            for addr in live {
+                let Ok(mut c) = client(addr) else { continue };
+                let mut request = tonic::Request::new(pb::GetClusterRequest { allow_stale: true });
+                request.set_timeout(Duration::from_millis(300));
+                if let Ok(response) = c.get_cluster(request).await {
+                    let response = response.into_inner();
+                    let term = response.header.map_or(0, |h| h.raft_term);
+                    if response.leader_id != 0 && best.is_none_or(|(t, _)| term > t) {
+                        best = Some((term, response.leader_id));
+                    }
+                }
+            }
+            if let Some((term, leader)) = best {
+                let mut observed = lock(&shared);
+                if leader != observed.leader {
+                    let t = t0.elapsed();
+                    let mut record =
+                        Record::new(t, "leader", format!("replica {leader} leads (term {term})"));
+                    record.leader = Some(leader);
+                    // The most recent action that can move leadership.
+                    if observed.leader != 0
+                        && let Some((at, action, site)) =
+                            observed.actions.iter().rev().find(|(_, a, _)| {
+                                matches!(
+                                    a,
+                                    Action::KillLeader
+                                        | Action::RestartCoordinators
+                                        | Action::Partition
+                                        | Action::Heal
+                                )
+                            })
+                    {
+                        record.after = Some(match site {
+                            Some(site) => format!("{} {site}", action_name(*action)),
+                            None => action_name(*action).to_string(),
+                        });
+                        record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
+                    }
+                    observed.records.push(record);
+                    observed.leader = leader;
+                    observed.term = term;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// Watches site and job changes from `after`, reconnecting to another live
+/// replica when the one in use goes away.
+pub(super) fn spawn_change_watch(addrs: LiveReplicas, shared: Shared, t0: Instant, mut after: u64) {
+    tokio::spawn(async move {
+        let mut next = 0usize;
+        loop {
+            let live: Vec<SocketAddr> = addrs
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if live.is_empty() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            let addr = live[next % live.len()];
+            next += 1;
+            let Ok(mut c) = client(addr) else { continue };
+            let request = pb::WatchRequest {
+                after_revision: after,
+                kinds: vec!["site".into(), "job".into()],
+            };
+            let Ok(response) = c.watch(request).await else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let mut stream = response.into_inner();
+            while let Ok(Some(event)) = stream.message().await {
+                after = after.max(event.revision);
+                let t = t0.elapsed();
+                let mut observed = lock(&shared);
+                match event.event {
+                    Some(pb::watch_event::Event::Site(site)) => {
+                        let id = site.site.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+                        let up = site.state() == pb::SiteState::Up;
+                        if observed.sites.get(&id) == Some(&up) {
+                            continue;
+                        }
+                        observed.sites.insert(id.clone(), up);
+                        let mut record = Record::new(
+                            t,
+                            "site",
+                            format!(
+                                "site {id} {} ({})",
+                                if up { "up" } else { "down" },
+                                site.state_reason
+                            ),
+                        );
+                        record.site = Some(id.clone());
+                        record.up = Some(up);
+                        let cause = observed.actions.iter().rev().find(|(_, a, s)| {
+                            s.as_deref() == Some(id.as_str())
+                                && match a {
+                                    Action::Partition | Action::KillAgent => !up,
+                                    Action::Heal | Action::RestartAgent => up,
+                                    _ => false,
+                                }
+                        });
+                        if let Some((at, action, _)) = cause {
+                            record.after = Some(format!("{} {id}", action_name(*action)));
+                            record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
+                        }
+                        observed.records.push(record);
+                        observed.site_changes.push((t, id, up));
+                    }
+                    Some(pb::watch_event::Event::Job(job)) => {
+                        let sites = plan_sites(&job);
+                        let state = job_state(&job).to_string();
+                        if observed.job_revision != 0
+                            && (sites != observed.job_sites || state != observed.job_state)
+                        {
+                            let mut record = Record::new(
+                                t,
+                                "job",
+                                format!(
+                                    "job {} re-planned: {} on {} (was {} on {})",
+                                    job.id,
+                                    state,
+                                    if sites.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        sites.join("+")
+                                    },
+                                    observed.job_state,
+                                    if observed.job_sites.is_empty() {
+                                        "-".into()
+                                    } else {
+                                        observed.job_sites.join("+")
+                                    }
+                                ),
+                            );
+                            if let Some((at, site, up)) = observed.site_changes.last() {
+                                record.after = Some(format!(
+                                    "site {site} {}",
+                                    if *up { "up" } else { "down" }
+                                ));
+                                record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
+                            }
+                            record.job_sites = Some(sites.clone());
+                            observed.records.push(record);
+                        }
+                        observed.job_sites = sites;
+                        observed.job_state = state;
+                        observed.job_revision = job.revision;
+                    }
+                    _ => {}
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+fn action_name(action: Action) -> &'static str {
+    match action {
+        Action::KillLeader => "kill-leader",
+        Action::RestartCoordinators => "restart-coordinators",
+        Action::Partition => "partition",
+        Action::Heal => "heal",
+        Action::KillAgent => "kill-agent",
+        Action::RestartAgent => "restart-agent",
+        Action::SetLoss => "set-loss",
+        Action::SetRate => "set-rate",
+    }
+}

@@ -1,0 +1,317 @@
+//! The rehearsal's processes: coordinator replicas at the sites the
+//! scenario puts them and one agent per site, each a process of this binary
+//! with its config, reaching the other sites through the emulator's proxies.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow};
+use longhaul_coordinator::process::{KillOnDrop, append_log};
+use longhaul_core::{Scenario, Topology, units};
+use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy};
+use longhaul_site_agent::config::{AgentConfig, ProbeConfig};
+use longhaul_site_agent::inventory::InventoryConfig;
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub(super) fn free_port() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// A child process of this binary, killed (SIGKILL) when dropped, that the
+/// timeline may kill and start again with the same arguments.
+#[derive(Debug)]
+pub(super) struct Process {
+    name: String,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<KillOnDrop>,
+}
+
+impl Process {
+    fn start(exe: &Path, name: String, args: Vec<String>, log: PathBuf) -> anyhow::Result<Self> {
+        let mut process = Self {
+            name,
+            args,
+            log,
+            child: None,
+        };
+        process.spawn(exe)?;
+        Ok(process)
+    }
+
+    pub(super) fn spawn(&mut self, exe: &Path) -> anyhow::Result<()> {
+        let log = append_log(&self.log)?;
+        let child = KillOnDrop::spawn(
+            self.name.clone(),
+            Command::new(exe)
+                .args(&self.args)
+                .stdout(Stdio::null())
+                .stderr(log),
+        )?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub(super) fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub(super) fn kill(&mut self) {
+        self.child = None;
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct ReplicaProcess {
+    pub id: u64,
+    pub site: String,
+    /// Where the rehearsal reaches it (directly).
+    pub addr: SocketAddr,
+    pub process: Process,
+}
+
+/// The emulated WAN as the processes see it: what one site dials to reach
+/// an address at another site is a proxy of that pair of sites.
+pub(super) struct Wan<'a> {
+    pub emulator: &'a Emulator,
+    pub topology: &'a Topology,
+    pub host: IpAddr,
+    /// The proxies opened so far; they must outlive the processes that
+    /// dial them.
+    pub proxies: Vec<(TcpProxy, UdpProxy)>,
+}
+
+impl Wan<'_> {
+    /// Whether a WAN link joins the two sites.
+    pub(super) fn linked(&self, a: &str, b: &str) -> bool {
+        self.topology.links.iter().any(|l| l.joins(a, b))
+    }
+
+    /// Opens TCP and UDP proxies for `from` to reach `target` at `to`;
+    /// their addresses, in that order.
+    async fn expose(
+        &mut self,
+        from: &str,
+        to: &str,
+        target: SocketAddr,
+    ) -> Result<(SocketAddr, SocketAddr), EmulatorError> {
+        let (tcp, udp) = self.emulator.expose(from, to, self.host, target).await?;
+        let addrs = (tcp.local_addr(), udp.local_addr());
+        self.proxies.push((tcp, udp));
+        Ok(addrs)
+    }
+}
+
+/// The replicas started, and how each site reaches them.
+#[derive(Debug)]
+pub(super) struct Replicas {
+    pub processes: Vec<ReplicaProcess>,
+    /// The site of each replica, by index (replica id − 1).
+    pub sites: Vec<String>,
+    /// reach[(from site, replica index)] = address
+    pub reach: BTreeMap<(String, usize), SocketAddr>,
+    /// The lease TTL the replicas grant: the one asked for, at least 30
+    /// ticks.
+    pub lease_ttl: Duration,
+}
+
+/// Starts the scenario's replicas (at least one), each reaching the others
+/// through the emulator, with timers for the largest RTT between them.
+pub(super) async fn start_replicas(
+    wan: &mut Wan<'_>,
+    scenario: &Scenario,
+    lease_ttl: Duration,
+    exe: &Path,
+    dir: &Path,
+) -> anyhow::Result<Replicas> {
+    let topology = wan.topology;
+    // Replicas: where they are and how each reaches the others.
+    let count = scenario.coordinator.replicas.max(1) as usize;
+    let first_site = topology
+        .sites
+        .first()
+        .map(|s| s.id.clone())
+        .ok_or_else(|| anyhow!("the topology has no sites"))?;
+    let replica_sites: Vec<String> = (0..count)
+        .map(|i| {
+            scenario
+                .coordinator
+                .sites
+                .get(i)
+                .cloned()
+                .unwrap_or_else(|| first_site.clone())
+        })
+        .collect();
+    let replica_addrs: Vec<SocketAddr> =
+        (0..count).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let mut reach: BTreeMap<(String, usize), SocketAddr> = BTreeMap::new();
+    for site in &topology.sites {
+        for (j, target) in replica_addrs.iter().enumerate() {
+            let at = &replica_sites[j];
+            if *at == site.id {
+                reach.insert((site.id.clone(), j), *target);
+            } else if wan.linked(&site.id, at) {
+                let (tcp, _) = wan
+                    .expose(&site.id, at, *target)
+                    .await
+                    .with_context(|| format!("cannot expose replica {} to {}", j + 1, site.id))?;
+                reach.insert((site.id.clone(), j), tcp);
+            }
+        }
+    }
+    // Timers for the replicas' largest RTT (etcd's guidance: heartbeat ≈
+    // RTT, election ≥ 10 RTT).
+    let max_rtt = replica_sites
+        .iter()
+        .flat_map(|a| replica_sites.iter().map(move |b| (a, b)))
+        .filter_map(|(a, b)| topology.link(a, b))
+        .map(|l| Duration::from_secs_f64(l.rtt_seconds()))
+        .max()
+        .unwrap_or_default();
+    let tick = max_rtt.max(Duration::from_millis(100));
+    let lease_ttl = lease_ttl.max(tick * 30);
+    let mut replicas = Vec::new();
+    for (i, addr) in replica_addrs.iter().enumerate() {
+        let id = i as u64 + 1;
+        let site = &replica_sites[i];
+        let mut cluster = Vec::new();
+        for (j, peer_site) in replica_sites.iter().enumerate() {
+            let peer = reach.get(&(site.clone(), j)).ok_or_else(|| {
+                anyhow!(
+                    "replica {id} at {site} cannot reach replica {} at {peer_site}: no link between the sites",
+                    j + 1,
+                )
+            })?;
+            cluster.push(format!("{}=http://{peer}", j + 1));
+        }
+        let args = vec![
+            "internal".into(),
+            "replica".into(),
+            "--id".into(),
+            id.to_string(),
+            "--listen".into(),
+            addr.to_string(),
+            "--data-dir".into(),
+            dir.join(format!("replica-{id}")).display().to_string(),
+            "--initial-cluster".into(),
+            cluster.join(","),
+            "--tick-interval".into(),
+            format!("{}ms", tick.as_millis()),
+            "--lease-ttl".into(),
+            format!("{}ms", lease_ttl.as_millis()),
+            "--log".into(),
+            "info".into(),
+        ];
+        let process = Process::start(
+            exe,
+            format!("replica {id}"),
+            args,
+            dir.join(format!("replica-{id}.log")),
+        )?;
+        replicas.push(ReplicaProcess {
+            id,
+            site: site.clone(),
+            addr: *addr,
+            process,
+        });
+    }
+    Ok(Replicas {
+        processes: replicas,
+        sites: replica_sites,
+        reach,
+        lease_ttl,
+    })
+}
+
+/// Starts one agent per site, reaching remote replicas and agents through
+/// the emulator; the agents by site.
+pub(super) async fn start_agents(
+    wan: &mut Wan<'_>,
+    replicas: &Replicas,
+    seed: u64,
+    exe: &Path,
+    dir: &Path,
+) -> anyhow::Result<BTreeMap<String, Process>> {
+    let topology = wan.topology;
+    let count = replicas.sites.len();
+    let topology_file = dir.join("topology.toml");
+    std::fs::write(&topology_file, topology.to_toml()?)
+        .with_context(|| format!("cannot write {}", topology_file.display()))?;
+    let data: BTreeMap<String, SocketAddr> = topology
+        .sites
+        .iter()
+        .map(|s| Ok((s.id.clone(), free_port()?)))
+        .collect::<anyhow::Result<_>>()?;
+    let mut agents: BTreeMap<String, Process> = BTreeMap::new();
+    for site in &topology.sites {
+        let coordinators: Vec<String> = (0..count)
+            .filter_map(|j| replicas.reach.get(&(site.id.clone(), j)))
+            .map(|a| format!("http://{a}"))
+            .collect();
+        let mut peers = BTreeMap::new();
+        for other in &topology.sites {
+            if other.id == site.id || !wan.linked(&site.id, &other.id) {
+                continue;
+            }
+            let (_, udp) = wan
+                .expose(&site.id, &other.id, data[&other.id])
+                .await
+                .with_context(|| format!("cannot expose {}'s agent to {}", other.id, site.id))?;
+            peers.insert(other.id.clone(), udp);
+        }
+        let config = AgentConfig {
+            plaintext: true,
+            state_dir: Some(dir.join(format!("agent-{}", site.id))),
+            rescan_interval: units::Duration::from_secs(30),
+            call_timeout: units::Duration::from_secs(2),
+            probe: ProbeConfig {
+                interval: units::Duration::from_secs(10),
+                pings: 10,
+                loss_datagrams: 100,
+                throughput_duration: units::Duration::from_millis(300),
+                seed,
+                peer_addresses: peers,
+                ..ProbeConfig::default()
+            },
+            ..AgentConfig::new(
+                &site.id,
+                coordinators,
+                data[&site.id],
+                free_port()?,
+                InventoryConfig::static_file(&site.id, &topology_file),
+            )
+        };
+        let config = config
+            .to_toml()
+            .with_context(|| format!("cannot write {}'s agent config", site.id))?;
+        let path = dir.join(format!("agent-{}.toml", site.id));
+        std::fs::write(&path, config)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        let process = Process::start(
+            exe,
+            format!("agent {}", site.id),
+            vec![
+                "internal".into(),
+                "agent".into(),
+                "--config".into(),
+                path.display().to_string(),
+            ],
+            dir.join(format!("agent-{}.log", site.id)),
+        )?;
+        agents.insert(site.id.clone(), process);
+    }
+    Ok(agents)
+}
+
+/// The direct addresses of the replicas running now.
+pub(super) fn running_addrs(replicas: &[ReplicaProcess]) -> Vec<SocketAddr> {
+    replicas
+        .iter()
+        .filter(|r| r.process.running())
+        .map(|r| r.addr)
+        .collect()
+}

@@ -1,0 +1,193 @@
+//! What a rehearsal reports: the plan, the records of what happened and the
+//! emulator's counters per link direction, as text tables or JSON.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use longhaul_core::units;
+use longhaul_proto::v1 as pb;
+use longhaul_simulations::emulator::{Emulator, human_ns};
+use serde::Serialize;
+
+use super::observe::plan_sites;
+use crate::table::{Table, thousands};
+
+/// One thing that happened, at `t` since the job was placed.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    pub t_ms: u64,
+    /// `action`, `leader`, `site`, `job`.
+    pub kind: &'static str,
+    pub detail: String,
+    /// For a consequence: the action or change it follows, and how long after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub took_ms: Option<u64>,
+    /// Structured fields for checks: the site, the leader id, the job's sites.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub up: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_sites: Option<Vec<String>>,
+}
+
+impl Record {
+    pub(super) fn new(t: Duration, kind: &'static str, detail: String) -> Self {
+        Self {
+            t_ms: t.as_millis() as u64,
+            kind,
+            detail,
+            after: None,
+            took_ms: None,
+            site: None,
+            up: None,
+            leader: None,
+            job_sites: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LinkReport {
+    pub direction: String,
+    pub packets_in: u64,
+    pub bytes_delivered: u64,
+    pub drops_queue: u64,
+    pub drops_loss: u64,
+    pub drops_down: u64,
+    pub retransmissions: u64,
+    pub queue_high_water_bytes: u64,
+    pub lateness_p50_us: u64,
+    pub lateness_p99_us: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanReport {
+    pub mode: String,
+    pub sites: Vec<String>,
+    pub gpus: u64,
+    pub step_seconds: f64,
+}
+
+/// The rehearsal's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub seed: u64,
+    pub lease_ttl_ms: u64,
+    pub replicas: Vec<(u64, String)>,
+    pub plan: PlanReport,
+    pub timeline: Vec<Record>,
+    pub links: Vec<LinkReport>,
+    pub directory: Option<PathBuf>,
+}
+
+/// The plan of the job as the coordinator placed it.
+pub(super) fn plan_report(placed: &pb::Job) -> PlanReport {
+    let plan = placed.plan.clone().unwrap_or_default();
+    PlanReport {
+        mode: plan.cross_site_mode.clone(),
+        sites: plan_sites(placed),
+        gpus: u64::from(plan.tensor_parallel)
+            * u64::from(plan.pipeline_parallel)
+            * u64::from(plan.data_parallel),
+        step_seconds: plan.predicted_step.map_or(0.0, |s| s.total_ns as f64 / 1e9),
+    }
+}
+
+/// The emulator's counters now, per link direction.
+pub(super) fn link_reports(emulator: &Emulator) -> Vec<LinkReport> {
+    emulator
+        .statuses()
+        .into_iter()
+        .map(|s| LinkReport {
+            direction: s.id(),
+            packets_in: s.stats.packets_in,
+            bytes_delivered: s.stats.bytes_delivered,
+            drops_queue: s.stats.drops.queue,
+            drops_loss: s.stats.drops.loss,
+            drops_down: s.stats.drops.down,
+            retransmissions: s.retransmissions,
+            queue_high_water_bytes: s.stats.queue_high_water_bytes,
+            lateness_p50_us: s.lateness.p50_us,
+            lateness_p99_us: s.lateness.p99_us,
+        })
+        .collect()
+}
+
+pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "rehearsal {:?}, seed {}, lease TTL {} ms",
+        report.scenario, report.seed, report.lease_ttl_ms
+    )?;
+    writeln!(
+        out,
+        "replicas: {}",
+        report
+            .replicas
+            .iter()
+            .map(|(id, site)| format!("{id}@{site}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )?;
+    writeln!(
+        out,
+        "plan: {} on {} ({} GPUs), predicted step {:.2} s",
+        report.plan.mode,
+        report.plan.sites.join(" + "),
+        thousands(report.plan.gpus),
+        report.plan.step_seconds
+    )?;
+    writeln!(out, "\nwhat happened (t since the job was placed)")?;
+    let mut table = Table::new(&[
+        ("t", true),
+        ("what", false),
+        ("took", true),
+        ("after", false),
+    ]);
+    for r in &report.timeline {
+        table.row(vec![
+            format!("{:.1} s", r.t_ms as f64 / 1000.0),
+            r.detail.clone(),
+            r.took_ms.map_or(String::new(), |t| format!("{t} ms")),
+            r.after.clone().unwrap_or_default(),
+        ]);
+    }
+    write!(out, "{}", table.render(2))?;
+    writeln!(out, "\nemulated links")?;
+    let mut links = Table::new(&[
+        ("direction", false),
+        ("packets", true),
+        ("delivered", true),
+        ("drops queue/loss/down", true),
+        ("retransmits", true),
+        ("queue peak", true),
+        ("late p50/p99", true),
+    ]);
+    for l in &report.links {
+        links.row(vec![
+            l.direction.clone(),
+            thousands(l.packets_in),
+            units::human_bytes(l.bytes_delivered as f64),
+            format!("{}/{}/{}", l.drops_queue, l.drops_loss, l.drops_down),
+            thousands(l.retransmissions),
+            units::human_bytes(l.queue_high_water_bytes as f64),
+            format!(
+                "{}/{}",
+                human_ns(l.lateness_p50_us * 1000),
+                human_ns(l.lateness_p99_us * 1000)
+            ),
+        ]);
+    }
+    write!(out, "{}", links.render(2))?;
+    if let Some(dir) = &report.directory {
+        writeln!(out, "\nconfigs, stores and logs kept in {}", dir.display())?;
+    }
+    Ok(())
+}
