@@ -178,7 +178,11 @@ pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure>
             {
                 return Err(anyhow!("--keep: {} is not empty", dir.display()).into());
             }
-            (dir.clone(), None)
+            // Absolute: the agents resolve the paths in their configs
+            // against the config file's folder, not this process's.
+            let dir = std::fs::canonicalize(dir)
+                .with_context(|| format!("--keep: cannot resolve {}", dir.display()))?;
+            (dir, None)
         }
         None => {
             let temp = tempdir()?;

@@ -118,116 +118,138 @@ pub(super) fn spawn_leader_watch(addrs: LiveReplicas, shared: Shared, t0: Instan
     });
 }
 
-/// Watches site and job changes from `after`, reconnecting to another live
-/// replica when the one in use goes away.
-pub(super) fn spawn_change_watch(addrs: LiveReplicas, shared: Shared, t0: Instant, mut after: u64) {
-    tokio::spawn(async move {
-        let mut next = 0usize;
-        loop {
-            let live: Vec<SocketAddr> = addrs
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .clone();
-            if live.is_empty() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-            let addr = live[next % live.len()];
-            next += 1;
-            let Ok(mut c) = client(addr) else { continue };
-            let request = pb::WatchRequest {
-                after_revision: after,
-                kinds: vec!["site".into(), "job".into()],
-            };
-            let Ok(response) = c.watch(request).await else {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            };
-            let mut stream = response.into_inner();
-            while let Ok(Some(event)) = stream.message().await {
-                after = after.max(event.revision);
-                let t = t0.elapsed();
-                let mut observed = lock(&shared);
-                match event.event {
-                    Some(pb::watch_event::Event::Site(site)) => {
-                        let id = site.site.as_ref().map(|s| s.id.clone()).unwrap_or_default();
-                        let up = site.state() == pb::SiteState::Up;
-                        if observed.sites.get(&id) == Some(&up) {
-                            continue;
-                        }
-                        observed.sites.insert(id.clone(), up);
-                        let mut record = Record::new(
-                            t,
-                            "site",
-                            format!(
-                                "site {id} {} ({})",
-                                if up { "up" } else { "down" },
-                                site.state_reason
-                            ),
-                        );
-                        record.site = Some(id.clone());
-                        record.up = Some(up);
-                        let cause = observed.actions.iter().rev().find(|(_, a, s)| {
-                            s.as_deref() == Some(id.as_str())
-                                && match a {
-                                    Action::Partition | Action::KillAgent => !up,
-                                    Action::Heal | Action::RestartAgent => up,
-                                    _ => false,
-                                }
-                        });
-                        if let Some((at, action, _)) = cause {
-                            record.after = Some(format!("{} {id}", action_name(*action)));
-                            record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
-                        }
-                        observed.records.push(record);
-                        observed.site_changes.push((t, id, up));
-                    }
-                    Some(pb::watch_event::Event::Job(job)) => {
-                        let sites = plan_sites(&job);
-                        let state = job_state(&job).to_string();
-                        if observed.job_revision != 0
-                            && (sites != observed.job_sites || state != observed.job_state)
-                        {
-                            let mut record = Record::new(
-                                t,
-                                "job",
-                                format!(
-                                    "job {} re-planned: {} on {} (was {} on {})",
-                                    job.id,
-                                    state,
-                                    if sites.is_empty() {
-                                        "-".into()
-                                    } else {
-                                        sites.join("+")
-                                    },
-                                    observed.job_state,
-                                    if observed.job_sites.is_empty() {
-                                        "-".into()
-                                    } else {
-                                        observed.job_sites.join("+")
-                                    }
-                                ),
-                            );
-                            if let Some((at, site, up)) = observed.site_changes.last() {
-                                record.after = Some(format!(
-                                    "site {site} {}",
-                                    if *up { "up" } else { "down" }
-                                ));
-                                record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
-                            }
-                            record.job_sites = Some(sites.clone());
-                            observed.records.push(record);
-                        }
-                        observed.job_sites = sites;
-                        observed.job_state = state;
-                        observed.job_revision = job.revision;
-                    }
-                    _ => {}
+/// Watches site and job changes after `after` on every replica at once,
+/// and takes each change from whichever replica shows it first: a replica
+/// cut off from the quorum (or killed) lags, and a single watch on it would
+/// see the change only after the heal. Each stream is in revision order and
+/// only revisions above the highest taken are taken, so no change is taken
+/// twice or out of order.
+pub(super) fn spawn_change_watch(addrs: LiveReplicas, shared: Shared, t0: Instant, after: u64) {
+    let all: Vec<SocketAddr> = addrs
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let taken = Arc::new(Mutex::new(after));
+    for addr in all {
+        let (addrs, shared, taken) = (addrs.clone(), shared.clone(), Arc::clone(&taken));
+        tokio::spawn(async move {
+            loop {
+                let live = addrs
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .contains(&addr);
+                if !live {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
+                let after = *taken
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if let Ok(mut c) = client(addr)
+                    && let Ok(response) = c
+                        .watch(pb::WatchRequest {
+                            after_revision: after,
+                            kinds: vec!["site".into(), "job".into()],
+                        })
+                        .await
+                {
+                    let mut stream = response.into_inner();
+                    while let Ok(Some(event)) = stream.message().await {
+                        let t = t0.elapsed();
+                        {
+                            let mut taken = taken
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner);
+                            if event.revision <= *taken {
+                                continue;
+                            }
+                            *taken = event.revision;
+                        }
+                        take(&shared, event, t);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        });
+    }
+}
+
+/// One change, seen at `t`, as records.
+fn take(shared: &Shared, event: pb::WatchEvent, t: Duration) {
+    let mut observed = lock(shared);
+    match event.event {
+        Some(pb::watch_event::Event::Site(site)) => {
+            let id = site.site.as_ref().map(|s| s.id.clone()).unwrap_or_default();
+            let up = site.state() == pb::SiteState::Up;
+            if observed.sites.get(&id) == Some(&up) {
+                return;
+            }
+            observed.sites.insert(id.clone(), up);
+            let mut record = Record::new(
+                t,
+                "site",
+                format!(
+                    "site {id} {} ({})",
+                    if up { "up" } else { "down" },
+                    site.state_reason
+                ),
+            );
+            record.site = Some(id.clone());
+            record.up = Some(up);
+            let cause = observed.actions.iter().rev().find(|(_, a, s)| {
+                s.as_deref() == Some(id.as_str())
+                    && match a {
+                        Action::Partition | Action::KillAgent => !up,
+                        Action::Heal | Action::RestartAgent => up,
+                        _ => false,
+                    }
+            });
+            if let Some((at, action, _)) = cause {
+                record.after = Some(format!("{} {id}", action_name(*action)));
+                record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
+            }
+            observed.records.push(record);
+            observed.site_changes.push((t, id, up));
         }
-    });
+        Some(pb::watch_event::Event::Job(job)) => {
+            let sites = plan_sites(&job);
+            let state = job_state(&job).to_string();
+            if observed.job_revision != 0
+                && (sites != observed.job_sites || state != observed.job_state)
+            {
+                let mut record = Record::new(
+                    t,
+                    "job",
+                    format!(
+                        "job {} re-planned: {} on {} (was {} on {})",
+                        job.id,
+                        state,
+                        if sites.is_empty() {
+                            "-".into()
+                        } else {
+                            sites.join("+")
+                        },
+                        observed.job_state,
+                        if observed.job_sites.is_empty() {
+                            "-".into()
+                        } else {
+                            observed.job_sites.join("+")
+                        }
+                    ),
+                );
+                if let Some((at, site, up)) = observed.site_changes.last() {
+                    record.after = Some(format!("site {site} {}", if *up { "up" } else { "down" }));
+                    record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
+                }
+                record.job_sites = Some(sites.clone());
+                observed.records.push(record);
+            }
+            observed.job_sites = sites;
+            observed.job_state = state;
+            observed.job_revision = job.revision;
+        }
+        _ => {}
+    }
 }
 
 fn action_name(action: Action) -> &'static str {
