@@ -25,9 +25,9 @@ use tempfile::TempDir;
 use super::faults::Faults;
 use super::filter::{MessageFilter, Verdict};
 use super::kv::{KvCommand, KvStateMachine};
-use super::{Event, Node, NodeConfig, RedbStorage, StateMachine};
+use super::{DiskStorage, Event, Node, NodeConfig, StateMachine};
 
-/// Crashes the owner of a store (a [`Node`] or a bare [`RedbStorage`]) the way SIGKILL does.
+/// Crashes the owner of a store (a [`Node`] or a bare [`DiskStorage`]) the way SIGKILL does.
 /// The OS keeps what the process wrote: every byte appended to the log, and the pages of the
 /// state file; but redb's record of the commits made since the state file's last durable
 /// (fsynced) one lived only in the process, so the reopened state file is at its last durable
@@ -35,7 +35,7 @@ use super::{Event, Node, NodeConfig, RedbStorage, StateMachine};
 /// which makes everything durable; so the files are copied while the owner runs, the owner is
 /// dropped, and the copies are put back (the log directory exactly as it was).
 pub(super) fn crash<T>(owner: T, store: &std::path::Path) {
-    let [wal_dir, state_file] = RedbStorage::files(store);
+    let [wal_dir, state_file] = DiskStorage::files(store);
     let mut images: Vec<(std::path::PathBuf, Vec<u8>)> = std::fs::read_dir(&wal_dir)
         .expect("list the log to crash it")
         .map(|item| {
@@ -304,7 +304,7 @@ impl<S: StateMachine + Default> Cluster<S> {
             .dirs
             .entry(id)
             .or_insert_with(|| scratch_dir().expect("temp dir"));
-        let storage = RedbStorage::open(&store_path(dir)).expect("open store");
+        let storage = DiskStorage::open(&store_path(dir)).expect("open store");
         let config = self.config(id);
         let node = Node::open(config, storage, S::default(), initial_voters).expect("open node");
         self.nodes.insert(id, node);

@@ -1,7 +1,7 @@
 //! Raft consensus for the coordinator: durable storage, the Ready-loop driver and the
 //! state-machine seam.
 //!
-//! - [`storage`]: [`RedbStorage`], a `raft::Storage` in two parts: the log, a write-ahead log
+//! - [`storage`]: [`DiskStorage`], a `raft::Storage` in two parts: the log, a write-ahead log
 //!   fsynced on every commit ([`storage::wal`]), and the applied state, one redb file fsynced now
 //!   and then (see its documentation).
 //! - [`node`]: [`Node`], a sans-IO driver around `raft::RawNode` that owns the Ready loop.
@@ -33,7 +33,7 @@ mod tests;
 
 pub use kv::KvStateMachine;
 pub use node::{Event, Node, NodeConfig, NodeError, Output};
-pub use storage::{Batch, LogState, RedbStorage, StorageError};
+pub use storage::{Batch, DiskStorage, LogState, StorageError};
 
 /// Errors a state machine reports; boxed because each state machine has its own.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

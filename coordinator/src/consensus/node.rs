@@ -14,7 +14,7 @@ use raft::eraftpb::{
 };
 use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
 
-use super::storage::{Batch, RedbStorage, StorageError, compress_snapshot};
+use super::storage::{Batch, DiskStorage, StorageError, compress_snapshot};
 use super::{BoxError, StateMachine};
 
 /// Timing and flow-control settings of one replica.
@@ -168,9 +168,9 @@ pub struct Output {
     pub events: Vec<Event>,
 }
 
-/// One Raft replica: `raft::RawNode` over [`RedbStorage`], plus the state machine.
+/// One Raft replica: `raft::RawNode` over [`DiskStorage`], plus the state machine.
 pub struct Node<S: StateMachine> {
-    raw: RawNode<RedbStorage>,
+    raw: RawNode<DiskStorage>,
     state_machine: S,
     config: NodeConfig,
     leader_id: u64,
@@ -195,7 +195,7 @@ impl<S: StateMachine> Node<S> {
     /// restarts from disk, and `initial_voters` is ignored.
     pub fn open(
         config: NodeConfig,
-        mut storage: RedbStorage,
+        mut storage: DiskStorage,
         mut state_machine: S,
         initial_voters: &[u64],
     ) -> Result<Self, NodeError> {
@@ -286,7 +286,7 @@ impl<S: StateMachine> Node<S> {
         &self.raw.store().state().conf_state
     }
 
-    pub fn storage(&self) -> &RedbStorage {
+    pub fn storage(&self) -> &DiskStorage {
         self.raw.store()
     }
 
@@ -384,7 +384,7 @@ impl<S: StateMachine> Node<S> {
     ///    that only moves the commit index and applies costs no fsync;
     /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
     ///    state, in one transaction of the state store, committed without an fsync (see
-    ///    [`RedbStorage`]: it becomes durable with the state store's next fsync). Raft only hands
+    ///    [`DiskStorage`]: it becomes durable with the state store's next fsync). Raft only hands
     ///    out committed entries that an earlier Ready made durable in the log, so a crash rolls
     ///    the state store back to an older applied index whose state agrees with it, and the
     ///    restarted replica applies the rest of the log again;
@@ -644,7 +644,7 @@ impl<S: StateMachine> Node<S> {
     }
 
     /// Starts making the applied state durable without waiting for the bulk of the writing:
-    /// see [`RedbStorage::stage_state_sync`]. The caller fsyncs the returned file away from the
+    /// see [`DiskStorage::stage_state_sync`]. The caller fsyncs the returned file away from the
     /// loop, then calls [`Node::sync_state`].
     pub fn stage_state_sync(&mut self) -> Result<Option<std::fs::File>, NodeError> {
         Ok(self.raw.store().stage_state_sync()?)
@@ -693,7 +693,7 @@ mod tests {
         dir: &tempfile::TempDir,
         config: NodeConfig,
     ) -> Result<Node<KvStateMachine>, NodeError> {
-        let storage = RedbStorage::open(&dir.path().join("raft.redb"))?;
+        let storage = DiskStorage::open(&dir.path().join("raft.redb"))?;
         Node::open(config, storage, KvStateMachine, &[1])
     }
 

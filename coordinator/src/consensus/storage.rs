@@ -1,18 +1,19 @@
-//! Durable Raft storage in two parts, the way etcd keeps a write-ahead log and a backend:
+//! [`DiskStorage`], durable Raft storage in two parts on disk, the way etcd keeps a
+//! write-ahead log and a backend:
 //!
 //! - the **log** ([`wal`]), in the directory `<path>.wal` beside the path given to
-//!   [`RedbStorage::open`] (e.g. `store.wal` for `store.redb`): log entries, hard state (term,
+//!   [`DiskStorage::open`] (e.g. `store.wal` for `store.redb`): log entries, hard state (term,
 //!   vote), where the log starts, and the stored snapshot. Each commit appends one record and
 //!   fsyncs it: raft promises its contents to peers, and an acknowledged write is an entry in it
 //!   on a quorum. The log is also kept in memory, so raft reads entries without touching disk.
-//! - the **state store**, a redb file beside it ([`RedbStorage::files`], e.g.
+//! - the **state store**, a redb file beside it ([`DiskStorage::files`], e.g.
 //!   `store.state.redb`): the state machine's table, the applied index and the applied
 //!   membership (conf state), which change together whenever committed entries are applied.
 //!   Applies accumulate in one open write transaction of the state store (as etcd batches its
 //!   backend), committed and fsynced once [`STATE_SYNC_ENTRIES`] entries were applied since the
-//!   last time, on [`RedbStorage::sync_state`] (the runtime calls it on a timer), before the log
+//!   last time, on [`DiskStorage::sync_state`] (the runtime calls it on a timer), before the log
 //!   is compacted, when a snapshot is installed, and when the store is closed. A read of the
-//!   state store ([`RedbStorage::read`]) first commits the open transaction without an fsync
+//!   state store ([`DiskStorage::read`]) first commits the open transaction without an fsync
 //!   ([`Durability::None`]), so readers see every apply.
 //!
 //! Two parts because an fsync flushes every page of its file written since the previous one: a
@@ -27,15 +28,15 @@
 //! commits are totally ordered, so a crash loses the open transaction and a suffix of unsynced
 //! commits, never part of one: the state machine, applied index and membership on disk always
 //! agree, only older. The log keeps every entry after the state store's durable applied index
-//! (the log is only compacted after the state store was fsynced, see [`RedbStorage::compact`]),
+//! (the log is only compacted after the state store was fsynced, see [`DiskStorage::compact`]),
 //! so a restarted replica re-applies them once it learns the commit index again. On open: a
 //! commit index below the applied index is raised to it (the hard state is written when its
 //! term or vote changes, not for a new commit index, which Raft keeps in volatile state), and a
 //! state store left behind the start of the log (a crash between the two commits of a snapshot
 //! install) is restored from the stored snapshot by the node
-//! ([`RedbStorage::state_behind_log`]).
+//! ([`DiskStorage::state_behind_log`]).
 //!
-//! Every change goes through a [`Batch`], committed by [`RedbStorage::commit`]: its log part
+//! Every change goes through a [`Batch`], committed by [`DiskStorage::commit`]: its log part
 //! first, then its state part. The in-memory [`LogState`] cache is replaced only after both
 //! committed.
 //!
@@ -48,7 +49,7 @@
 //! | `state_machine`        | bytes  | opaque, owned by the [`StateMachine`](super::StateMachine) |
 //!
 //! Stores written before the log moved out of redb kept it in the redb file at the given path,
-//! and before that the state tables too; [`RedbStorage::open`] moves them and removes that file
+//! and before that the state tables too; [`DiskStorage::open`] moves them and removes that file
 //! (`storage/migrate.rs`).
 
 use std::cell::Cell;
@@ -162,7 +163,7 @@ pub fn decompress_snapshot(data: &[u8]) -> Result<Vec<u8>> {
 
 /// A [`raft::Storage`] over a write-ahead log and a redb state store (see the module
 /// documentation).
-pub struct RedbStorage {
+pub struct DiskStorage {
     wal: Wal,
     /// The log as committed to `wal`, shared with the batch in progress (which reads terms).
     log: Arc<Mutex<MemLog>>,
@@ -180,9 +181,9 @@ pub struct RedbStorage {
     snapshot_wanted: Cell<bool>,
 }
 
-impl std::fmt::Debug for RedbStorage {
+impl std::fmt::Debug for DiskStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbStorage")
+        f.debug_struct("DiskStorage")
             .field("state", &self.state)
             .field("state_unsynced", &self.state_unsynced.get())
             .finish_non_exhaustive()
@@ -202,7 +203,7 @@ fn durable_write(db: &Database) -> Result<WriteTransaction> {
     Ok(txn)
 }
 
-impl RedbStorage {
+impl DiskStorage {
     /// The log directory and the state file of the store opened at `path`: `path` with the
     /// extensions `wal` and `state.redb`.
     pub fn files(path: &Path) -> [PathBuf; 2] {
@@ -212,7 +213,7 @@ impl RedbStorage {
         ]
     }
 
-    /// Opens (or creates) the store at `path` (see [`RedbStorage::files`]) and restores its
+    /// Opens (or creates) the store at `path` (see [`DiskStorage::files`]) and restores its
     /// state from disk.
     pub fn open(path: &Path) -> Result<Self> {
         let [wal_dir, state_path] = Self::files(path);
@@ -484,7 +485,7 @@ impl RedbStorage {
     /// the bulk of the I/O: commits the open transaction without an fsync and returns a handle
     /// on the state file (`None` if nothing awaits an fsync). The caller fsyncs the handle
     /// elsewhere (`File::sync_data`), which writes out the pages of every commit so far, and
-    /// then calls [`RedbStorage::sync_state`], whose own fsync is then small: redb's commit
+    /// then calls [`DiskStorage::sync_state`], whose own fsync is then small: redb's commit
     /// record and what was applied meanwhile. Only that second fsync makes anything durable;
     /// the first only moves the writing out of the way.
     pub fn stage_state_sync(&self) -> Result<Option<std::fs::File>> {
@@ -558,7 +559,7 @@ impl RedbStorage {
 /// Closing the store commits and fsyncs the state store's open transaction, so a clean shutdown
 /// re-applies nothing on the next start. A crash skips this, which is safe (see the module
 /// documentation).
-impl Drop for RedbStorage {
+impl Drop for DiskStorage {
     fn drop(&mut self) {
         if let Some(mut txn) = self.pending_state.take()
             && !self.pending_state.is_lost()
@@ -571,7 +572,7 @@ impl Drop for RedbStorage {
     }
 }
 
-impl raft::Storage for RedbStorage {
+impl raft::Storage for DiskStorage {
     fn initial_state(&self) -> raft::Result<RaftState> {
         Ok(RaftState::new(
             self.state.hard_state.clone(),

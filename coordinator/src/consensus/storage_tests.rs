@@ -24,8 +24,8 @@ fn hard_state(term: u64, vote: u64, commit: u64) -> HardState {
     }
 }
 
-fn open(dir: &tempfile::TempDir) -> RedbStorage {
-    RedbStorage::open(&dir.path().join("raft.redb")).unwrap()
+fn open(dir: &tempfile::TempDir) -> DiskStorage {
+    DiskStorage::open(&dir.path().join("raft.redb")).unwrap()
 }
 
 fn indexes(entries: &[Entry]) -> Vec<(u64, u64)> {
@@ -342,7 +342,7 @@ fn snapshot_compression_round_trips_and_actually_compresses() {
 /// Applies log entries `indexes` the way the node does: each entry's data under its index in the
 /// state-machine table, and the applied index, in one batch; the state store is fsynced if
 /// `sync`.
-fn apply(store: &mut RedbStorage, sync: bool, indexes: std::ops::RangeInclusive<u64>) {
+fn apply(store: &mut DiskStorage, sync: bool, indexes: std::ops::RangeInclusive<u64>) {
     let entries = store
         .entries(*indexes.start(), indexes.end() + 1, None, ctx())
         .unwrap();
@@ -364,7 +364,7 @@ fn apply(store: &mut RedbStorage, sync: bool, indexes: std::ops::RangeInclusive<
 }
 
 /// The indexes whose entries the state machine holds, in order.
-fn applied_keys(store: &RedbStorage) -> Vec<u64> {
+fn applied_keys(store: &DiskStorage) -> Vec<u64> {
     let txn = store.read().unwrap();
     let table = txn.open_table(STATE_MACHINE).unwrap();
     table
@@ -378,7 +378,7 @@ fn applied_keys(store: &RedbStorage) -> Vec<u64> {
 }
 
 /// SIGKILL of the process that has `store` open, then a restart (see `harness::crash`).
-fn crash_and_reopen(store: RedbStorage, dir: &tempfile::TempDir) -> RedbStorage {
+fn crash_and_reopen(store: DiskStorage, dir: &tempfile::TempDir) -> DiskStorage {
     crate::consensus::harness::crash(store, &dir.path().join("raft.redb"));
     open(dir)
 }
@@ -585,7 +585,7 @@ fn crash_inside_a_snapshot_install_leaves_the_state_behind_the_log_for_the_node_
     snapshot.data = compress_snapshot(b"restored").unwrap().into();
     // The crash image of the state file is taken before the install, the log is as after it:
     // as if the process died between the install's two commits.
-    let [_, state_file] = RedbStorage::files(&path);
+    let [_, state_file] = DiskStorage::files(&path);
     let state_before = std::fs::read(&state_file).unwrap();
     store.apply_snapshot(&snapshot, |_, _| Ok(())).unwrap();
     drop(store);
@@ -669,7 +669,7 @@ fn a_store_written_in_one_redb_file_moves_its_log_to_the_wal_and_its_state_to_th
             .unwrap();
         txn.commit().unwrap();
     }
-    let check = |store: &RedbStorage| {
+    let check = |store: &DiskStorage| {
         assert_eq!(store.state().applied, 2);
         assert_eq!(store.state().conf_state.voters, vec![1, 2, 3]);
         assert_eq!(
@@ -720,11 +720,11 @@ fn a_migration_cut_short_is_done_again_and_a_bad_segment_keeps_the_old_log() {
             .unwrap();
         txn.commit().unwrap();
     }
-    let [wal_dir, _] = RedbStorage::files(&path);
+    let [wal_dir, _] = DiskStorage::files(&path);
     std::fs::create_dir_all(&wal_dir).unwrap();
     // A segment being written when the process died: never renamed into place.
     std::fs::write(wal_dir.join("0000000000000000.wal.tmp"), b"").unwrap();
-    let store = RedbStorage::open(&path).unwrap();
+    let store = DiskStorage::open(&path).unwrap();
     assert_eq!(store.last_index().unwrap(), 2);
     assert_eq!(store.initial_state().unwrap().hard_state.vote, 1);
     drop(store);
@@ -734,10 +734,10 @@ fn a_migration_cut_short_is_done_again_and_a_bad_segment_keeps_the_old_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("raft.redb");
     drop(Database::create(&path).unwrap());
-    let [wal_dir, _] = RedbStorage::files(&path);
+    let [wal_dir, _] = DiskStorage::files(&path);
     std::fs::create_dir_all(&wal_dir).unwrap();
     std::fs::write(wal_dir.join("0000000000000000.wal"), b"").unwrap();
-    assert!(RedbStorage::open(&path).is_err());
+    assert!(DiskStorage::open(&path).is_err());
     assert!(path.exists(), "the old log file was removed");
 }
 

@@ -27,7 +27,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
-use crate::consensus::{Node, NodeConfig, NodeError, RedbStorage, StorageError};
+use crate::consensus::{DiskStorage, Node, NodeConfig, NodeError, StorageError};
 pub use raft_loop::{RaftHandle, Role, Status};
 use service::CoordinatorService;
 use state_machine::CoordinatorStateMachine;
@@ -143,7 +143,7 @@ impl Replica {
         }
         // `store.wal/` and `store.state.redb`; a `store.redb` of older versions held the log
         // and is moved on open.
-        let storage = RedbStorage::open(&config.data_dir.join("store.redb"))?;
+        let storage = DiskStorage::open(&config.data_dir.join("store.redb"))?;
         let state_machine = CoordinatorStateMachine::load(&storage.read()?)
             .map_err(|e| ServerError::StateMachine(e.to_string()))?;
         let mut voters: Vec<u64> = if config.join {

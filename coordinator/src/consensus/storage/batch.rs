@@ -14,8 +14,8 @@ use super::{
 
 /// One change to the store: the ops it adds to the log (one record, fsynced), and the state
 /// store's open write transaction (begun if there is none), plus the cache as it will be after
-/// commit. Obtain with [`RedbStorage::begin`](super::RedbStorage::begin), finish with
-/// [`RedbStorage::commit`](super::RedbStorage::commit), which commits the log part (fsynced),
+/// commit. Obtain with [`DiskStorage::begin`](super::DiskStorage::begin), finish with
+/// [`DiskStorage::commit`](super::DiskStorage::commit), which commits the log part (fsynced),
 /// then keeps or commits the state part. Each part is atomic; a crash between them is
 /// recovered on open.
 pub struct Batch {
@@ -60,7 +60,7 @@ impl PendingState {
     }
 }
 
-/// What [`RedbStorage::commit`](super::RedbStorage::commit) takes apart.
+/// What [`DiskStorage::commit`](super::DiskStorage::commit) takes apart.
 pub(super) struct Parts {
     pub(super) log_ops: Vec<LogOp>,
     pub(super) snapshot_data: Option<Vec<u8>>,
@@ -171,7 +171,7 @@ impl Batch {
 
     /// Sets the hard state. A new term or vote is written (and fsynced) with this batch, with
     /// the commit index of the moment; a new commit index alone is not written (see
-    /// [`RedbStorage::commit`](super::RedbStorage::commit)).
+    /// [`DiskStorage::commit`](super::DiskStorage::commit)).
     pub fn set_hard_state(&mut self, hard_state: &HardState) -> Result<()> {
         self.state.hard_state = hard_state.clone();
         Ok(())

@@ -1,6 +1,6 @@
 //! Stores of older versions, moved on open. Before the raft log became the write-ahead log
 //! ([`super::wal`]) it was kept in a redb file at the path given to
-//! [`RedbStorage::open`](super::RedbStorage::open) (tables `raft_log`, `raft_hard_state`,
+//! [`DiskStorage::open`](super::DiskStorage::open) (tables `raft_log`, `raft_hard_state`,
 //! `raft_log_truncated`, `raft_snapshot_meta`, `raft_snapshot_data`), and before the state
 //! file existed the state tables were in that file too. [`open_log`] moves both out and
 //! removes the old file; every step is safe to repeat after a crash.
