@@ -4,6 +4,7 @@
 
 pub mod agent;
 pub mod assignment;
+mod atomic;
 pub mod config;
 pub mod coordinator;
 pub mod daemon;

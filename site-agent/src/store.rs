@@ -4,7 +4,6 @@
 //! crash leaves the old or the new file, never a mix.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -122,16 +121,7 @@ impl Store {
         };
         let bytes =
             serde_json::to_vec_pretty(state).map_err(|e| write_error(std::io::Error::other(e)))?;
-        let tmp = self.dir.join(format!("{FILE}.tmp"));
-        let mut file = std::fs::File::create(&tmp).map_err(write_error)?;
-        file.write_all(&bytes).map_err(write_error)?;
-        file.sync_all().map_err(write_error)?;
-        drop(file);
-        std::fs::rename(&tmp, &path).map_err(write_error)?;
-        std::fs::File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(write_error)?;
-        Ok(())
+        crate::atomic::replace(&path, &bytes).map_err(write_error)
     }
 }
 

@@ -31,10 +31,8 @@ pub mod slurm;
 mod yaml;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::{self, File};
-use std::io::Write as _;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use thiserror::Error;
 
@@ -509,9 +507,6 @@ fn utf8(path: &Path) -> Result<&str, RenderError> {
     })
 }
 
-/// Distinguishes temporary files of concurrent writers in one process.
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// Writes every file under a temporary name first, then renames them all
 /// into place and syncs the directory.
 fn write_all_atomically(dir: &Path, files: &[(PathBuf, String)]) -> Result<(), RenderError> {
@@ -523,17 +518,9 @@ fn write_all_atomically(dir: &Path, files: &[(PathBuf, String)]) -> Result<(), R
         }
     };
     for (path, contents) in files {
-        let file_name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let temp = dir.join(format!(
-            ".{file_name}.tmp-{}-{}",
-            std::process::id(),
-            TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        let temp = crate::atomic::temp_beside(path);
         temps.push(temp.clone());
-        if let Err(source) = write_synced(&temp, contents) {
+        if let Err(source) = crate::atomic::write_synced(&temp, contents.as_bytes()) {
             cleanup(&temps);
             return Err(RenderError::Io {
                 action: "writing",
@@ -552,29 +539,9 @@ fn write_all_atomically(dir: &Path, files: &[(PathBuf, String)]) -> Result<(), R
             });
         }
     }
-    sync_dir(dir).map_err(|source| RenderError::Io {
+    crate::atomic::sync_dir(dir).map_err(|source| RenderError::Io {
         action: "syncing",
         path: dir.to_path_buf(),
         source,
     })
-}
-
-fn write_synced(path: &Path, contents: &str) -> std::io::Result<()> {
-    let mut file = File::create_new(path)?;
-    file.write_all(contents.as_bytes())?;
-    file.sync_all()
-}
-
-/// Makes the renames durable. Directories cannot be opened for syncing on
-/// every platform; where they cannot, the rename's own guarantees stand.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    #[cfg(unix)]
-    {
-        File::open(dir)?.sync_all()
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = dir;
-        Ok(())
-    }
 }
