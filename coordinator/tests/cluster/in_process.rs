@@ -557,20 +557,7 @@ async fn a_replica_joins_and_the_leader_is_removed_through_the_api() {
     // Writes still commit.
     let mut c = client(survivor).await;
     c.submit_job(pb::SubmitJobRequest {
-        spec: Some(pb::JobSpec {
-            name: "after-removal".into(),
-            model: Some(pb::ModelShape {
-                parameters: 1_000_000_000,
-                layers: 16,
-                hidden_size: 2048,
-                attention_heads: 16,
-                sequence_length: 2048,
-                vocabulary_size: 0,
-            }),
-            global_batch: 64,
-            micro_batch: 1,
-            ..Default::default()
-        }),
+        spec: Some(small_job("after-removal")),
         expected_revision: 0,
     })
     .await

@@ -22,6 +22,7 @@
 //! plays the faults, and `report` is what comes out.
 
 mod observe;
+pub use observe::plan_sites;
 mod processes;
 mod report;
 mod timeline;

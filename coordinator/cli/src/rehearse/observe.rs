@@ -40,7 +40,8 @@ pub(super) fn lock(shared: &Shared) -> std::sync::MutexGuard<'_, Observed> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-pub(super) fn plan_sites(job: &pb::Job) -> Vec<String> {
+/// The sites a job's plan puts stages on, sorted, each once.
+pub fn plan_sites(job: &pb::Job) -> Vec<String> {
     let mut sites: Vec<String> = job
         .plan
         .as_ref()

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use longhaul_cli::rehearse::plan_sites;
 use longhaul_coordinator::server::ReplicaConfig;
 use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
 use longhaul_core::{JobSpec, Topology, units};
@@ -189,17 +190,6 @@ fn site_state(sites: &[pb::SiteStatus], id: &str) -> Option<(pb::SiteState, u64)
         .iter()
         .find(|s| s.site.as_ref().is_some_and(|site| site.id == id))
         .map(|s| (s.state(), s.state_revision))
-}
-
-fn plan_sites(job: &pb::Job) -> Vec<String> {
-    let mut sites: Vec<String> = job
-        .plan
-        .as_ref()
-        .map(|p| p.stages.iter().map(|s| s.site_id.clone()).collect())
-        .unwrap_or_default();
-    sites.sort();
-    sites.dedup();
-    sites
 }
 
 /// The leader as the live replicas see it: (index, id).
