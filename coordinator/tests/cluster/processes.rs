@@ -349,8 +349,9 @@ async fn sigterm_stops_a_replica_cleanly_and_a_restart_finds_every_write() {
         assert!(submit(&mut c, &format!("job-{i}")).await);
     }
     let pid = replica.id().unwrap();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
+    // The shell's own `kill`: no package needed.
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
         .status()
         .unwrap();
     assert!(status.success());
