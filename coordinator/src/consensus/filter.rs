@@ -21,9 +21,11 @@ pub enum Verdict {
 /// - a dropped message is a lost packet: nothing is reported and raft
 ///   retries by itself; a dropped snapshot is reported to raft as failed,
 ///   as the transport does when a transfer fails;
-/// - a delayed message waits (on the transport: on its peer's queue, so one
-///   peer's messages stay in order, as on a TCP stream, and other peers are
-///   not held up; in virtual time: until that much virtual time passed);
+/// - a delayed message waits. On the transport it waits on its peer's queue,
+///   so one peer's messages stay in order, as on a TCP stream, and other
+///   peers are not held up. In virtual time it waits until that much virtual
+///   time passed, rounded up to whole ticks, and later messages on the same
+///   route overtake it: that network reorders, the transport does not;
 /// - the verdict is given when the message is queued: a message queued (or
 ///   delayed) before a cut is still delivered, as a packet in flight would
 ///   be.

@@ -94,7 +94,7 @@ pub(super) fn deliver<S: StateMachine>(
     for (from, to) in snapshots {
         let delivered = msgs
             .iter()
-            .any(|m| m.get_msg_type() == MessageType::MsgSnapshot && m.to == to);
+            .any(|m| m.get_msg_type() == MessageType::MsgSnapshot && m.from == from && m.to == to);
         if let (false, Some(leader)) = (delivered, nodes.get_mut(&from)) {
             leader.report_snapshot(to, SnapshotStatus::Failure);
         }
@@ -111,9 +111,14 @@ pub(super) fn deliver<S: StateMachine>(
                     leader.report_snapshot(to, SnapshotStatus::Finish);
                 }
             }
+            // A stopped replica: unreachable, and a snapshot to it failed
+            // (raft waits for its outcome), as the real transport reports.
             None => {
                 if let Some(sender) = nodes.get_mut(&from) {
                     sender.report_unreachable(to);
+                    if is_snapshot {
+                        sender.report_snapshot(to, SnapshotStatus::Failure);
+                    }
                 }
             }
         }

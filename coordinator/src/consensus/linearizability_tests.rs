@@ -369,10 +369,9 @@ impl Run {
     fn nemesis(&mut self) {
         let ids: Vec<u64> = (1..=self.sim.replicas_known()).collect();
         let majority = ids.len() / 2 + 1;
-        let seed = self.rng.next_u64();
         let action = self.rng.up_to(8);
         self.trace.push(format!(
-            "nemesis {action} (seed {seed}), filters {}",
+            "nemesis {action}, rules {}",
             self.sim.faults().rule_count()
         ));
         match action {
@@ -433,7 +432,7 @@ impl Run {
                 let _ = self.sim.nodes.get_mut(&id).expect("running").campaign();
             }
         }
-        // Too many filters at once and nothing moves for long: start over.
+        // Too many rules at once and nothing moves for long: start over.
         if self.sim.faults().rule_count() > 3 {
             self.sim.faults().heal();
         }

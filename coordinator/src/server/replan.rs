@@ -59,13 +59,13 @@ fn replan(job: &JobRecord, topology: &longhaul_core::Topology) -> Option<Replan>
     }
     let (placement, reason) = match place_live(topology, &job.spec) {
         Ok(plan) => {
-            let reason = format!("placed on {}", plan.site_order.join(", "));
-            (
-                Placement::Placed {
-                    plan: Box::new(plan),
-                },
-                reason,
-            )
+            let placement = Placement::placed(plan);
+            let reason = match &placement {
+                Placement::Placed { plan } => format!("placed on {}", plan.site_order.join(", ")),
+                Placement::Infeasible { reason } => reason.clone(),
+                Placement::Pending => String::new(),
+            };
+            (placement, reason)
         }
         Err(error) => (
             Placement::Infeasible {

@@ -449,9 +449,7 @@ impl Coordinator for CoordinatorService {
         // The leader places the job against the sites that are up now; the
         // outcome (plan or the reason it is infeasible) is replicated with it.
         let placement = match self.place(&spec).await? {
-            Ok(plan) => Placement::Placed {
-                plan: Box::new(plan),
-            },
+            Ok(plan) => Placement::placed(plan),
             Err(reason) => Placement::Infeasible { reason },
         };
         let command = StateRequest {

@@ -116,12 +116,17 @@ fn a_virtual_time_scenario_replays_from_its_seed() {
             .unwrap()
             .block_on(scenarios::acknowledged_writes_survive_random_drops_and_delays(&mut cluster));
         let inner = cluster.inner();
-        (inner.events.clone(), inner.now, inner.describe())
+        let fates = (inner.faults().dropped(), inner.faults().delayed());
+        (inner.events.clone(), inner.now, inner.describe(), fates)
     };
-    let (first, first_now, first_state) = run(11);
-    let (second, second_now, second_state) = run(11);
+    let (first, first_now, first_state, first_fates) = run(11);
+    let (second, second_now, second_state, second_fates) = run(11);
     assert_eq!(first_now, second_now, "the runs took different times");
     assert_eq!(first_state, second_state);
+    assert_eq!(
+        first_fates, second_fates,
+        "the same messages were dropped and delayed"
+    );
     assert_eq!(
         first.keys().collect::<Vec<_>>(),
         second.keys().collect::<Vec<_>>()
@@ -137,6 +142,6 @@ fn a_virtual_time_scenario_replays_from_its_seed() {
             assert_eq!(a, b, "replica {id}: event {n} differs");
         }
     }
-    let (other, _, _) = run(12);
+    let (other, _, _, _) = run(12);
     assert_ne!(first, other, "another seed is another run");
 }

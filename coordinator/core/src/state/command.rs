@@ -167,6 +167,29 @@ pub enum Placement {
 }
 
 impl Placement {
+    /// A placement of `plan`, as it will be replicated. A plan that does not
+    /// come back from JSON as itself (a non-finite number, which JSON cannot
+    /// hold, would be written as `null`) is not replicated: every replica
+    /// would refuse the command. It becomes an infeasible placement that says
+    /// why.
+    pub fn placed(plan: Plan) -> Self {
+        let replays = serde_json::to_string(&plan)
+            .ok()
+            .and_then(|json| serde_json::from_str::<Plan>(&json).ok())
+            .is_some_and(|back| back == plan);
+        if replays {
+            Placement::Placed {
+                plan: Box::new(plan),
+            }
+        } else {
+            Placement::Infeasible {
+                reason: "the plan holds a value that does not replay from JSON \
+                         (a non-finite number); not stored"
+                    .into(),
+            }
+        }
+    }
+
     /// The plan, if the job was placed.
     pub fn plan(&self) -> Option<&Plan> {
         match self {
@@ -201,12 +224,18 @@ impl TryFrom<PlacementRepr> for Placement {
             PlacementRepr::Placed {
                 plan: Some(plan), ..
             } => Placement::Placed { plan },
+            // An older record whose plan does not read as a plan (it could
+            // hold a non-finite number written as `null`) still loads, the
+            // same on every replica: as a placement that says why, which
+            // re-planning then replaces.
             PlacementRepr::Placed {
                 plan: None,
                 plan_json: Some(json),
-            } => Placement::Placed {
-                plan: serde_json::from_str(&json)
-                    .map_err(|e| format!("field `plan_json`: not a plan: {e}"))?,
+            } => match serde_json::from_str(&json) {
+                Ok(plan) => Placement::Placed { plan },
+                Err(error) => Placement::Infeasible {
+                    reason: format!("the stored plan (`plan_json`) could not be read: {error}"),
+                },
             },
             PlacementRepr::Placed {
                 plan: None,

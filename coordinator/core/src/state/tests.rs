@@ -496,16 +496,39 @@ fn a_typed_plan_replays_bit_exactly() {
 }
 
 #[test]
-fn a_placement_without_a_plan_or_with_a_broken_one_is_refused_by_name() {
+fn a_placement_without_a_plan_is_refused_and_an_unreadable_old_one_says_why() {
+    // An older record whose plan does not read: it loads (a store must open),
+    // the same on every replica, as a placement that says why.
     let broken = r#"{"outcome":"placed","plan_json":"{\"not\": \"a plan\"}"}"#;
-    let error = serde_json::from_str::<Placement>(broken).unwrap_err();
+    let read = serde_json::from_str::<Placement>(broken).unwrap();
+    let Placement::Infeasible { reason } = read else {
+        panic!("{read:?}");
+    };
     assert!(
-        error.to_string().contains("field `plan_json`: not a plan"),
-        "{error}"
+        reason.contains("stored plan (`plan_json`) could not be read"),
+        "{reason}"
     );
+    // A typed plan that does not read is refused.
+    let typed = r#"{"outcome":"placed","plan":{"not":"a plan"}}"#;
+    assert!(serde_json::from_str::<Placement>(typed).is_err());
     let empty = r#"{"outcome":"placed"}"#;
     let error = serde_json::from_str::<Placement>(empty).unwrap_err();
     assert!(error.to_string().contains("needs field `plan`"), "{error}");
     let pending: Placement = serde_json::from_str(r#"{"outcome":"pending"}"#).unwrap();
     assert_eq!(pending, Placement::Pending);
+}
+
+#[test]
+fn a_plan_that_does_not_replay_from_json_is_not_stored_as_placed() {
+    let (_, plan) = placed_submission();
+    assert!(matches!(
+        Placement::placed(plan.clone()),
+        Placement::Placed { .. }
+    ));
+    let mut broken = plan;
+    broken.min_memory_slack_bytes = f64::INFINITY;
+    let Placement::Infeasible { reason } = Placement::placed(broken) else {
+        panic!("a non-finite plan was stored");
+    };
+    assert!(reason.contains("non-finite"), "{reason}");
 }
