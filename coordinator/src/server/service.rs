@@ -639,7 +639,11 @@ impl Coordinator for CoordinatorService {
 
 /// Sends, through `map`, every live event with a revision above `last`
 /// (anything at or below it was already sent from the history); when the
-/// live feed lagged, catches up from the retained history. Returns when the
+/// live feed lagged, or an event comes after a gap (a snapshot install moved
+/// the state past revisions that were never applied here one by one),
+/// catches up from the retained history first, or fails the stream with
+/// OUT_OF_RANGE when those revisions are no longer retained, so the client
+/// re-lists: a watch never skips a revision silently. Returns when the
 /// receiver is gone or the feed ends, having said why on the stream.
 pub(super) async fn follow_live<T>(
     mut live: tokio::sync::broadcast::Receiver<Event>,
@@ -651,8 +655,11 @@ pub(super) async fn follow_live<T>(
     loop {
         let events = match live.recv().await {
             Ok(event) if event.revision <= last => continue,
-            Ok(event) => vec![event],
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+            Ok(event) if event.revision == last + 1 => vec![event],
+            // A gap: revisions in between either changed nothing (then the
+            // history has nothing for them either) or were installed by a
+            // snapshot; the history says which, or that they are gone.
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                 let catch_up = state.read().events_after(last);
                 match catch_up {
                     Ok(events) => events,

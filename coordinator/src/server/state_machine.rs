@@ -233,7 +233,19 @@ impl StateMachine for CoordinatorStateMachine {
     fn restore(&mut self, txn: &WriteTransaction, data: &[u8]) -> Result<(), BoxError> {
         let state: ClusterState = serde_json::from_slice(data)?;
         Self::persist_all(txn, &state)?;
+        // Watchers are at most at the revision this replica had. The
+        // snapshot's retained history after it is published as if applied,
+        // in order, so live watches go on without a gap; where that history
+        // no longer reaches back, the first event published comes after a
+        // gap, and each watch fails with OUT_OF_RANGE instead of jumping.
+        let before = self.state.read().revision();
+        let caught_up: Vec<Event> = state
+            .history()
+            .filter(|event| event.revision > before)
+            .cloned()
+            .collect();
         self.state.replace(state);
+        self.applied_events.extend(caught_up);
         Ok(())
     }
 }
@@ -309,5 +321,73 @@ mod tests {
         assert_eq!(job.state, JobState::Placed);
         assert_eq!(job.placement.plan(), Some(&plan));
         assert_eq!(state.revision(), 1);
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use longhaul_core::state::Command;
+    use tonic::Status;
+
+    use super::*;
+
+    fn noop() -> Request {
+        Request::new(Command::Noop {
+            payload: String::new(),
+        })
+    }
+
+    /// Runs `follow_live` from `last` over `live` (then closed) and returns
+    /// what it sent: revisions, or the status it ended with.
+    async fn follow(
+        state: &SharedState,
+        last: u64,
+        live: Vec<Event>,
+    ) -> (Vec<u64>, Option<Status>) {
+        let (events, rx) = tokio::sync::broadcast::channel(64);
+        for event in live {
+            events.send(event).unwrap();
+        }
+        drop(events);
+        let (tx, mut out) = tokio::sync::mpsc::channel(64);
+        super::super::service::follow_live(rx, state.clone(), last, &tx, |e| Some(e.revision))
+            .await;
+        drop(tx);
+        let mut revisions = Vec::new();
+        let mut ended = None;
+        while let Some(item) = out.recv().await {
+            match item {
+                Ok(revision) => revisions.push(revision),
+                Err(status) => ended = Some(status),
+            }
+        }
+        (revisions, ended)
+    }
+
+    #[tokio::test]
+    async fn a_gap_in_the_live_feed_is_filled_from_the_history_or_fails_out_of_range() {
+        let state = SharedState::default();
+        for _ in 0..5 {
+            state.apply(&noop()).unwrap();
+        }
+        let history: Vec<Event> = state.read().history().cloned().collect();
+        // The live feed jumps from 1 to 5 (as after a snapshot install): the
+        // watch sends 2, 3, 4, 5 from the history, in order.
+        let (sent, ended) = follow(&state, 1, vec![history[4].clone()]).await;
+        assert_eq!(sent, vec![2, 3, 4, 5]);
+        assert_eq!(ended.map(|s| s.code()), Some(tonic::Code::Unavailable));
+
+        // The history no longer reaches back: OUT_OF_RANGE, nothing skipped.
+        let mut small = ClusterState::from_parts(0, Vec::new(), Vec::new(), 2);
+        for _ in 0..5 {
+            small.apply(&noop()).unwrap();
+        }
+        let state = SharedState::default();
+        state.replace(small);
+        let (sent, ended) = follow(&state, 1, vec![history[4].clone()]).await;
+        assert!(sent.is_empty(), "{sent:?}");
+        assert_eq!(ended.map(|s| s.code()), Some(tonic::Code::OutOfRange));
     }
 }

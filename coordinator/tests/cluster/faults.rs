@@ -145,3 +145,101 @@ async fn acknowledged_writes_survive_random_drops_and_delays() {
     }
     stop(replicas).await;
 }
+
+/// A watch on a follower that is cut off while the leader compacts its log
+/// past it: when the network heals, the follower catches up by installing a
+/// snapshot, and the watch goes on from where it was with every revision in
+/// order, taken from the snapshot's history, never a jump to the snapshot's
+/// revision (or it fails with OUT_OF_RANGE, and the client re-lists).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_follower_that_installs_a_snapshot_skips_no_revision() {
+    let faults = Faults::new(seed("watch across a snapshot", 5));
+    let dir = tempfile::tempdir().unwrap();
+    let compacting = |node: &mut NodeConfig| {
+        node.tick_interval = Duration::from_millis(50);
+        node.snapshot_interval_entries = 20;
+        node.compaction_retained_entries = 5;
+    };
+    let (configs, replicas) = start(dir.path(), &faults, compacting).await;
+    let leader = leader_of(&replicas).await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let at_leader = client(configs[leader as usize - 1].listen).await;
+    for i in 0..3 {
+        submit(&at_leader, &format!("before-{i}"), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    let status = |id: u64| replicas[id as usize - 1].as_ref().unwrap().raft.status();
+    eventually(
+        Duration::from_secs(30),
+        "the follower to catch up",
+        || async { (status(follower).applied_index == status(leader).applied_index).then_some(()) },
+    )
+    .await;
+    let from = replicas[follower as usize - 1]
+        .as_ref()
+        .unwrap()
+        .raft
+        .state()
+        .read()
+        .revision();
+
+    let others: Vec<u64> = (1..=3).filter(|id| *id != follower).collect();
+    let partition = faults.partition(&[&[follower], &others]);
+    let mut at_follower = client(configs[follower as usize - 1].listen).await;
+    let mut watch = at_follower
+        .watch(pb::WatchRequest {
+            after_revision: from,
+            kinds: vec!["job".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    const DURING: u64 = 60;
+    for i in 0..DURING {
+        submit(&at_leader, &format!("during-{i}"), Duration::from_secs(5))
+            .await
+            .unwrap();
+    }
+    faults.remove(partition);
+
+    // Every revision after `from`, in order, or a clear OUT_OF_RANGE.
+    let mut seen = Vec::new();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), async {
+        while (seen.len() as u64) < DURING {
+            match watch.message().await {
+                Ok(Some(event)) => seen.push(event.revision),
+                Ok(None) => return Err("the watch ended".to_string()),
+                Err(status) if status.code() == Code::OutOfRange => return Ok(false),
+                Err(status) => return Err(format!("the watch failed: {status:?}")),
+            }
+        }
+        Ok(true)
+    })
+    .await;
+    let complete = match outcome {
+        Ok(Ok(complete)) => complete,
+        Ok(Err(error)) => panic!("{error} after {seen:?}"),
+        Err(_) => panic!("the watch stalled after {seen:?}"),
+    };
+    let expected: Vec<u64> = (from + 1..=from + seen.len() as u64).collect();
+    assert_eq!(seen, expected, "the watch skipped or repeated revisions");
+    let healed = status(follower);
+    assert!(
+        healed.snapshots_installed >= 1,
+        "the follower caught up without a snapshot, so the test showed nothing: {healed:?}"
+    );
+    if complete {
+        assert_eq!(seen.len() as u64, DURING);
+    }
+    eprintln!(
+        "watch from revision {from}: {} revisions in order, {}",
+        seen.len(),
+        if complete {
+            "complete"
+        } else {
+            "then OUT_OF_RANGE"
+        }
+    );
+    stop(replicas).await;
+}

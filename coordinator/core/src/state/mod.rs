@@ -155,6 +155,11 @@ impl ClusterState {
         }
     }
 
+    /// The retained watch history, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = &Event> {
+        self.history.iter()
+    }
+
     /// Events with a revision greater than `after`, oldest first.
     pub fn events_after(&self, after: u64) -> Result<Vec<Event>, Compacted> {
         let oldest = self
