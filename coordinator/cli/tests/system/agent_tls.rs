@@ -44,6 +44,7 @@ fn agent_config(dir: &Path, site: &str, cert: &str, coordinator: &str) -> std::p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_with_its_site_certificate_registers_over_mutual_tls() {
+    let _serial = crate::ONE_AT_A_TIME.lock().await;
     let pki = TestCa::new();
     let dir = tempfile::tempdir().unwrap();
     let mut config = replica_configs(dir.path(), 1).remove(0);

@@ -217,6 +217,7 @@ async fn leader(replicas: &[Option<ReplicaProcess>]) -> (usize, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_detected() {
+    let _serial = crate::ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let mut configs = replica_configs(dir.path(), 3);
     for config in &mut configs {

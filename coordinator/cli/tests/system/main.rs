@@ -5,6 +5,13 @@
 
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
+/// One test of this binary at a time: each starts a cluster of processes
+/// (the rehearsal five, the agents test six) that time their elections and
+/// leases; two of them at once on a 2-core machine starve each other's
+/// timers into spurious elections. (A test that panics while holding it
+/// does not stop the others: the lock does not poison.)
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 mod agent_tls;
 mod agents;
 mod rehearse;

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 #[test]
 fn a_rehearsal_reports_the_new_leader_the_partitioned_site_and_the_re_plan() {
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
     let scenario = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../deploy/scenarios/quick-failover.toml"

@@ -24,6 +24,7 @@ async fn longhaul(args: Vec<String>) -> (u8, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_queries_and_writes_through_any_endpoint() {
+    let _serial = crate::ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let config = replica_configs(dir.path(), 1).remove(0);
     let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
