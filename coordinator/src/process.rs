@@ -30,17 +30,6 @@ impl KillOnDrop {
         })
     }
 
-    /// The name it was started with.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// Whether it has been started and not killed (it may have exited on
-    /// its own: see [`KillOnDrop::exited`]).
-    pub fn is_running(&self) -> bool {
-        self.child.is_some()
-    }
-
     /// The process id, while it is held.
     pub fn id(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -98,7 +87,6 @@ mod tests {
         let mut sleeper = KillOnDrop::spawn("sleep", Command::new("sleep").arg("30"))
             .expect("sleep is on every machine");
         let pid = sleeper.id().expect("running");
-        assert!(sleeper.is_running());
         assert_eq!(sleeper.exited(), None);
         drop(sleeper);
         // Reaped: the pid is gone from /proc (or reused by another program,

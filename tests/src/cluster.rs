@@ -14,8 +14,10 @@ use std::time::Duration;
 use longhaul_coordinator::consensus::KvStateMachine;
 use longhaul_coordinator::consensus::NodeConfig;
 use longhaul_coordinator::consensus::harness::Cluster;
-use longhaul_coordinator::server::{Replica, ReplicaConfig, Role};
+use longhaul_coordinator::server::{Replica, Role};
 use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use tonic::transport::Channel;
 
 use crate::faults::Faults;
 use crate::{client, replica_configs, small_job};
@@ -83,33 +85,30 @@ fn agreed_leader<C: FaultCluster + ?Sized>(c: &C) -> Option<u64> {
         .then_some(leader)
 }
 
-/// Raft timers of the clusters' replicas, and how often the log compacts.
-#[derive(Debug, Clone, Copy)]
-pub struct Timers {
-    /// Entries between automatic compactions; `None`: the default.
-    pub compact_every: Option<u64>,
+/// How the clusters' replicas are tuned. Over gRPC both use timers slow
+/// enough that a loaded two-core machine does not elect a new leader by
+/// itself (50 ms ticks, elections after 0.5-1 s); in virtual time the
+/// harness's seeded timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timers {
+    /// The default log compaction.
+    Steady,
+    /// The log compacted every 20 entries beyond the last 5.
+    Compacting,
 }
 
 impl Timers {
-    /// Timers slow enough that a loaded two-core machine does not elect a
-    /// new leader by itself (over gRPC: 50 ms ticks, elections after
-    /// 0.5-1 s; in virtual time the harness's seeded timeouts).
-    pub const STEADY: Timers = Timers {
-        compact_every: None,
-    };
-
-    /// [`Timers::STEADY`], with the log compacted every 20 entries beyond
-    /// the last 5.
-    pub const COMPACTING: Timers = Timers {
-        compact_every: Some(20),
-    };
-
     fn tune(self, node: &mut NodeConfig) {
-        if let Some(every) = self.compact_every {
-            node.snapshot_interval_entries = every;
-            node.compaction_retained_entries = 5;
+        match self {
+            Timers::Steady => {}
+            Timers::Compacting => compacting(node),
         }
     }
+}
+
+fn compacting(node: &mut NodeConfig) {
+    node.snapshot_interval_entries = 20;
+    node.compaction_retained_entries = 5;
 }
 
 /// The virtual-time cluster, three replicas of the key-value state machine.
@@ -120,9 +119,9 @@ pub struct VirtualCluster {
 
 impl VirtualCluster {
     pub fn new(seed: u64, timers: Timers) -> Self {
-        let tune: fn(&mut NodeConfig) = match timers.compact_every {
-            None => |_| {},
-            Some(_) => |node| Timers::COMPACTING.tune(node),
+        let tune: fn(&mut NodeConfig) = match timers {
+            Timers::Steady => |_| {},
+            Timers::Compacting => compacting,
         };
         Self {
             cluster: Cluster::<KvStateMachine>::with_config(3, seed, tune),
@@ -211,7 +210,8 @@ impl FaultCluster for VirtualCluster {
 /// transports judged by one [`Faults`].
 #[derive(Debug)]
 pub struct GrpcCluster {
-    configs: Vec<ReplicaConfig>,
+    /// One connection per replica, reused by every write.
+    clients: Vec<CoordinatorClient<Channel>>,
     replicas: Vec<Option<Replica>>,
     faults: Faults,
 }
@@ -221,6 +221,7 @@ impl GrpcCluster {
         let faults = Faults::new(seed);
         let mut configs = replica_configs(dir, 3);
         let mut replicas = Vec::new();
+        let mut clients = Vec::new();
         for config in &mut configs {
             config.node.tick_interval = Duration::from_millis(50);
             timers.tune(&mut config.node);
@@ -230,9 +231,10 @@ impl GrpcCluster {
                     .await
                     .expect("start a replica"),
             ));
+            clients.push(client(config.listen).await);
         }
         Self {
-            configs,
+            clients,
             replicas,
             faults,
         }
@@ -294,7 +296,7 @@ impl FaultCluster for GrpcCluster {
             .into_iter()
             .find(|id| self.status(*id).is_leader)
             .unwrap_or(1);
-        let mut c = client(self.configs[to as usize - 1].listen).await;
+        let mut c = self.clients[to as usize - 1].clone();
         let mut request = tonic::Request::new(pb::SubmitJobRequest {
             spec: Some(small_job(key)),
             expected_revision: 0,

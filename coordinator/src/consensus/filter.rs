@@ -15,8 +15,8 @@ pub enum Verdict {
 /// Judges each raft message a replica is about to send to a peer (the
 /// sender's side): the seam through which tests inject faults, over real
 /// gRPC (`server::transport`'s `Outbox` asks before queueing) and in virtual
-/// time (`harness::Cluster::set_message_filter`), with one vocabulary of
-/// rules (the test kit's `Faults`). What a verdict means:
+/// time (`harness::Cluster`'s network asks its `faults()`), with one
+/// vocabulary of rules (`consensus::faults::Faults`). What a verdict means:
 ///
 /// - a dropped message is a lost packet: nothing is reported and raft
 ///   retries by itself; a dropped snapshot is reported to raft as failed,

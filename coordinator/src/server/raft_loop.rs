@@ -233,7 +233,6 @@ pub struct ConsensusThread {
     stop: Option<oneshot::Sender<()>>,
     /// Until the loop's outcome was taken.
     done: Option<oneshot::Receiver<Result<(), NodeError>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl ConsensusThread {
@@ -280,7 +279,6 @@ impl Drop for ConsensusThread {
         }
         // Not joined: a drop must not block an async caller; the thread
         // closes the store and ends by itself.
-        drop(self.thread.take());
     }
 }
 
@@ -310,7 +308,7 @@ pub fn spawn(
     // async caller's thread, as it would be if the spawn failed), and the
     // caller waits for it to be built.
     let (started_tx, started_rx) = std::sync::mpsc::sync_channel(1);
-    let thread = std::thread::Builder::new()
+    std::thread::Builder::new()
         .name(format!("raft-{}", node.id()))
         .spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -354,7 +352,6 @@ pub fn spawn(
         ConsensusThread {
             stop: Some(stop_tx),
             done: Some(done_rx),
-            thread: Some(thread),
         },
     ))
 }

@@ -36,7 +36,7 @@ macro_rules! over_grpc {
 fn partitioned_minority_in_virtual_time() {
     in_virtual_time!(
         a_partitioned_minority_heals_without_disrupting_the_majority,
-        Timers::STEADY,
+        Timers::Steady,
         1
     );
 }
@@ -45,7 +45,7 @@ fn partitioned_minority_in_virtual_time() {
 async fn partitioned_minority_over_grpc() {
     over_grpc!(
         a_partitioned_minority_heals_without_disrupting_the_majority,
-        Timers::STEADY,
+        Timers::Steady,
         1
     );
 }
@@ -54,7 +54,7 @@ async fn partitioned_minority_over_grpc() {
 fn compacted_log_in_virtual_time() {
     in_virtual_time!(
         a_follower_partitioned_while_the_log_is_compacted_catches_up_by_snapshot,
-        Timers::COMPACTING,
+        Timers::Compacting,
         2
     );
 }
@@ -63,7 +63,7 @@ fn compacted_log_in_virtual_time() {
 async fn compacted_log_over_grpc() {
     over_grpc!(
         a_follower_partitioned_while_the_log_is_compacted_catches_up_by_snapshot,
-        Timers::COMPACTING,
+        Timers::Compacting,
         2
     );
 }
@@ -72,7 +72,7 @@ async fn compacted_log_over_grpc() {
 fn drops_and_delays_in_virtual_time() {
     in_virtual_time!(
         acknowledged_writes_survive_random_drops_and_delays,
-        Timers::STEADY,
+        Timers::Steady,
         3
     );
 }
@@ -81,7 +81,7 @@ fn drops_and_delays_in_virtual_time() {
 async fn drops_and_delays_over_grpc() {
     over_grpc!(
         acknowledged_writes_survive_random_drops_and_delays,
-        Timers::STEADY,
+        Timers::Steady,
         3
     );
 }
@@ -90,7 +90,7 @@ async fn drops_and_delays_over_grpc() {
 fn isolated_leader_in_virtual_time() {
     in_virtual_time!(
         an_isolated_leader_is_replaced_and_no_acknowledged_write_is_lost,
-        Timers::STEADY,
+        Timers::Steady,
         4
     );
 }
@@ -99,7 +99,7 @@ fn isolated_leader_in_virtual_time() {
 async fn isolated_leader_over_grpc() {
     over_grpc!(
         an_isolated_leader_is_replaced_and_no_acknowledged_write_is_lost,
-        Timers::STEADY,
+        Timers::Steady,
         4
     );
 }
@@ -110,7 +110,7 @@ async fn isolated_leader_over_grpc() {
 #[test]
 fn a_virtual_time_scenario_replays_from_its_seed() {
     let run = |seed: u64| {
-        let mut cluster = VirtualCluster::new(seed, Timers::STEADY);
+        let mut cluster = VirtualCluster::new(seed, Timers::Steady);
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()
