@@ -14,8 +14,12 @@ use tonic::Status;
 use crate::v1 as pb;
 
 /// A field that is missing or wrong, named by its path in the request.
+/// The message is cut to `longhaul_core::limits::MAX_MESSAGE_BYTES`: it travels in a response
+/// header, whose limits are far smaller than a value a client may have sent.
 pub fn invalid(field: &str, message: impl std::fmt::Display) -> Status {
-    Status::invalid_argument(format!("field `{field}`: {message}"))
+    Status::invalid_argument(longhaul_core::limits::shorten(format!(
+        "field `{field}`: {message}"
+    )))
 }
 
 fn required<'a, T>(value: &'a Option<T>, field: &str) -> Result<&'a T, Status> {

@@ -303,7 +303,7 @@ impl Validate for JobSpec {
             if !seen.insert(site) {
                 out.push(Violation::new(
                     constraints.key("allowed_sites").index(i),
-                    format!("site {site:?} is listed twice"),
+                    format!("site {} is listed twice", crate::limits::quote(site)),
                 ));
             }
         }

@@ -12,6 +12,7 @@ pub mod gpu;
 pub mod identity;
 pub mod job;
 pub mod lease;
+pub mod limits;
 pub mod linearizability;
 pub mod placement;
 pub mod rng;

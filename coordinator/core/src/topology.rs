@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{self, ConfigError, FieldPath, Validate, Violation, check_id};
 use crate::gpu::{GpuType, builtin_gpu_types};
+use crate::limits::quote;
 use crate::units::{ByteSize, DataRate, Distance, Duration};
 
 /// One-way propagation delay of light in fibre, seconds per kilometre.
@@ -651,8 +652,8 @@ impl Validate for Topology {
                         None => out.push(Violation::new(
                             path.key("gpu"),
                             format!(
-                                "unknown GPU type {:?}: expected one of {} or a type declared in `gpu_types`",
-                                group.gpu,
+                                "unknown GPU type {}: expected one of {} or a type declared in `gpu_types`",
+                                quote(&group.gpu),
                                 builtin.iter().cloned().collect::<Vec<_>>().join(", ")
                             ),
                         )),
@@ -683,7 +684,7 @@ impl Validate for Topology {
                 if !site_ids.contains(id.as_str()) {
                     out.push(Violation::new(
                         path.key("between").index(i),
-                        format!("link to unknown site {id:?}"),
+                        format!("link to unknown site {}", quote(id)),
                     ));
                 }
             }

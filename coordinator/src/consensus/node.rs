@@ -121,6 +121,10 @@ pub enum NodeError {
     },
     #[error("a proposal must carry a command: data is empty")]
     EmptyProposal,
+    #[error(
+        "another membership change is in progress (or may be, under a leader elected since); retry once it is applied"
+    )]
+    ConfChangePending,
     #[error("committed entry {index} holds a corrupt {what}: {source}")]
     CorruptEntry {
         index: u64,
@@ -331,12 +335,25 @@ impl<S: StateMachine> Node<S> {
     /// Proposes a membership change. Several changes, or an explicit transition, go through
     /// joint consensus; with `ConfChangeTransition::Auto` or `Implicit` the leader leaves the
     /// joint configuration by itself once it is applied.
+    ///
+    /// Fails with [`NodeError::ConfChangePending`] while an earlier change is not applied yet:
+    /// raft-rs would otherwise append this one as an empty entry and still return Ok, so a
+    /// caller waiting for it would take the earlier change's outcome for its own.
     pub fn propose_conf_change(
         &mut self,
         context: Vec<u8>,
         change: ConfChangeV2,
     ) -> Result<(), NodeError> {
+        if self.conf_change_pending() {
+            return Err(NodeError::ConfChangePending);
+        }
         Ok(self.raw.propose_conf_change(context, change)?)
+    }
+
+    /// A membership change is in the log and not applied yet (raft-rs's own rule: a new leader
+    /// counts everything up to its last index as possibly one, until it has applied it).
+    pub fn conf_change_pending(&self) -> bool {
+        self.raw.raft.pending_conf_index > self.raw.raft.raft_log.applied
     }
 
     /// Asks for a linearizable read; answered by [`Event::ReadIndexReady`] with the same context.
@@ -830,5 +847,50 @@ mod tests {
         }
         assert_eq!(replayed, vec![b]);
         assert_eq!(get(&node, "b"), Some(b"v".to_vec()));
+    }
+
+    fn add_learner(id: u64) -> ConfChangeV2 {
+        let mut single = raft::eraftpb::ConfChangeSingle::default();
+        single.set_change_type(raft::eraftpb::ConfChangeType::AddLearnerNode);
+        single.node_id = id;
+        let mut change = ConfChangeV2::default();
+        change.set_changes(vec![single].into());
+        change
+    }
+
+    /// raft-rs turns a second pending conf change into an empty entry and still returns Ok;
+    /// the node refuses it instead, and each change answers with its own context.
+    #[test]
+    fn a_second_membership_change_is_refused_while_the_first_is_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut node = open(&dir, NodeConfig::new(1)).unwrap();
+        node.campaign().unwrap();
+        while node.has_ready() {
+            node.handle_ready().unwrap();
+        }
+        node.propose_conf_change(b"first".to_vec(), add_learner(2))
+            .unwrap();
+        assert!(node.conf_change_pending());
+        assert!(matches!(
+            node.propose_conf_change(b"second".to_vec(), add_learner(3)),
+            Err(NodeError::ConfChangePending)
+        ));
+        let mut changed = Vec::new();
+        while node.has_ready() {
+            for event in node.handle_ready().unwrap().events {
+                if let Event::ConfChanged {
+                    context,
+                    conf_state,
+                    ..
+                } = event
+                {
+                    changed.push((context, conf_state.learners.clone()));
+                }
+            }
+        }
+        assert_eq!(changed, vec![(b"first".to_vec(), vec![2])]);
+        assert!(!node.conf_change_pending());
+        node.propose_conf_change(b"third".to_vec(), add_learner(3))
+            .unwrap();
     }
 }

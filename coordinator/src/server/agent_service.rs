@@ -8,6 +8,7 @@
 //! the assignment watch is served from the local applied state.
 
 use longhaul_core::identity::site_of_dns_name;
+use longhaul_core::limits;
 use longhaul_core::state::{
     Change, ClusterState, Command, Event, InventoryChange, JobRecord, LinkMeasurement,
     Request as StateRequest,
@@ -93,7 +94,8 @@ pub fn check_identity<T>(request: &Request<T>, site: &str) -> Result<(), Status>
     };
     metrics::counter!("longhaul_agent_requests_refused_total", "reason" => "identity").increment(1);
     Err(Status::permission_denied(format!(
-        "field `site_id`: the client certificate {holder}; it may not speak for site {site:?}"
+        "field `site_id`: the client certificate {holder}; it may not speak for site {}",
+        limits::quote(site)
     )))
 }
 
@@ -178,8 +180,9 @@ impl AgentService for AgentServiceImpl {
             return Err(invalid(
                 "inventory.id",
                 format!(
-                    "is {:?} but the request is for site {:?}",
-                    inventory.id, body.site_id
+                    "is {} but the request is for site {}",
+                    limits::quote(&inventory.id),
+                    limits::quote(&body.site_id)
                 ),
             ));
         }
@@ -192,16 +195,20 @@ impl AgentService for AgentServiceImpl {
         forward!(self, request, register);
         let wait = wait_for(&request, DEFAULT_WAIT);
         let body = request.into_inner();
-        let lease_id = self.leases.grant().map_err(lease_status)?;
         let ttl = self.leases.ttl();
-        let command = StateRequest::new(Command::RegisterSite {
-            site,
-            data_address: body.data_address,
-            at_unix_ms: now_unix_ms(),
-            lease_id,
-            lease_ttl_ms: ttl.as_millis() as u64,
-        });
-        let revision = self.coordinator.write(command, wait).await?;
+        let register = |lease_id| {
+            StateRequest::new(Command::RegisterSite {
+                site: site.clone(),
+                data_address: body.data_address.clone(),
+                at_unix_ms: now_unix_ms(),
+                lease_id,
+                lease_ttl_ms: ttl.as_millis() as u64,
+            })
+        };
+        // No lease is granted for a registration that will be refused.
+        self.coordinator.admit(&register(0))?;
+        let lease_id = self.leases.grant().map_err(lease_status)?;
+        let revision = self.coordinator.write(register(lease_id), wait).await?;
         metrics::counter!("longhaul_site_registrations_total").increment(1);
         tracing::info!(site = %body.site_id, lease_id, revision, "site registered");
         Ok(Response::new(pb::RegisterResponse {

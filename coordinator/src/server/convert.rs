@@ -3,6 +3,7 @@
 //! the agent and the CLI (sites, links, jobs) live in
 //! `longhaul_proto::convert` and are re-exported here.
 
+use longhaul_core::limits::shorten;
 use longhaul_core::state::{
     ApplyError, JobRecord, JobState, LinkMeasurement, LinkRecord, Liveness, Member, Placement,
     SiteRecord,
@@ -15,16 +16,15 @@ pub use longhaul_proto::convert::*;
 
 /// The service boundary's mapping of a refused command to a status.
 pub fn apply_status(error: ApplyError) -> Status {
+    let text = |field: String, message: String| shorten(format!("field `{field}`: {message}"));
     match error {
         ApplyError::InvalidArgument { field, message } => invalid(&field, message),
-        ApplyError::NotFound { field, message } => {
-            Status::not_found(format!("field `{field}`: {message}"))
-        }
+        ApplyError::NotFound { field, message } => Status::not_found(text(field, message)),
         ApplyError::FailedPrecondition { field, message } => {
-            Status::failed_precondition(format!("field `{field}`: {message}"))
+            Status::failed_precondition(text(field, message))
         }
         ApplyError::AlreadyExists { field, message } => {
-            Status::already_exists(format!("field `{field}`: {message}"))
+            Status::already_exists(text(field, message))
         }
     }
 }
@@ -33,6 +33,7 @@ impl From<ConsensusError> for Status {
     fn from(error: ConsensusError) -> Self {
         match error {
             ConsensusError::Rejected(message) => Status::internal(message),
+            ConsensusError::ConfChangePending(message) => Status::failed_precondition(message),
             other => Status::unavailable(other.to_string()),
         }
     }

@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use longhaul_core::limits::MAX_REQUEST_BYTES;
 use longhaul_proto::v1::agent_service_server::AgentServiceServer;
 use longhaul_proto::v1::coordinator_server::CoordinatorServer;
 use longhaul_proto::v1::raft_transport_server::RaftTransportServer;
@@ -182,10 +183,11 @@ impl Replica {
             coordinator_service.clone(),
             leases,
         ))
-        .max_decoding_message_size(64 << 20)
+        .max_decoding_message_size(MAX_REQUEST_BYTES)
         .max_encoding_message_size(64 << 20);
-        let coordinator =
-            CoordinatorServer::new(coordinator_service).max_decoding_message_size(64 << 20);
+        let coordinator = CoordinatorServer::new(coordinator_service)
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
+            .max_encoding_message_size(64 << 20);
         let transport = RaftTransportServer::new(TransportService {
             cluster_id: config.cluster_id,
             id: config.id,

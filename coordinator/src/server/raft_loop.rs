@@ -38,6 +38,8 @@ pub enum ConsensusError {
     Stopped(String),
     #[error("{0}")]
     Rejected(String),
+    #[error("{0}")]
+    ConfChangePending(String),
 }
 
 /// A snapshot of the replica's raft status.
@@ -206,7 +208,9 @@ struct Pending {
     proposals: HashMap<u64, (Instant, ProposalReply)>,
     reads: HashMap<u64, oneshot::Sender<Result<(), ConsensusError>>>,
     ready_reads: Vec<(u64, oneshot::Sender<Result<(), ConsensusError>>)>,
-    conf_changes: Vec<oneshot::Sender<Result<ConfState, ConsensusError>>>,
+    /// By the sequence number in the change's context: each is answered when its own entry
+    /// applies.
+    conf_changes: HashMap<u64, oneshot::Sender<Result<ConfState, ConsensusError>>>,
 }
 
 /// Context bytes that identify a request of this process: replica id, a
@@ -380,7 +384,7 @@ async fn run(
         proposals: HashMap::new(),
         reads: HashMap::new(),
         ready_reads: Vec::new(),
-        conf_changes: Vec::new(),
+        conf_changes: HashMap::new(),
     };
     let mut ticker = tokio::time::interval(tick_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -468,7 +472,13 @@ async fn run(
                     }
                     seq += 1;
                     match node.propose_conf_change(context(id, boot, seq), change) {
-                        Ok(()) => pending.conf_changes.push(reply),
+                        Ok(()) => {
+                            pending.conf_changes.insert(seq, reply);
+                        }
+                        Err(error @ NodeError::ConfChangePending) => {
+                            let _ = reply
+                                .send(Err(ConsensusError::ConfChangePending(error.to_string())));
+                        }
                         Err(error) => {
                             let _ = reply.send(Err(ConsensusError::Rejected(error.to_string())));
                         }
@@ -535,7 +545,7 @@ async fn run(
                             for (_, (_, reply)) in pending.proposals.drain() {
                                 let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
                             }
-                            for reply in pending.conf_changes.drain(..) {
+                            for (_, reply) in pending.conf_changes.drain() {
                                 let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
                             }
                         }
@@ -546,9 +556,17 @@ async fn run(
                         }
                         leader_id = new_leader;
                     }
-                    NodeEvent::ConfChanged { conf_state, .. } => {
-                        for reply in pending.conf_changes.drain(..) {
-                            let _ = reply.send(Ok(conf_state.clone()));
+                    NodeEvent::ConfChanged {
+                        context,
+                        conf_state,
+                        ..
+                    } => {
+                        // A snapshot's or the automatic leave-joint change carries no context
+                        // of ours and answers nobody.
+                        if let Some(reply) = parse_context(&context, id, boot)
+                            .and_then(|seq| pending.conf_changes.remove(&seq))
+                        {
+                            let _ = reply.send(Ok(conf_state));
                         }
                     }
                     NodeEvent::SnapshotInstalled { index, term } => {

@@ -10,6 +10,7 @@
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use longhaul_core::limits;
 use longhaul_core::state::{Change, Command, Event, Member, Placement, Request as StateRequest};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
@@ -30,6 +31,9 @@ pub struct CoordinatorService {
     peers: PeerBook,
     tls: Option<tonic::transport::ClientTlsConfig>,
     wait: Duration,
+    /// Held by a membership change from allocating its id to its conf change applying, so
+    /// two changes at this leader neither take one id nor race raft's one-at-a-time rule.
+    membership: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -51,6 +55,7 @@ impl CoordinatorService {
             peers,
             tls,
             wait: forward::DEFAULT_WAIT,
+            membership: Default::default(),
         }
     }
 
@@ -110,8 +115,20 @@ impl CoordinatorService {
         self.peers.get(id)
     }
 
-    /// Proposes a state change at the leader and maps the outcome.
+    /// Refuses a write that cannot apply to the state as it is now (a bound exceeded, or what
+    /// apply itself would refuse), so that it is never replicated; see
+    /// `longhaul_core::state::ClusterState::admit`.
+    pub(super) fn admit(&self, request: &StateRequest) -> Result<(), Status> {
+        self.raft
+            .state()
+            .read()
+            .admit(request)
+            .map_err(convert::apply_status)
+    }
+
+    /// Admits a state change, proposes it at the leader and maps the outcome.
     pub(super) async fn write(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
+        self.admit(&request)?;
         match bounded(wait, "write", self.raft.propose(request)).await? {
             ApplyResponse::Applied { revision } => Ok(revision),
             ApplyResponse::Refused { error } => Err(convert::apply_status(error)),
@@ -199,14 +216,51 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::AddMemberRequest>,
     ) -> Result<Response<pb::AddMemberResponse>, Status> {
-        forward!(self, request, add_member);
-        let wait = wait_for(&request, self.wait);
-        let body = request.into_inner();
+        let body = request.get_ref();
         if body.peer_url.is_empty() {
             return Err(invalid("peer_url", "is required"));
         }
-        tonic::transport::Endpoint::from_shared(body.peer_url.clone())
-            .map_err(|e| invalid("peer_url", format!("not a URL: {e}")))?;
+        for (field, url) in [
+            ("peer_url", &body.peer_url),
+            ("client_url", &body.client_url),
+        ] {
+            if let Some(problem) = (!url.is_empty())
+                .then(|| limits::url_problem(url))
+                .flatten()
+            {
+                return Err(invalid(field, problem));
+            }
+        }
+        if body.name.len() > limits::MAX_NAME_LEN {
+            return Err(invalid(
+                "name",
+                format!(
+                    "is {} bytes long, more than the {} allowed",
+                    body.name.len(),
+                    limits::MAX_NAME_LEN
+                ),
+            ));
+        }
+        forward!(self, request, add_member);
+        let wait = wait_for(&request, self.wait);
+        let body = request.into_inner();
+        let _one_change = self.membership.lock().await;
+        // Everything committed before this leader's term is applied after a read barrier, so
+        // the id below is above every member any earlier leader recorded.
+        self.read_barrier(false, wait).await?;
+        if let Some(existing) = self
+            .raft
+            .state()
+            .read()
+            .members()
+            .find(|m| m.peer_url == body.peer_url)
+        {
+            return Err(Status::already_exists(format!(
+                "field `peer_url`: member {} is already reached at {}",
+                existing.id,
+                limits::quote(&body.peer_url)
+            )));
+        }
         let status = self.raft.status();
         let known = self
             .raft
@@ -279,6 +333,7 @@ impl Coordinator for CoordinatorService {
         forward!(self, request, remove_member);
         let wait = wait_for(&request, self.wait);
         let id = request.into_inner().id;
+        let _one_change = self.membership.lock().await;
         let status = self.raft.status();
         let cs = &status.conf_state;
         if !cs.voters.contains(&id) && !cs.learners.contains(&id) {
@@ -383,8 +438,8 @@ impl Coordinator for CoordinatorService {
                     .map(convert::site_status)
                     .ok_or_else(|| {
                         Status::not_found(format!(
-                            "field `site_id`: unknown site {:?}",
-                            body.site_id
+                            "field `site_id`: unknown site {}",
+                            limits::quote(&body.site_id)
                         ))
                     })
             })
@@ -446,20 +501,25 @@ impl Coordinator for CoordinatorService {
             .ok_or_else(|| invalid("spec", "is required"))?;
         let spec = convert::job_from_wire(spec, "spec")?;
         let job_id = spec.name.clone();
-        // The leader places the job against the sites that are up now; the
-        // outcome (plan or the reason it is infeasible) is replicated with it.
-        let placement = match self.place(&spec).await? {
-            Ok(plan) => Placement::placed(plan),
-            Err(reason) => Placement::Infeasible { reason },
-        };
-        let command = StateRequest {
+        let mut command = StateRequest {
             command: Command::SubmitJob {
                 job_id: job_id.clone(),
-                spec,
-                placement,
+                spec: spec.clone(),
+                placement: Placement::Pending,
             },
             expected_revision: expected(body.expected_revision),
         };
+        // Refused before the placement is worked out, not after.
+        self.admit(&command)?;
+        // The leader places the job against the sites that are up now; the
+        // outcome (plan or the reason it is infeasible) is replicated with it.
+        let outcome = match self.place(&spec).await? {
+            Ok(plan) => Placement::placed(plan),
+            Err(reason) => Placement::Infeasible { reason },
+        };
+        if let Command::SubmitJob { placement, .. } = &mut command.command {
+            *placement = outcome;
+        }
         let revision = self.write(command, wait).await?;
         let job = self.raft.state().read().job(&job_id).map(convert::job);
         Ok(Response::new(pb::SubmitJobResponse {
@@ -480,7 +540,10 @@ impl Coordinator for CoordinatorService {
         let (job, header) = self
             .read(body.allow_stale, wait, |state| {
                 state.job(&body.job_id).map(convert::job).ok_or_else(|| {
-                    Status::not_found(format!("field `job_id`: unknown job {:?}", body.job_id))
+                    Status::not_found(format!(
+                        "field `job_id`: unknown job {}",
+                        limits::quote(&body.job_id)
+                    ))
                 })
             })
             .await?;
@@ -571,7 +634,10 @@ impl Coordinator for CoordinatorService {
         let (schedule, header) = self
             .read(body.allow_stale, wait, |state| {
                 let job = state.job(&body.job_id).ok_or_else(|| {
-                    Status::not_found(format!("field `job_id`: unknown job {:?}", body.job_id))
+                    Status::not_found(format!(
+                        "field `job_id`: unknown job {}",
+                        limits::quote(&body.job_id)
+                    ))
                 })?;
                 let plan = super::assignments::plan_of(job).ok_or_else(|| {
                     Status::failed_precondition(format!(
@@ -601,11 +667,24 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let body = request.into_inner();
         let kinds: Vec<String> = body.kinds;
+        if kinds.len() > limits::MAX_WATCH_KINDS {
+            return Err(invalid(
+                "kinds",
+                format!(
+                    "holds {} kinds, more than the {} allowed",
+                    kinds.len(),
+                    limits::MAX_WATCH_KINDS
+                ),
+            ));
+        }
         for (i, kind) in kinds.iter().enumerate() {
             if !matches!(kind.as_str(), "site" | "link" | "job" | "member" | "noop") {
                 return Err(invalid(
                     &format!("kinds[{i}]"),
-                    format!("unknown kind {kind:?}: expected site, link, job, member or noop"),
+                    format!(
+                        "unknown kind {}: expected site, link, job, member or noop",
+                        limits::quote(kind)
+                    ),
                 ));
             }
         }

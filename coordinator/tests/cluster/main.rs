@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
+mod admission;
 mod faults;
 mod in_process;
 mod processes;

@@ -7,10 +7,12 @@
 //! that carry the changed entity, so the server can persist exactly what
 //! changed and watchers can resume from any revision still in the history.
 
+mod admission;
 mod command;
 
 use std::collections::{BTreeMap, VecDeque};
 
+pub use admission::check_bounds;
 pub use command::{
     ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
@@ -187,13 +189,7 @@ impl ClusterState {
         if let Some(expected) = request.expected_revision
             && expected != self.revision
         {
-            return Err(ApplyError::precondition(
-                "expected_revision",
-                format!(
-                    "stale revision: the write expected revision {expected} but the store is at {}",
-                    self.revision
-                ),
-            ));
+            return Err(stale_revision(expected, self.revision));
         }
         let revision = self.revision + 1;
         let changes = self.check(&request.command, revision)?;
@@ -526,6 +522,15 @@ impl ClusterState {
             Change::Noop => {}
         }
     }
+}
+
+fn stale_revision(expected: u64, revision: u64) -> ApplyError {
+    ApplyError::precondition(
+        "expected_revision",
+        format!(
+            "stale revision: the write expected revision {expected} but the store is at {revision}"
+        ),
+    )
 }
 
 /// Checks a site with the topology's own rules; the field is renamed from

@@ -532,3 +532,142 @@ fn a_plan_that_does_not_replay_from_json_is_not_stored_as_placed() {
     };
     assert!(reason.contains("non-finite"), "{reason}");
 }
+
+/// Admission refuses exactly what apply would refuse against the same
+/// state, with the same error, and changes nothing; what it admits applies.
+#[test]
+fn admission_refuses_what_apply_would_refuse_with_the_same_error() {
+    let state = registered();
+    let mut bad_site = site("north");
+    bad_site.buildings[0].id = "Not An Id".into();
+    let requests = [
+        register("north", 9),
+        submit("llama"),
+        Request::new(Command::CancelJob {
+            job_id: "nope".into(),
+        }),
+        Request::expecting(
+            Command::Noop {
+                payload: String::new(),
+            },
+            1,
+        ),
+        Request::expecting(
+            Command::Noop {
+                payload: String::new(),
+            },
+            3,
+        ),
+        Request::new(Command::RegisterSite {
+            site: bad_site,
+            data_address: String::new(),
+            at_unix_ms: 1,
+            lease_id: 1,
+            lease_ttl_ms: 1,
+        }),
+        Request::new(Command::MarkSiteDown {
+            site_id: "west".into(),
+            reason: "gone".into(),
+            at_unix_ms: 1,
+            lease_id: None,
+        }),
+        Request::new(Command::RemoveMember { member_id: 7 }),
+    ];
+    for request in &requests {
+        let admitted = state.admit(request);
+        let mut applied_to = state.clone();
+        let applied = applied_to.apply(request).map(|_| ());
+        assert_eq!(admitted, applied, "{}", request.command.name());
+    }
+    // Refusals among them, so the comparison is not of successes only.
+    assert!(requests.iter().filter(|r| state.admit(r).is_err()).count() >= 5);
+}
+
+#[test]
+fn admission_bounds_every_string_and_list_and_quotes_a_short_prefix() {
+    let state = registered();
+    let huge = "a".repeat(4 << 20);
+    let mut spec = JobSpec::from_toml("job.toml", JOB).unwrap();
+    spec.name = huge.clone();
+    let mut many_sites = JobSpec::from_toml("job.toml", JOB).unwrap();
+    many_sites.constraints.allowed_sites = (0..=crate::limits::MAX_SITES)
+        .map(|i| format!("s{i}"))
+        .collect();
+    let mut long_name = site("north");
+    long_name.name = Some(huge.clone());
+    let member = |peer_url: &str| Command::PutMember {
+        member: Member {
+            id: 4,
+            name: "r4".into(),
+            peer_url: peer_url.into(),
+            client_url: "http://10.0.0.4:2379".into(),
+        },
+    };
+    let cases = [
+        (
+            Command::SubmitJob {
+                job_id: huge.clone(),
+                spec: JobSpec::from_toml("job.toml", JOB).unwrap(),
+                placement: Placement::Pending,
+            },
+            "job_id",
+        ),
+        (
+            Command::SubmitJob {
+                job_id: "j".into(),
+                spec,
+                placement: Placement::Pending,
+            },
+            "spec.name",
+        ),
+        (
+            Command::SubmitJob {
+                job_id: "j".into(),
+                spec: many_sites,
+                placement: Placement::Pending,
+            },
+            "spec.constraints.allowed_sites",
+        ),
+        (
+            Command::RegisterSite {
+                site: long_name,
+                data_address: "n:1".into(),
+                at_unix_ms: 1,
+                lease_id: 1,
+                lease_ttl_ms: 1,
+            },
+            "site.name",
+        ),
+        (
+            Command::CancelJob {
+                job_id: huge.clone(),
+            },
+            "job_id",
+        ),
+        (member("ftp://10.0.0.4:2380"), "member.peer_url"),
+        (member("http://10.0.0.4:99999"), "member.peer_url"),
+        (
+            Command::Noop {
+                payload: "p".repeat(crate::limits::MAX_NOOP_PAYLOAD + 1),
+            },
+            "payload",
+        ),
+    ];
+    for (command, field) in cases {
+        let error = state.admit(&Request::new(command)).unwrap_err();
+        let ApplyError::InvalidArgument {
+            field: got,
+            message,
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        assert_eq!(got, field, "{message}");
+        assert!(message.len() < 200, "{field}: {} bytes", message.len());
+    }
+    assert!(
+        state
+            .admit(&Request::new(member("http://10.0.0.4:2380")))
+            .is_ok()
+    );
+}

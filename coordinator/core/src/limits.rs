@@ -1,0 +1,234 @@
+//! The bounds on what a request, a command or a config file may hold, in
+//! one place, and the helpers that apply them.
+//!
+//! Every string and list a client, an agent or a peer can send has a bound
+//! here, checked by the same validators the state machine's apply runs (so
+//! a command the service accepts is a command every replica applies, and a
+//! command it refuses never reaches the log). Errors quote at most a short
+//! prefix of an offending value ([`quote`]), and a status message is never
+//! longer than [`MAX_MESSAGE_BYTES`] ([`shorten`]): a client's metadata
+//! limits are far smaller than the values it may have sent.
+
+use crate::config::{FieldPath, Violation};
+
+/// Ids: sites, buildings, domain groups, GPU types, jobs. The character set
+/// is [`crate::config::check_id`]'s.
+pub const MAX_ID_LEN: usize = 63;
+/// Free-form names: a topology's, a site's display name, a member's name.
+pub const MAX_NAME_LEN: usize = 128;
+/// A member's peer or client URL (`http[s]://host:port`).
+pub const MAX_URL_LEN: usize = 512;
+/// A site agent's data-plane address (`host:port`).
+pub const MAX_ADDRESS_LEN: usize = 256;
+/// A reason recorded with a state (a site marked down, an infeasible job).
+pub const MAX_REASON_LEN: usize = 4096;
+/// Sites in a topology, and entries of a job's `allowed_sites`.
+pub const MAX_SITES: usize = 1024;
+/// WAN links in a topology.
+pub const MAX_LINKS: usize = 16_384;
+/// GPU types a topology declares beyond the built-in ones.
+pub const MAX_GPU_TYPES: usize = 256;
+/// Buildings of one site.
+pub const MAX_BUILDINGS_PER_SITE: usize = 256;
+/// Domain groups of one building (identical domains are one group, so this
+/// bounds distinct kinds, not racks).
+pub const MAX_GROUPS_PER_BUILDING: usize = 4096;
+/// Changes in one inventory delta.
+pub const MAX_INVENTORY_CHANGES: usize = 1024;
+/// The opaque payload of a no-op command (benchmarks carry values in it).
+pub const MAX_NOOP_PAYLOAD: usize = 1 << 20;
+/// Kinds named in one watch request.
+pub const MAX_WATCH_KINDS: usize = 16;
+/// The largest request message the operator and agent APIs decode. The
+/// largest legitimate one, a registration of a site's whole inventory at
+/// the bounds above, is far smaller; 4 MiB is also gRPC's usual default.
+pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// Characters of an offending value an error quotes.
+pub const MAX_QUOTED_CHARS: usize = 48;
+/// Bytes of one error message, which travels in a response header.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `value` as an error quotes it: debug-quoted, at most
+/// [`MAX_QUOTED_CHARS`] characters of it, and its length when cut.
+pub fn quote(value: &str) -> String {
+    let mut chars = value.char_indices();
+    match chars.nth(MAX_QUOTED_CHARS) {
+        None => format!("{value:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] bytes at a character
+/// boundary, saying that it was.
+pub fn shorten(message: String) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message;
+    }
+    const MARK: &str = "… (message cut)";
+    let mut cut = MAX_MESSAGE_BYTES - MARK.len();
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}{MARK}", &message[..cut])
+}
+
+/// A string of at most `max` bytes.
+pub fn check_len(path: &FieldPath, value: &str, max: usize, out: &mut Vec<Violation>) {
+    if value.len() > max {
+        out.push(Violation::new(
+            path.clone(),
+            format!(
+                "is {} bytes long, more than the {max} allowed: {}",
+                value.len(),
+                quote(value)
+            ),
+        ));
+    }
+}
+
+/// A list of at most `max` entries of `what`.
+pub fn check_entries(
+    path: &FieldPath,
+    len: usize,
+    max: usize,
+    what: &str,
+    out: &mut Vec<Violation>,
+) {
+    if len > max {
+        out.push(Violation::new(
+            path.clone(),
+            format!("holds {len} {what}, more than the {max} allowed"),
+        ));
+    }
+}
+
+/// Why `url` cannot reach a replica, if it cannot: it must be
+/// `http://host:port` or `https://host:port` (a trailing `/` allowed), the
+/// host a DNS name, an IPv4 address or a bracketed IPv6 address, the port
+/// 1 to 65535, and the whole at most [`MAX_URL_LEN`] bytes.
+pub fn url_problem(url: &str) -> Option<String> {
+    if url.len() > MAX_URL_LEN {
+        return Some(format!(
+            "is {} bytes long, more than the {MAX_URL_LEN} allowed",
+            url.len()
+        ));
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Some(format!(
+            "{} is not a URL: expected http://host:port or https://host:port",
+            quote(url)
+        ));
+    };
+    if scheme != "http" && scheme != "https" {
+        return Some(format!(
+            "scheme {} is not http or https (replicas speak gRPC over HTTP/2)",
+            quote(scheme)
+        ));
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains(['/', '?', '#', '@']) {
+        return Some(format!(
+            "{} has a path, query or user part; expected only host:port",
+            quote(url)
+        ));
+    }
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once("]:") {
+            Some((host, port)) if host.parse::<std::net::Ipv6Addr>().is_ok() => (host, port),
+            _ => {
+                return Some(format!(
+                    "{} has an IPv6 host that is not `[address]:port`",
+                    quote(url)
+                ));
+            }
+        },
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, port),
+            None => {
+                return Some(format!("{} has no port: expected host:port", quote(url)));
+            }
+        },
+    };
+    if host.is_empty() {
+        return Some(format!("{} has no host", quote(url)));
+    }
+    let dns_like = host.split('.').all(|label| {
+        !label.is_empty()
+            && label.len() <= 63
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    });
+    if !authority.starts_with('[') && !dns_like {
+        return Some(format!(
+            "host {} is neither a DNS name nor an IPv4 address",
+            quote(host)
+        ));
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Some(format!(
+            "port {} is not a port number from 1 to 65535",
+            quote(port)
+        )),
+        Ok(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_value_is_quoted_by_a_short_prefix_and_its_length() {
+        let long = "x".repeat(1 << 20);
+        let quoted = quote(&long);
+        assert!(quoted.len() < 80, "{quoted}");
+        assert!(quoted.ends_with("… (1048576 bytes)"), "{quoted}");
+        assert_eq!(quote("south"), "\"south\"");
+        // Cut at a character, not inside one.
+        let wide = "é".repeat(100);
+        assert!(quote(&wide).contains(&"é".repeat(MAX_QUOTED_CHARS)));
+    }
+
+    #[test]
+    fn a_long_message_is_cut_at_a_character_boundary() {
+        let message = "é".repeat(4000);
+        let short = shorten(message);
+        assert!(short.len() <= MAX_MESSAGE_BYTES, "{}", short.len());
+        assert!(short.ends_with("(message cut)"));
+        assert_eq!(shorten("fine".into()), "fine");
+    }
+
+    #[test]
+    fn urls_a_replica_can_be_reached_at_pass_and_others_say_why_not() {
+        for good in [
+            "http://10.0.0.1:2380",
+            "https://coordinator-1.example.org:443/",
+            "http://localhost:1",
+            "http://[::1]:65535",
+        ] {
+            assert_eq!(url_problem(good), None, "{good}");
+        }
+        for (bad, why) in [
+            ("ftp://10.0.0.1:2380", "scheme \"ftp\""),
+            ("http://10.0.0.1:99999", "port \"99999\""),
+            ("http://10.0.0.1:0", "port \"0\""),
+            ("http://10.0.0.1", "no port"),
+            ("10.0.0.1:2380", "not a URL"),
+            ("http://:2380", "no host"),
+            ("http://a b:2380", "neither a DNS name"),
+            ("http://host:80/raft", "path"),
+            ("http://user@host:80", "user part"),
+            ("http://[::1:80", "IPv6"),
+        ] {
+            let problem = url_problem(bad).unwrap_or_else(|| panic!("{bad} passed"));
+            assert!(problem.contains(why), "{bad}: {problem}");
+        }
+        let long = format!("http://{}:80", "a".repeat(MAX_URL_LEN));
+        assert!(
+            url_problem(&long)
+                .unwrap()
+                .contains("more than the 512 allowed")
+        );
+    }
+}

@@ -1,0 +1,194 @@
+//! Admission: what a write must pass before it is proposed.
+//!
+//! A write that apply refuses has already been appended, replicated and
+//! fsynced on every replica. So the service admits a write first
+//! ([`ClusterState::admit`]): the bounds of [`crate::limits`] on every
+//! string and list the command holds, then the very check apply runs,
+//! against the current state. A write that passes may still be refused at
+//! apply (the state moves between admission and apply: a compare-and-set
+//! that lost a race, one job submitted twice at once), but a write that
+//! admission refuses is never proposed.
+//!
+//! The bounds are admission's, not apply's: apply must give the same result
+//! for a logged command in every release, so a bound added in a later
+//! release cannot refuse, at replay, a command an earlier one applied.
+
+use super::{ApplyError, ClusterState, Command, InventoryChange, Placement, Request};
+use crate::config::{FieldPath, Violation};
+use crate::limits::{self, check_entries, check_len};
+use crate::topology::{DomainGroup, Site};
+
+impl ClusterState {
+    /// Refuses, with the error apply would give or a bound it exceeds, a
+    /// write that cannot apply to the state as it is now; changes nothing.
+    pub fn admit(&self, request: &Request) -> Result<(), ApplyError> {
+        check_bounds(&request.command)?;
+        if let Some(expected) = request.expected_revision
+            && expected != self.revision
+        {
+            return Err(super::stale_revision(expected, self.revision));
+        }
+        self.check(&request.command, self.revision + 1).map(drop)
+    }
+}
+
+/// The bounds of [`crate::limits`] on `command`'s strings and lists; the
+/// first exceeded, as an invalid argument naming the field.
+pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
+    let mut out = Vec::new();
+    let root = FieldPath::root();
+    let id = |path: FieldPath, value: &str, out: &mut Vec<Violation>| {
+        check_len(&path, value, limits::MAX_ID_LEN, out);
+    };
+    match command {
+        Command::RegisterSite {
+            site, data_address, ..
+        } => {
+            site_bounds(&root.key("site"), site, &mut out);
+            check_len(
+                &root.key("data_address"),
+                data_address,
+                limits::MAX_ADDRESS_LEN,
+                &mut out,
+            );
+        }
+        Command::MarkSiteDown {
+            site_id, reason, ..
+        } => {
+            id(root.key("site_id"), site_id, &mut out);
+            check_len(
+                &root.key("reason"),
+                reason,
+                limits::MAX_REASON_LEN,
+                &mut out,
+            );
+        }
+        Command::UpdateInventory {
+            site_id, changes, ..
+        } => {
+            id(root.key("site_id"), site_id, &mut out);
+            check_entries(
+                &root.key("changes"),
+                changes.len(),
+                limits::MAX_INVENTORY_CHANGES,
+                "changes",
+                &mut out,
+            );
+            for (i, change) in changes.iter().enumerate() {
+                let path = root.key("changes").index(i);
+                match change {
+                    InventoryChange::PutGroup { building, group } => {
+                        id(path.key("building"), building, &mut out);
+                        group_bounds(&path.key("group"), group, &mut out);
+                    }
+                    InventoryChange::RemoveGroup { building, group_id } => {
+                        id(path.key("building"), building, &mut out);
+                        id(path.key("group_id"), group_id, &mut out);
+                    }
+                }
+            }
+        }
+        Command::PutLink { link } => {
+            for (i, site) in link.between.iter().enumerate() {
+                id(root.key("link").key("between").index(i), site, &mut out);
+            }
+        }
+        Command::RecordLinkMeasurement { site_a, site_b, .. } => {
+            id(root.key("site_a"), site_a, &mut out);
+            id(root.key("site_b"), site_b, &mut out);
+        }
+        Command::SubmitJob {
+            job_id,
+            spec,
+            placement,
+        } => {
+            id(root.key("job_id"), job_id, &mut out);
+            let spec_path = root.key("spec");
+            id(spec_path.key("name"), &spec.name, &mut out);
+            let sites = spec_path.key("constraints").key("allowed_sites");
+            let allowed = &spec.constraints.allowed_sites;
+            check_entries(&sites, allowed.len(), limits::MAX_SITES, "sites", &mut out);
+            for (i, site) in allowed.iter().enumerate() {
+                id(sites.index(i), site, &mut out);
+            }
+            placement_bounds(&root.key("placement"), placement, &mut out);
+        }
+        Command::SetPlacement { job_id, placement } => {
+            id(root.key("job_id"), job_id, &mut out);
+            placement_bounds(&root.key("placement"), placement, &mut out);
+        }
+        Command::CancelJob { job_id } => id(root.key("job_id"), job_id, &mut out),
+        Command::PutMember { member } => {
+            let path = root.key("member");
+            check_len(
+                &path.key("name"),
+                &member.name,
+                limits::MAX_NAME_LEN,
+                &mut out,
+            );
+            for (key, url) in [
+                ("peer_url", &member.peer_url),
+                ("client_url", &member.client_url),
+            ] {
+                if let Some(problem) = limits::url_problem(url) {
+                    out.push(Violation::new(path.key(key), problem));
+                }
+            }
+        }
+        Command::RemoveMember { .. } => {}
+        Command::Noop { payload } => {
+            check_len(
+                &root.key("payload"),
+                payload,
+                limits::MAX_NOOP_PAYLOAD,
+                &mut out,
+            );
+        }
+    }
+    match out.into_iter().next() {
+        Some(violation) => Err(ApplyError::invalid(
+            violation.path.to_string(),
+            violation.message,
+        )),
+        None => Ok(()),
+    }
+}
+
+fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation>) {
+    check_len(&path.key("id"), &site.id, limits::MAX_ID_LEN, out);
+    if let Some(name) = &site.name {
+        check_len(&path.key("name"), name, limits::MAX_NAME_LEN, out);
+    }
+    check_entries(
+        &path.key("buildings"),
+        site.buildings.len(),
+        limits::MAX_BUILDINGS_PER_SITE,
+        "buildings",
+        out,
+    );
+    for (b, building) in site.buildings.iter().enumerate() {
+        let path = path.key("buildings").index(b);
+        check_len(&path.key("id"), &building.id, limits::MAX_ID_LEN, out);
+        check_entries(
+            &path.key("domains"),
+            building.domains.len(),
+            limits::MAX_GROUPS_PER_BUILDING,
+            "domain groups",
+            out,
+        );
+        for (d, group) in building.domains.iter().enumerate() {
+            group_bounds(&path.key("domains").index(d), group, out);
+        }
+    }
+}
+
+fn group_bounds(path: &FieldPath, group: &DomainGroup, out: &mut Vec<Violation>) {
+    check_len(&path.key("id"), &group.id, limits::MAX_ID_LEN, out);
+    check_len(&path.key("gpu"), &group.gpu, limits::MAX_ID_LEN, out);
+}
+
+fn placement_bounds(path: &FieldPath, placement: &Placement, out: &mut Vec<Violation>) {
+    if let Placement::Infeasible { reason } = placement {
+        check_len(&path.key("reason"), reason, limits::MAX_REASON_LEN, out);
+    }
+}
