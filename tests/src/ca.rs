@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use longhaul_coordinator::server::tls::TlsMaterial;
+use longhaul_core::identity;
 
 /// A certificate authority made for one test, and certificates it signs.
 pub struct TestCa {
@@ -45,9 +46,15 @@ impl TestCa {
         TlsMaterial::from_pem(self.ca_pem.clone(), cert, key)
     }
 
-    /// A certificate for 127.0.0.1 and localhost, where test replicas listen.
-    pub fn loopback(&self) -> TlsMaterial {
-        self.material(&["127.0.0.1", "localhost"])
+    /// A replica's certificate: 127.0.0.1 and localhost, where test replicas
+    /// listen, and the replica role.
+    pub fn replica(&self) -> TlsMaterial {
+        self.material(&["127.0.0.1", "localhost", identity::REPLICA_NAME])
+    }
+
+    /// An operator's certificate.
+    pub fn operator(&self) -> TlsMaterial {
+        self.material(&[identity::OPERATOR_NAME])
     }
 
     /// Writes `ca.pem`, `NAME.pem` and `NAME.key` (for these names) into `dir`.

@@ -1,13 +1,12 @@
 //! The `longhaul.v1.AgentService` the site agents call.
 //!
 //! Identity first: with mutual TLS, a request about site `X` is served only
-//! when the client certificate names `X.site.longhaul`; a certificate that
-//! names no site is a replica's and may only pass a request another replica
-//! already checked (a forwarded one). Then the same rule as the operator
+//! when the client certificate names `X.site.longhaul`, or when a replica
+//! forwards it, having checked it (`auth.rs`, the one authorization
+//! boundary, lets only replicas forward). Then the same rule as the operator
 //! API: writes and renewals go to the leader (a follower forwards once),
 //! the assignment watch is served from the local applied state.
 
-use longhaul_core::identity::site_of_dns_name;
 use longhaul_core::limits;
 use longhaul_core::state::{
     Change, ClusterState, Command, Event, InventoryChange, JobRecord, LinkMeasurement,
@@ -21,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use super::assignments::assignment_for;
 use super::convert::{self, invalid};
-use super::forward::{DEFAULT_WAIT, FORWARDED, Forwarding, forward, wait_for};
+use super::forward::{DEFAULT_WAIT, Forwarding, forward, wait_for};
 use super::leases::{LeaseError, Leases};
 use super::service::{CoordinatorService, async_stream, follow_live, now_unix_ms};
 
@@ -55,48 +54,10 @@ impl Forwarding for AgentServiceImpl {
     }
 }
 
-/// The site names on the client's certificate (`None` without TLS).
-fn certificate_sites<T>(request: &Request<T>) -> Result<Option<Vec<String>>, Status> {
-    let Some(certs) = request.peer_certs() else {
-        return Ok(None);
-    };
-    let Some(leaf) = certs.first() else {
-        return Ok(None);
-    };
-    let cert = webpki::EndEntityCert::try_from(leaf).map_err(|e| {
-        Status::unauthenticated(format!("the client certificate cannot be parsed: {e:?}"))
-    })?;
-    Ok(Some(
-        cert.valid_dns_names()
-            .filter_map(site_of_dns_name)
-            .map(str::to_string)
-            .collect(),
-    ))
-}
-
-/// Refuses a request about `site` from a client whose certificate speaks
-/// for another site (or for none, unless a replica forwarded it).
+/// Refuses a request about `site` from a caller that may not speak for it
+/// (see `auth::check_site`).
 pub fn check_identity<T>(request: &Request<T>, site: &str) -> Result<(), Status> {
-    let Some(names) = certificate_sites(request)? else {
-        // Plaintext: the replica said so loudly when it started.
-        return Ok(());
-    };
-    if names.iter().any(|n| n == site) {
-        return Ok(());
-    }
-    if names.is_empty() && request.metadata().contains_key(FORWARDED) {
-        return Ok(());
-    }
-    let holder = if names.is_empty() {
-        "names no site".to_string()
-    } else {
-        format!("names site {}", names.join(", "))
-    };
-    metrics::counter!("longhaul_agent_requests_refused_total", "reason" => "identity").increment(1);
-    Err(Status::permission_denied(format!(
-        "field `site_id`: the client certificate {holder}; it may not speak for site {}",
-        limits::quote(site)
-    )))
+    super::auth::check_site(request, site)
 }
 
 fn required_site(site_id: &str) -> Result<(), Status> {

@@ -5,6 +5,7 @@
 
 pub mod agent_service;
 pub mod assignments;
+pub mod auth;
 pub mod convert;
 pub mod forward;
 pub mod leases;
@@ -197,6 +198,7 @@ impl Replica {
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(
             builder
+                .layer(auth::AuthLayer)
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(coordinator)

@@ -41,7 +41,7 @@ async fn replicas_and_clients_authenticate_each_other() {
     let mut replicas = Vec::new();
     for config in &mut configs {
         config.initial_cluster = cluster.clone();
-        config.tls = Some(pki.loopback());
+        config.tls = Some(pki.replica());
         replicas.push(Replica::start(config.clone()).await.unwrap());
     }
     // Peers reach each other over mTLS: a leader is elected.
@@ -53,8 +53,8 @@ async fn replicas_and_clients_authenticate_each_other() {
     })
     .await;
 
-    // A client with a certificate from the cluster's CA is served.
-    let client = pki.loopback().client();
+    // An operator with a certificate from the cluster's CA is served.
+    let client = pki.operator().client();
     let addr = configs[1].listen;
     eventually(
         Duration::from_secs(30),
@@ -71,7 +71,7 @@ async fn replicas_and_clients_authenticate_each_other() {
     assert!(list_jobs(anonymous, addr).await.is_err());
     // So is one whose certificate comes from another CA.
     let stranger = TestCa::new()
-        .loopback()
+        .operator()
         .client()
         .ca_certificate(Certificate::from_pem(pki.ca_pem()));
     assert!(list_jobs(stranger, addr).await.is_err());
@@ -85,6 +85,7 @@ async fn replicas_and_clients_authenticate_each_other() {
     );
 
     agents_speak_only_for_the_site_their_certificate_names(&pki, &replicas, &configs).await;
+    each_role_reaches_only_its_rpcs(&pki, &replicas, &configs).await;
 
     for replica in replicas {
         replica.stop().await;
@@ -172,14 +173,17 @@ async fn agents_speak_only_for_the_site_their_certificate_names(
     assert_eq!(forged.code(), tonic::Code::PermissionDenied);
     // A certificate that names no site (a replica's, an operator's) cannot
     // register a site directly either.
-    let mut operator = agent_client(pki.loopback().client(), follower);
-    let operator = operator.register(register("south")).await.unwrap_err();
-    assert_eq!(operator.code(), tonic::Code::PermissionDenied);
-    assert!(
-        operator.message().contains("names no site"),
-        "{}",
-        operator.message()
-    );
+    for (holder, material) in [("operator", pki.operator()), ("replica", pki.replica())] {
+        let mut client = agent_client(material.client(), follower);
+        let refused = client.register(register("south")).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(
+            refused.message().contains(&format!("grants {holder}"))
+                && refused.message().contains("only site agents"),
+            "{}",
+            refused.message()
+        );
+    }
 
     // None of the refusals changed anything: south is unknown. (The
     // revision may have moved since: north's lease, never renewed here,
@@ -187,7 +191,7 @@ async fn agents_speak_only_for_the_site_their_certificate_names(
     let mut c = CoordinatorClient::new(
         Endpoint::from_shared(format!("https://{follower}"))
             .unwrap()
-            .tls_config(pki.loopback().client())
+            .tls_config(pki.operator().client())
             .unwrap()
             .connect_lazy(),
     );
@@ -203,4 +207,119 @@ async fn agents_speak_only_for_the_site_their_certificate_names(
         .filter_map(|s| s.site.as_ref().map(|s| s.id.clone()))
         .collect();
     assert_eq!(ids, vec!["north".to_string()]);
+}
+
+fn channel(tls: ClientTlsConfig, addr: std::net::SocketAddr) -> tonic::transport::Channel {
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(5))
+        .connect_lazy()
+}
+
+/// The authorization boundary over real mTLS: the raft transport for
+/// replicas only, operator writes for operators (and replicas forwarding
+/// them), the forwarding header for replicas only, and a certificate that
+/// names no role reaches nothing.
+async fn each_role_reaches_only_its_rpcs(
+    pki: &TestCa,
+    replicas: &[Replica],
+    configs: &[longhaul_coordinator::server::ReplicaConfig],
+) {
+    use longhaul_proto::v1::raft_transport_client::RaftTransportClient;
+    let follower = replicas
+        .iter()
+        .zip(configs)
+        .find(|(r, _)| r.raft.status().role != Role::Leader)
+        .map(|(_, c)| c.listen)
+        .unwrap();
+    let north = pki.material(&[&longhaul_core::identity::site_dns_name("north")]);
+    let nobody = pki.material(&["127.0.0.1"]);
+    let submit = |name: &str| pb::SubmitJobRequest {
+        spec: Some(crate::util::small_job(name)),
+        expected_revision: 0,
+    };
+    let denied = |result: Result<_, tonic::Status>, what: &str| {
+        let status = result.map(|_: ()| ()).unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::PermissionDenied,
+            "{what}: {status:?}"
+        );
+        status.message().to_string()
+    };
+
+    // Raft traffic from anything but a replica is refused before the
+    // transport reads a byte of it.
+    for (who, material) in [("operator", pki.operator()), ("north", north.clone())] {
+        let mut raft = RaftTransportClient::new(channel(material.client(), follower));
+        let envelope = pb::RaftEnvelope {
+            from: 9,
+            to: 1,
+            message: vec![0xff; 16],
+            cluster_id: 7,
+        };
+        let result = raft.send(tokio_stream::iter([envelope])).await.map(|_| ());
+        let message = denied(result, who);
+        assert!(message.contains("only replicas"), "{message}");
+    }
+
+    // Operator writes: an operator through a follower (which forwards with
+    // its replica certificate) is served; an agent, a replica calling
+    // directly, and an operator claiming to forward are not.
+    let mut operator = CoordinatorClient::new(channel(pki.operator().client(), follower));
+    eventually(Duration::from_secs(30), "an operator's write", || {
+        let mut operator = operator.clone();
+        async move { operator.submit_job(submit("by-operator")).await.ok() }
+    })
+    .await;
+    let mut agent = CoordinatorClient::new(channel(north.client(), follower));
+    let message = denied(
+        agent.submit_job(submit("by-agent")).await.map(|_| ()),
+        "agent",
+    );
+    assert!(message.contains("only operators"), "{message}");
+    let mut replica = CoordinatorClient::new(channel(pki.replica().client(), follower));
+    denied(
+        replica.submit_job(submit("by-replica")).await.map(|_| ()),
+        "replica",
+    );
+    let mut forged = tonic::Request::new(submit("forged"));
+    forged.metadata_mut().insert(
+        "x-longhaul-forwarded",
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    let message = denied(
+        operator.submit_job(forged).await.map(|_| ()),
+        "forged forward",
+    );
+    assert!(message.contains("only a replica may forward"), "{message}");
+
+    // Reads are open to every role (agents list the sites they probe), but
+    // not to a certificate that names none.
+    agent
+        .list_sites(pb::ListSitesRequest { allow_stale: true })
+        .await
+        .unwrap();
+    let mut stranger = CoordinatorClient::new(channel(nobody.client(), follower));
+    let message = denied(
+        stranger
+            .list_jobs(pb::ListJobsRequest { allow_stale: true })
+            .await
+            .map(|_| ()),
+        "no role",
+    );
+    assert!(message.contains("no role"), "{message}");
+
+    // Nothing refused was written: only the operator's job exists.
+    let jobs = operator
+        .list_jobs(pb::ListJobsRequest { allow_stale: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .jobs;
+    let names: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(names, vec!["by-operator"]);
 }

@@ -48,7 +48,7 @@ async fn an_agent_with_its_site_certificate_registers_over_mutual_tls() {
     let pki = TestCa::new();
     let dir = tempfile::tempdir().unwrap();
     let mut config = replica_configs(dir.path(), 1).remove(0);
-    let replica_tls = pki.loopback();
+    let replica_tls = pki.replica();
     config.tls = Some(replica_tls.clone());
     config.initial_cluster = [(1, format!("https://{}", config.listen))].into();
     let coordinator = config.listen.to_string();
