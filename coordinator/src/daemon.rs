@@ -80,7 +80,9 @@ pub struct Args {
     /// Without them the replica serves plaintext and says so in its log.
     #[arg(long, requires_all = ["tls_cert", "tls_key"])]
     tls_ca: Option<PathBuf>,
-    /// This replica's certificate (PEM), naming the host peers reach it at.
+    /// This replica's certificate (PEM), naming the host peers reach it at
+    /// and `replica.longhaul` (the replica role; operators' certificates
+    /// name `operator.longhaul`, agents' `<site>.site.longhaul`).
     #[arg(long, requires = "tls_ca")]
     tls_cert: Option<PathBuf>,
     /// This replica's private key (PEM).

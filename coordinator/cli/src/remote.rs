@@ -43,7 +43,7 @@ pub struct Remote {
     /// Mutual TLS: the CA certificate (PEM) of the cluster; with --cert and --key.
     #[arg(long, requires_all = ["cert", "key"], env = "LONGHAUL_TLS_CA")]
     pub ca: Option<PathBuf>,
-    /// This client's certificate (PEM).
+    /// This client's certificate (PEM); an operator's names `operator.longhaul`.
     #[arg(long, requires = "ca", env = "LONGHAUL_TLS_CERT")]
     pub cert: Option<PathBuf>,
     /// This client's private key (PEM).

@@ -137,6 +137,19 @@ impl Replica {
             .map_err(|e| ServerError::Reflection(e.to_string()))?;
         let mut builder = tonic::transport::Server::builder().tcp_nodelay(true);
         if let Some(material) = &config.tls {
+            // Peers refuse raft traffic from a certificate without the replica role: a
+            // replica started with one would never be heard, so it does not start.
+            let roles = material
+                .roles()
+                .map_err(|e| ServerError::Config(format!("tls: {e}")))?;
+            if !roles.replica {
+                return Err(ServerError::Config(format!(
+                    "tls: this replica's certificate grants {}; a replica's must name the DNS name `{}` \
+                     (beside the host it is reached at), or its peers refuse it",
+                    roles.describe(),
+                    longhaul_core::identity::REPLICA_NAME
+                )));
+            }
             builder = builder.tls_config(material.server())?;
         } else {
             tracing::warn!(

@@ -33,6 +33,8 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the certificate cannot be read: {0}")]
+    Certificate(String),
     #[error("{what} {path} holds no PEM block (expected \"-----BEGIN {label}\")")]
     NotPem {
         what: &'static str,
@@ -73,6 +75,19 @@ impl TlsMaterial {
             cert_pem: read_pem("certificate", "CERTIFICATE", cert)?,
             key_pem: read_pem("private key", "PRIVATE KEY", key)?,
         })
+    }
+
+    /// The roles this party's own certificate names (`longhaul_core::identity`).
+    pub fn roles(&self) -> Result<longhaul_core::identity::Roles, TlsError> {
+        use rustls_pki_types::CertificateDer;
+        use rustls_pki_types::pem::PemObject;
+        let der = CertificateDer::from_pem_slice(self.cert_pem.as_bytes())
+            .map_err(|e| TlsError::Certificate(e.to_string()))?;
+        let cert = webpki::EndEntityCert::try_from(&der)
+            .map_err(|e| TlsError::Certificate(format!("{e:?}")))?;
+        Ok(longhaul_core::identity::Roles::from_dns_names(
+            cert.valid_dns_names(),
+        ))
     }
 
     fn identity(&self) -> Identity {

@@ -323,3 +323,17 @@ async fn each_role_reaches_only_its_rpcs(
     let names: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
     assert_eq!(names, vec!["by-operator"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_certificate_lacks_the_replica_role_does_not_start() {
+    let pki = TestCa::new();
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = replica_configs(dir.path(), 1).remove(0);
+    config.initial_cluster = [(1, format!("https://{}", config.listen))].into();
+    config.tls = Some(pki.material(&["127.0.0.1", "localhost"]));
+    let error = Replica::start(config).await.unwrap_err().to_string();
+    assert!(
+        error.contains("replica.longhaul") && error.contains("no role"),
+        "{error}"
+    );
+}
