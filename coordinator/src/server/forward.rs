@@ -68,12 +68,42 @@ pub(super) fn forwarded<T>(request: Request<T>, wait: Duration) -> Request<T> {
     forwarded
 }
 
+/// The channel to the current leader, kept between forwarded requests: one HTTP/2 connection
+/// carries them all, instead of a connection (and a TLS handshake) per request. It is replaced
+/// when the leader, or its address, changes.
+#[derive(Debug, Clone, Default)]
+pub(super) struct LeaderChannel {
+    cached: std::sync::Arc<std::sync::Mutex<Option<(String, Channel)>>>,
+}
+
+impl LeaderChannel {
+    fn to(
+        &self,
+        url: &str,
+        connect: impl FnOnce() -> Result<Channel, Status>,
+    ) -> Result<Channel, Status> {
+        let mut cached = self
+            .cached
+            .lock()
+            .map_err(|_| Status::internal("the leader channel's lock is poisoned"))?;
+        if let Some((cached_url, channel)) = cached.as_ref()
+            && cached_url == url
+        {
+            return Ok(channel.clone());
+        }
+        let channel = connect()?;
+        *cached = Some((url.to_string(), channel.clone()));
+        Ok(channel)
+    }
+}
+
 /// A channel to the leader when this replica is not it (`None` when it is). A request already
 /// forwarded once is not forwarded again.
 pub(super) fn leader_channel<T>(
     raft: &RaftHandle,
     peers: &PeerBook,
     tls: Option<&ClientTlsConfig>,
+    cache: &LeaderChannel,
     request: &Request<T>,
 ) -> Result<Option<Channel>, Status> {
     let status = raft.status();
@@ -94,15 +124,18 @@ pub(super) fn leader_channel<T>(
             status.leader_id
         ))
     })?;
-    let mut endpoint = Endpoint::from_shared(url)
-        .map_err(|e| Status::internal(format!("leader address: {e}")))?
-        .connect_timeout(Duration::from_secs(1));
-    if let Some(tls) = tls {
-        endpoint = endpoint
-            .tls_config(tls.clone())
-            .map_err(|e| Status::internal(format!("leader TLS: {e}")))?;
-    }
-    Ok(Some(endpoint.connect_lazy()))
+    let channel = cache.to(&url, || {
+        let mut endpoint = Endpoint::from_shared(url.clone())
+            .map_err(|e| Status::internal(format!("leader address: {e}")))?
+            .connect_timeout(Duration::from_secs(1));
+        if let Some(tls) = tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| Status::internal(format!("leader TLS: {e}")))?;
+        }
+        Ok(endpoint.connect_lazy())
+    })?;
+    Ok(Some(channel))
 }
 
 /// Bounds a wait; the message says what was waited for.
@@ -200,5 +233,29 @@ mod tests {
             Duration::from_millis(300)
         );
         assert_eq!(forwarded.into_inner(), 7);
+    }
+
+    #[tokio::test]
+    async fn forwarded_requests_share_one_channel_until_the_leader_moves() {
+        let cache = LeaderChannel::default();
+        let mut connects = 0;
+        let mut connect = |url: &str| {
+            connects += 1;
+            let url = url.to_string();
+            move || Ok(Endpoint::from_shared(url).unwrap().connect_lazy())
+        };
+        cache
+            .to("http://127.0.0.1:1", connect("http://127.0.0.1:1"))
+            .unwrap();
+        cache
+            .to("http://127.0.0.1:1", || panic!("connected again"))
+            .unwrap();
+        cache
+            .to("http://127.0.0.1:2", connect("http://127.0.0.1:2"))
+            .unwrap();
+        cache
+            .to("http://127.0.0.1:2", || panic!("connected again"))
+            .unwrap();
+        assert_eq!(connects, 2);
     }
 }

@@ -40,6 +40,10 @@ pub enum ConsensusError {
     Rejected(String),
     #[error("{0}")]
     ConfChangePending(String),
+    #[error("the linearizable read was not confirmed within {} ms; retry", .0.as_millis())]
+    ReadTimedOut(Duration),
+    #[error("{0} linearizable reads are already waiting; retry shortly")]
+    TooManyReads(usize),
 }
 
 /// A snapshot of the replica's raft status.
@@ -204,13 +208,47 @@ const MAX_BATCH: usize = 4096;
 /// the loop then only waits for a small final fsync.
 const STATE_SYNC_INTERVAL: Duration = Duration::from_millis(100);
 
+/// A linearizable read waiting for its ReadIndex confirmation is failed after this long (or
+/// as soon as its caller is gone), not only when the leader is lost: a confirmation may never
+/// come (a dropped message to a leader that stays leader), and every wait of a caller is
+/// bounded by less than this anyway (`forward::DEFAULT_WAIT`, or its own deadline capped by it).
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// At most this many reads wait for a confirmation; more are refused at once.
+const MAX_PENDING_READS: usize = 65_536;
+
+type ReadReply = oneshot::Sender<Result<(), ConsensusError>>;
+
 struct Pending {
     proposals: HashMap<u64, (Instant, ProposalReply)>,
-    reads: HashMap<u64, oneshot::Sender<Result<(), ConsensusError>>>,
-    ready_reads: Vec<(u64, oneshot::Sender<Result<(), ConsensusError>>)>,
+    reads: HashMap<u64, (Instant, ReadReply)>,
+    ready_reads: Vec<(u64, ReadReply)>,
     /// By the sequence number in the change's context: each is answered when its own entry
     /// applies.
     conf_changes: HashMap<u64, oneshot::Sender<Result<ConfState, ConsensusError>>>,
+}
+
+impl Pending {
+    /// Fails the reads waiting for a confirmation since before `now - max_age`, and forgets
+    /// those whose caller is gone; returns how many went.
+    fn expire_reads(&mut self, now: Instant, max_age: Duration) -> usize {
+        let before = self.reads.len();
+        let expired: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, (asked, reply))| {
+                reply.is_closed() || now.saturating_duration_since(*asked) > max_age
+            })
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in expired {
+            if let Some((_, reply)) = self.reads.remove(&seq) {
+                let _ = reply.send(Err(ConsensusError::ReadTimedOut(max_age)));
+            }
+        }
+        self.ready_reads.retain(|(_, reply)| !reply.is_closed());
+        before - self.reads.len()
+    }
 }
 
 /// Context bytes that identify a request of this process: replica id, a
@@ -399,7 +437,13 @@ async fn run(
         tokio::select! {
             // Asked to stop, or the owner is gone.
             _ = &mut stop => return Ok(()),
-            _ = ticker.tick() => { node.tick(); }
+            _ = ticker.tick() => {
+                node.tick();
+                let expired = pending.expire_reads(Instant::now(), READ_TIMEOUT);
+                if expired > 0 {
+                    metrics::counter!("longhaul_reads_expired_total").increment(expired as u64);
+                }
+            }
             _ = state_sync.tick(), if state_flush.is_none() => {
                 if let Some(file) = node.stage_state_sync()? {
                     state_flush = Some(tokio::task::spawn_blocking(move || file.sync_data()));
@@ -459,9 +503,13 @@ async fn run(
                         let _ = reply.send(Err(ConsensusError::NoLeader));
                         continue;
                     }
+                    if pending.reads.len() >= MAX_PENDING_READS {
+                        let _ = reply.send(Err(ConsensusError::TooManyReads(pending.reads.len())));
+                        continue;
+                    }
                     seq += 1;
                     node.read_index(context(id, boot, seq));
-                    pending.reads.insert(seq, reply);
+                    pending.reads.insert(seq, (Instant::now(), reply));
                 }
                 Input::ConfChange { change, reply } => {
                     if !node.is_leader() {
@@ -527,7 +575,7 @@ async fn run(
                         let Some(seq) = parse_context(&context, id, boot) else {
                             continue;
                         };
-                        if let Some(reply) = pending.reads.remove(&seq) {
+                        if let Some((_, reply)) = pending.reads.remove(&seq) {
                             pending.ready_reads.push((index, reply));
                         }
                     }
@@ -550,7 +598,7 @@ async fn run(
                             }
                         }
                         if new_leader == 0 {
-                            for (_, reply) in pending.reads.drain() {
+                            for (_, (_, reply)) in pending.reads.drain() {
                                 let _ = reply.send(Err(ConsensusError::NoLeader));
                             }
                         }
@@ -622,5 +670,44 @@ async fn run(
                 true
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_waiting_too_long_fail_and_abandoned_ones_are_forgotten() {
+        let mut pending = Pending {
+            proposals: HashMap::new(),
+            reads: HashMap::new(),
+            ready_reads: Vec::new(),
+            conf_changes: HashMap::new(),
+        };
+        let now = Instant::now();
+        let old = now.checked_sub(Duration::from_secs(11)).unwrap_or(now);
+        let (stale_tx, mut stale_rx) = oneshot::channel();
+        let (fresh_tx, mut fresh_rx) = oneshot::channel();
+        let (gone_tx, gone_rx) = oneshot::channel();
+        drop(gone_rx);
+        pending.reads.insert(1, (old, stale_tx));
+        pending.reads.insert(2, (now, fresh_tx));
+        pending.reads.insert(3, (now, gone_tx));
+        let (ready_tx, ready_rx) = oneshot::channel();
+        drop(ready_rx);
+        pending.ready_reads.push((5, ready_tx));
+
+        assert_eq!(pending.expire_reads(now, READ_TIMEOUT), 2);
+        assert!(matches!(
+            stale_rx.try_recv(),
+            Ok(Err(ConsensusError::ReadTimedOut(_)))
+        ));
+        assert!(
+            fresh_rx.try_recv().is_err(),
+            "a fresh read is still waiting"
+        );
+        assert_eq!(pending.reads.keys().copied().collect::<Vec<_>>(), vec![2]);
+        assert!(pending.ready_reads.is_empty());
     }
 }

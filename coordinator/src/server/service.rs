@@ -34,6 +34,7 @@ pub struct CoordinatorService {
     /// Held by a membership change from allocating its id to its conf change applying, so
     /// two changes at this leader neither take one id nor race raft's one-at-a-time rule.
     membership: std::sync::Arc<tokio::sync::Mutex<()>>,
+    leader: forward::LeaderChannel,
 }
 
 pub fn now_unix_ms() -> u64 {
@@ -56,6 +57,7 @@ impl CoordinatorService {
             tls,
             wait: forward::DEFAULT_WAIT,
             membership: Default::default(),
+            leader: Default::default(),
         }
     }
 
@@ -107,7 +109,13 @@ impl CoordinatorService {
         &self,
         request: &Request<T>,
     ) -> Result<Option<tonic::transport::Channel>, Status> {
-        forward::leader_channel(&self.raft, &self.peers, self.tls.as_ref(), request)
+        forward::leader_channel(
+            &self.raft,
+            &self.peers,
+            self.tls.as_ref(),
+            &self.leader,
+            request,
+        )
     }
 
     /// The URL replica `id` is reached at.
