@@ -35,6 +35,13 @@ use service::CoordinatorService;
 use state_machine::CoordinatorStateMachine;
 use transport::{Outbox, PeerBook, TransportService};
 
+/// The largest raft envelope or snapshot chunk a replica decodes from a peer. An append
+/// carries at most `NodeConfig::max_size_per_msg` (1 MiB) of entries, or one larger entry; a
+/// command is admitted only within `limits::MAX_REQUEST_BYTES` (4 MiB) and a snapshot chunk
+/// holds 1 MiB of data, so this leaves a wide margin and still bounds what a peer can make a
+/// replica buffer.
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 64 << 20;
+
 /// Everything one replica needs to start.
 #[derive(Debug, Clone)]
 pub struct ReplicaConfig {
@@ -207,7 +214,7 @@ impl Replica {
             id: config.id,
             raft: raft.clone(),
         })
-        .max_decoding_message_size(usize::MAX);
+        .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES);
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(
             builder
