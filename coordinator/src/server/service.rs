@@ -137,6 +137,11 @@ impl CoordinatorService {
     /// Admits a state change, proposes it at the leader and maps the outcome.
     pub(super) async fn write(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
         self.admit(&request)?;
+        self.write_admitted(request, wait).await
+    }
+
+    /// [`CoordinatorService::write`] for a request the caller admitted itself.
+    async fn write_admitted(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
         match bounded(wait, "write", self.raft.propose(request)).await? {
             ApplyResponse::Applied { revision } => Ok(revision),
             ApplyResponse::Refused { error } => Err(convert::apply_status(error)),
@@ -528,7 +533,9 @@ impl Coordinator for CoordinatorService {
         if let Command::SubmitJob { placement, .. } = &mut command.command {
             *placement = outcome;
         }
-        let revision = self.write(command, wait).await?;
+        // Admitted above; the placement the leader made adds nothing admission checks, and a
+        // state that moved meanwhile is apply's to judge.
+        let revision = self.write_admitted(command, wait).await?;
         let job = self.raft.state().read().job(&job_id).map(convert::job);
         Ok(Response::new(pb::SubmitJobResponse {
             header: Some(self.header_at(revision)),
