@@ -371,7 +371,11 @@ async fn rescan(
         }
         return Rescan::Unchanged;
     }
-    let Some(changes) = inventory_delta(&old.site, &fresh.site) else {
+    // A change too large for one delta (the coordinator takes at most
+    // `MAX_INVENTORY_CHANGES`) is a new registration, as one the delta cannot express is.
+    let Some(changes) = inventory_delta(&old.site, &fresh.site)
+        .filter(|changes| changes.len() <= longhaul_core::limits::MAX_INVENTORY_CHANGES)
+    else {
         *inventory
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh.clone();

@@ -303,7 +303,9 @@ fn floor_char_boundary(text: &str, mut offset: usize) -> usize {
 /// scheduler constraints.
 pub fn check_id(path: &FieldPath, id: &str, out: &mut Vec<Violation>) {
     let valid = !id.is_empty()
-        && id.len() <= crate::limits::MAX_ID_LEN
+        // Not `limits::MAX_ID_LEN`, which admission owns: apply runs this check on logged
+        // commands, and must stay the same in every release.
+        && id.len() <= 63
         && id.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
         && id
             .chars()
@@ -312,9 +314,8 @@ pub fn check_id(path: &FieldPath, id: &str, out: &mut Vec<Violation>) {
         out.push(Violation::new(
             path.clone(),
             format!(
-                "invalid id {}: expected 1 to {} characters of a-z, 0-9, '-' or '_', starting with a letter or digit",
+                "invalid id {}: expected 1 to 63 characters of a-z, 0-9, '-' or '_', starting with a letter or digit",
                 crate::limits::quote(id),
-                crate::limits::MAX_ID_LEN,
             ),
         ));
     }

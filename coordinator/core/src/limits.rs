@@ -12,7 +12,8 @@
 use crate::config::{FieldPath, Violation};
 
 /// Ids: sites, buildings, domain groups, GPU types, jobs. The character set
-/// is [`crate::config::check_id`]'s.
+/// is [`crate::config::check_id`]'s, which apply also runs (with its own
+/// literal 63, the same).
 pub const MAX_ID_LEN: usize = 63;
 /// Free-form names: a topology's, a site's display name, a member's name.
 pub const MAX_NAME_LEN: usize = 128;
@@ -24,10 +25,6 @@ pub const MAX_ADDRESS_LEN: usize = 256;
 pub const MAX_REASON_LEN: usize = 4096;
 /// Sites in a topology, and entries of a job's `allowed_sites`.
 pub const MAX_SITES: usize = 1024;
-/// WAN links in a topology.
-pub const MAX_LINKS: usize = 16_384;
-/// GPU types a topology declares beyond the built-in ones.
-pub const MAX_GPU_TYPES: usize = 256;
 /// Buildings of one site.
 pub const MAX_BUILDINGS_PER_SITE: usize = 256;
 /// Domain groups of one building (identical domains are one group, so this

@@ -350,6 +350,13 @@ impl<S: StateMachine> Node<S> {
         Ok(self.raw.propose_conf_change(context, change)?)
     }
 
+    /// The applied index holds an entry of the current term (for a leader: its own no-op, so
+    /// every entry of earlier terms is applied too).
+    pub fn applied_in_current_term(&self) -> bool {
+        let raft = &self.raw.raft;
+        raft.raft_log.term(raft.raft_log.applied).ok() == Some(raft.term)
+    }
+
     /// A membership change is in the log and not applied yet (raft-rs's own rule: a new leader
     /// counts everything up to its last index as possibly one, until it has applied it).
     pub fn conf_change_pending(&self) -> bool {

@@ -167,9 +167,12 @@ impl AgentService for AgentServiceImpl {
             })
         };
         // No lease is granted for a registration that will be refused.
-        self.coordinator.admit(&register(0))?;
+        self.coordinator.admit(&register(0), wait).await?;
         let lease_id = self.leases.grant().map_err(lease_status)?;
-        let revision = self.coordinator.write(register(lease_id), wait).await?;
+        let revision = self
+            .coordinator
+            .write_admitted(register(lease_id), wait)
+            .await?;
         metrics::counter!("longhaul_site_registrations_total").increment(1);
         tracing::info!(site = %body.site_id, lease_id, revision, "site registered");
         Ok(Response::new(pb::RegisterResponse {

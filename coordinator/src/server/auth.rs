@@ -110,11 +110,18 @@ pub fn authorize(path: &str, forwarded: bool, caller: &Caller) -> Result<(), Sta
     })
 }
 
-/// The caller of a request arriving with these extensions: the roles of
-/// its certificate with TLS, [`Caller::Plaintext`] without.
-pub fn caller_of(extensions: &http::Extensions) -> Result<Caller, Status> {
-    let Some(info) = extensions.get::<TlsConnectInfo<TcpConnectInfo>>() else {
+/// The caller of a request arriving with these extensions at a replica that
+/// serves TLS (`tls`) or not: the roles of its certificate with TLS,
+/// [`Caller::Plaintext`] without. With TLS, a request without the
+/// connection's TLS information is refused, not let through.
+pub fn caller_of(extensions: &http::Extensions, tls: bool) -> Result<Caller, Status> {
+    if !tls {
         return Ok(Caller::Plaintext);
+    }
+    let Some(info) = extensions.get::<TlsConnectInfo<TcpConnectInfo>>() else {
+        return Err(Status::unauthenticated(
+            "the connection carries no TLS information to authenticate the caller by",
+        ));
     };
     let certs = info
         .peer_certs()
@@ -155,14 +162,20 @@ pub fn check_site<T>(request: &tonic::Request<T>, site: &str) -> Result<(), Stat
 }
 
 /// The boundary as a tower layer around all of a replica's services.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct AuthLayer;
+#[derive(Debug, Clone, Copy)]
+pub struct AuthLayer {
+    /// The replica serves TLS: every caller must be authenticated.
+    pub tls: bool,
+}
 
 impl<S> tower_layer::Layer<S> for AuthLayer {
     type Service = Authorized<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Authorized { inner }
+        Authorized {
+            inner,
+            tls: self.tls,
+        }
     }
 }
 
@@ -170,6 +183,7 @@ impl<S> tower_layer::Layer<S> for AuthLayer {
 #[derive(Debug, Clone)]
 pub struct Authorized<S> {
     inner: S,
+    tls: bool,
 }
 
 impl<S, B> Service<http::Request<B>> for Authorized<S>
@@ -192,7 +206,7 @@ where
 
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let forwarded = request.headers().contains_key(FORWARDED);
-        let decided = caller_of(request.extensions()).and_then(|caller| {
+        let decided = caller_of(request.extensions(), self.tls).and_then(|caller| {
             authorize(request.uri().path(), forwarded, &caller).map(|()| caller)
         });
         match decided {
@@ -296,5 +310,15 @@ mod tests {
             }
         }
         assert!(authorize(submit, true, &Caller::Plaintext).is_ok());
+    }
+
+    #[test]
+    fn with_tls_a_request_without_connection_information_is_refused() {
+        let none = http::Extensions::new();
+        assert_eq!(caller_of(&none, false).unwrap(), Caller::Plaintext);
+        assert_eq!(
+            caller_of(&none, true).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
     }
 }

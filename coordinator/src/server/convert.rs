@@ -33,7 +33,6 @@ impl From<ConsensusError> for Status {
     fn from(error: ConsensusError) -> Self {
         match error {
             ConsensusError::Rejected(message) => Status::internal(message),
-            ConsensusError::ConfChangePending(message) => Status::failed_precondition(message),
             other => Status::unavailable(other.to_string()),
         }
     }

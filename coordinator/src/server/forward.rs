@@ -127,7 +127,13 @@ pub(super) fn leader_channel<T>(
     let channel = cache.to(&url, || {
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| Status::internal(format!("leader address: {e}")))?
-            .connect_timeout(Duration::from_secs(1));
+            .connect_timeout(Duration::from_secs(1))
+            // The channel is kept: a path that died silently is noticed in seconds, not at
+            // the kernel's retransmission timeout, and the channel reconnects.
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true)
+            .tcp_keepalive(Some(Duration::from_secs(10)));
         if let Some(tls) = tls {
             endpoint = endpoint
                 .tls_config(tls.clone())

@@ -185,7 +185,13 @@ impl Replica {
                 peers.insert(member.id, member.peer_url.clone());
             }
         }
-        let client_tls = config.tls.as_ref().map(tls::TlsMaterial::client);
+        // Peers and the leader are reached as replicas: their certificate must name the
+        // replica role, not merely the host (an agent's certificate may name a host too).
+        let client_tls = config.tls.as_ref().map(|material| {
+            material
+                .client()
+                .domain_name(longhaul_core::identity::REPLICA_NAME)
+        });
         let outbox = Outbox::new(config.cluster_id, peers.clone(), client_tls.clone())
             .with_filter(config.message_filter.clone());
 
@@ -218,7 +224,9 @@ impl Replica {
         let (shutdown_tx, shutdown_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(
             builder
-                .layer(auth::AuthLayer)
+                .layer(auth::AuthLayer {
+                    tls: config.tls.is_some(),
+                })
                 .add_service(health_service)
                 .add_service(reflection)
                 .add_service(coordinator)

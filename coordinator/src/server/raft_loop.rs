@@ -58,6 +58,9 @@ pub struct Status {
     pub conf_state: ConfState,
     /// Snapshots installed from a leader since this replica started.
     pub snapshots_installed: u64,
+    /// This replica leads and has applied an entry of its own term: every write an earlier
+    /// leader acknowledged is in its applied state, so the state is fit to judge a write by.
+    pub leader_ready: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -247,6 +250,7 @@ impl Pending {
             }
         }
         self.ready_reads.retain(|(_, reply)| !reply.is_closed());
+        self.conf_changes.retain(|_, reply| !reply.is_closed());
         before - self.reads.len()
     }
 }
@@ -653,6 +657,7 @@ async fn run(
             applied_index: applied,
             conf_state: node.conf_state().clone(),
             snapshots_installed,
+            leader_ready: role == Role::Leader && node.applied_in_current_term(),
         };
         metrics::gauge!("longhaul_raft_term").set(next.term as f64);
         metrics::gauge!("longhaul_raft_is_leader").set(if role == Role::Leader {

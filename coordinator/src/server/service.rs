@@ -125,8 +125,39 @@ impl CoordinatorService {
 
     /// Refuses a write that cannot apply to the state as it is now (a bound exceeded, or what
     /// apply itself would refuse), so that it is never replicated; see
-    /// `longhaul_core::state::ClusterState::admit`.
-    pub(super) fn admit(&self, request: &StateRequest) -> Result<(), Status> {
+    /// `longhaul_core::state::ClusterState::admit`. The state judged is a leader's that has
+    /// applied an entry of its own term (so every write acknowledged before is in it), and for
+    /// a compare-and-set on a revision ahead of it, one after a read barrier. Waits at most
+    /// `wait` for either.
+    pub(super) async fn admit(&self, request: &StateRequest, wait: Duration) -> Result<(), Status> {
+        longhaul_core::state::check_bounds(&request.command).map_err(convert::apply_status)?;
+        let mut status = self.raft.watch_status();
+        let ready = tokio::time::timeout(
+            wait,
+            status.wait_for(|s| s.leader_ready || s.role != super::raft_loop::Role::Leader),
+        )
+        .await
+        .map(|seen| seen.map(|s| s.leader_ready));
+        match ready {
+            Ok(Ok(true)) => {}
+            Ok(_) => {
+                return Err(Status::unavailable(
+                    "this replica is no longer the leader; retry",
+                ));
+            }
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "the new leader has not applied an entry of its term within {} ms; retry",
+                    wait.as_millis()
+                )));
+            }
+        }
+        if request
+            .expected_revision
+            .is_some_and(|expected| expected > self.raft.state().read().revision())
+        {
+            self.read_barrier(false, wait).await?;
+        }
         self.raft
             .state()
             .read()
@@ -136,12 +167,16 @@ impl CoordinatorService {
 
     /// Admits a state change, proposes it at the leader and maps the outcome.
     pub(super) async fn write(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
-        self.admit(&request)?;
+        self.admit(&request, wait).await?;
         self.write_admitted(request, wait).await
     }
 
     /// [`CoordinatorService::write`] for a request the caller admitted itself.
-    async fn write_admitted(&self, request: StateRequest, wait: Duration) -> Result<u64, Status> {
+    pub(super) async fn write_admitted(
+        &self,
+        request: StateRequest,
+        wait: Duration,
+    ) -> Result<u64, Status> {
         match bounded(wait, "write", self.raft.propose(request)).await? {
             ApplyResponse::Applied { revision } => Ok(revision),
             ApplyResponse::Refused { error } => Err(convert::apply_status(error)),
@@ -166,6 +201,189 @@ impl CoordinatorService {
             revision,
             ..self.header()
         }
+    }
+}
+
+/// Time left until `deadline`.
+fn left(deadline: tokio::time::Instant) -> Duration {
+    deadline.saturating_duration_since(tokio::time::Instant::now())
+}
+
+impl CoordinatorService {
+    /// Runs one membership change at this leader, whole: on its own task, which holds the
+    /// membership lock from the first step to the last (a caller that gives up cannot leave
+    /// the lock free while its change is half done), every step within one deadline.
+    async fn membership_change<T, F, Fut>(&self, wait: Duration, change: F) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(CoordinatorService, tokio::time::Instant) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, Status>> + Send + 'static,
+    {
+        let service = self.clone();
+        let deadline = tokio::time::Instant::now() + wait;
+        tokio::spawn(async move {
+            let lock = service.membership.clone();
+            let _one_change = tokio::time::timeout(left(deadline), lock.lock_owned())
+                .await
+                .map_err(|_| {
+                    Status::unavailable("another membership change is in progress; retry")
+                })?;
+            // Everything committed before is applied after a read barrier (under a new leader,
+            // once it committed an entry of its term), so what follows sees every member an
+            // earlier change recorded.
+            service.read_barrier(false, left(deadline)).await?;
+            change(service, deadline).await
+        })
+        .await
+        .map_err(|e| Status::internal(format!("membership change task failed: {e}")))?
+    }
+
+    async fn add_member_here(
+        &self,
+        body: pb::AddMemberRequest,
+        deadline: tokio::time::Instant,
+    ) -> Result<pb::AddMemberResponse, Status> {
+        let status = self.raft.status();
+        let configured = |id: u64| {
+            status.conf_state.voters.contains(&id) || status.conf_state.learners.contains(&id)
+        };
+        let existing = self
+            .raft
+            .state()
+            .read()
+            .members()
+            .find(|m| m.peer_url == body.peer_url)
+            .cloned();
+        let member = match existing {
+            Some(existing) if configured(existing.id) => {
+                return Err(Status::already_exists(format!(
+                    "field `peer_url`: member {} is already reached at {}",
+                    existing.id,
+                    limits::quote(&body.peer_url)
+                )));
+            }
+            // An earlier change recorded the member and stopped before the configuration
+            // took it (a timeout, a leader change): finish it, with the id it recorded.
+            Some(existing) => existing,
+            None => {
+                let known = self
+                    .raft
+                    .state()
+                    .read()
+                    .members()
+                    .map(|m| m.id)
+                    .max()
+                    .unwrap_or(0);
+                let id = status
+                    .conf_state
+                    .voters
+                    .iter()
+                    .chain(&status.conf_state.learners)
+                    .copied()
+                    .chain([known])
+                    .max()
+                    .unwrap_or(0)
+                    + 1;
+                let member = Member {
+                    id,
+                    name: if body.name.is_empty() {
+                        format!("replica-{id}")
+                    } else {
+                        body.name
+                    },
+                    peer_url: body.peer_url.clone(),
+                    client_url: if body.client_url.is_empty() {
+                        body.peer_url.clone()
+                    } else {
+                        body.client_url
+                    },
+                };
+                self.write(
+                    StateRequest::new(Command::PutMember {
+                        member: member.clone(),
+                    }),
+                    left(deadline),
+                )
+                .await?;
+                member
+            }
+        };
+        self.peers.insert(member.id, member.peer_url.clone());
+        let change_type = if body.as_learner {
+            ConfChangeType::AddLearnerNode
+        } else {
+            ConfChangeType::AddNode
+        };
+        let conf_state = bounded(
+            left(deadline),
+            "membership change",
+            self.raft
+                .change_membership(single_change(change_type, member.id)),
+        )
+        .await?;
+        let state = self.raft.state().read();
+        let members = state
+            .members()
+            .map(|m| convert::member(m, &conf_state.learners))
+            .collect();
+        drop(state);
+        Ok(pb::AddMemberResponse {
+            header: Some(self.header()),
+            member: Some(convert::member(&member, &conf_state.learners)),
+            members,
+        })
+    }
+
+    async fn remove_member_here(
+        &self,
+        id: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<pb::RemoveMemberResponse, Status> {
+        let status = self.raft.status();
+        let cs = &status.conf_state;
+        let recorded = self.raft.state().read().members().any(|m| m.id == id);
+        let configured = cs.voters.contains(&id) || cs.learners.contains(&id);
+        if !configured && !recorded {
+            return Err(Status::not_found(format!(
+                "field `id`: {id} is not a member"
+            )));
+        }
+        if cs.voters == [id] {
+            return Err(Status::failed_precondition(
+                "field `id`: cannot remove the last voter",
+            ));
+        }
+        // Record the removal first: once the leader removes itself it can
+        // no longer propose.
+        if recorded {
+            self.write(
+                StateRequest::new(Command::RemoveMember { member_id: id }),
+                left(deadline),
+            )
+            .await?;
+        }
+        // A record whose change never reached the configuration is gone with the record.
+        let conf_state = if configured {
+            bounded(
+                left(deadline),
+                "membership change",
+                self.raft
+                    .change_membership(single_change(ConfChangeType::RemoveNode, id)),
+            )
+            .await?
+        } else {
+            status.conf_state.clone()
+        };
+        let state = self.raft.state().read();
+        let members = state
+            .members()
+            .map(|m| convert::member(m, &conf_state.learners))
+            .collect();
+        drop(state);
+        Ok(pb::RemoveMemberResponse {
+            header: Some(self.header()),
+            members,
+        })
     }
 }
 
@@ -257,86 +475,11 @@ impl Coordinator for CoordinatorService {
         forward!(self, request, add_member);
         let wait = wait_for(&request, self.wait);
         let body = request.into_inner();
-        let _one_change = self.membership.lock().await;
-        // Everything committed before this leader's term is applied after a read barrier, so
-        // the id below is above every member any earlier leader recorded.
-        self.read_barrier(false, wait).await?;
-        if let Some(existing) = self
-            .raft
-            .state()
-            .read()
-            .members()
-            .find(|m| m.peer_url == body.peer_url)
-        {
-            return Err(Status::already_exists(format!(
-                "field `peer_url`: member {} is already reached at {}",
-                existing.id,
-                limits::quote(&body.peer_url)
-            )));
-        }
-        let status = self.raft.status();
-        let known = self
-            .raft
-            .state()
-            .read()
-            .members()
-            .map(|m| m.id)
-            .max()
-            .unwrap_or(0);
-        let id = status
-            .conf_state
-            .voters
-            .iter()
-            .chain(&status.conf_state.learners)
-            .copied()
-            .chain([known])
-            .max()
-            .unwrap_or(0)
-            + 1;
-        let member = Member {
-            id,
-            name: if body.name.is_empty() {
-                format!("replica-{id}")
-            } else {
-                body.name
-            },
-            peer_url: body.peer_url.clone(),
-            client_url: if body.client_url.is_empty() {
-                body.peer_url.clone()
-            } else {
-                body.client_url
-            },
-        };
-        self.write(
-            StateRequest::new(Command::PutMember {
-                member: member.clone(),
-            }),
-            wait,
-        )
-        .await?;
-        self.peers.insert(id, member.peer_url.clone());
-        let change_type = if body.as_learner {
-            ConfChangeType::AddLearnerNode
-        } else {
-            ConfChangeType::AddNode
-        };
-        let conf_state = bounded(
-            wait,
-            "membership change",
-            self.raft.change_membership(single_change(change_type, id)),
-        )
-        .await?;
-        let state = self.raft.state().read();
-        let members = state
-            .members()
-            .map(|m| convert::member(m, &conf_state.learners))
-            .collect();
-        drop(state);
-        Ok(Response::new(pb::AddMemberResponse {
-            header: Some(self.header()),
-            member: Some(convert::member(&member, &conf_state.learners)),
-            members,
-        }))
+        self.membership_change(wait, move |service, deadline| async move {
+            service.add_member_here(body, deadline).await
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn remove_member(
@@ -346,45 +489,11 @@ impl Coordinator for CoordinatorService {
         forward!(self, request, remove_member);
         let wait = wait_for(&request, self.wait);
         let id = request.into_inner().id;
-        let _one_change = self.membership.lock().await;
-        let status = self.raft.status();
-        let cs = &status.conf_state;
-        if !cs.voters.contains(&id) && !cs.learners.contains(&id) {
-            return Err(Status::not_found(format!(
-                "field `id`: {id} is not a member"
-            )));
-        }
-        if cs.voters == [id] {
-            return Err(Status::failed_precondition(
-                "field `id`: cannot remove the last voter",
-            ));
-        }
-        // Record the removal first: once the leader removes itself it can
-        // no longer propose.
-        if self.raft.state().read().members().any(|m| m.id == id) {
-            self.write(
-                StateRequest::new(Command::RemoveMember { member_id: id }),
-                wait,
-            )
-            .await?;
-        }
-        let conf_state = bounded(
-            wait,
-            "membership change",
-            self.raft
-                .change_membership(single_change(ConfChangeType::RemoveNode, id)),
-        )
-        .await?;
-        let state = self.raft.state().read();
-        let members = state
-            .members()
-            .map(|m| convert::member(m, &conf_state.learners))
-            .collect();
-        drop(state);
-        Ok(Response::new(pb::RemoveMemberResponse {
-            header: Some(self.header()),
-            members,
-        }))
+        self.membership_change(wait, move |service, deadline| async move {
+            service.remove_member_here(id, deadline).await
+        })
+        .await
+        .map(Response::new)
     }
 
     async fn transfer_leader(
@@ -523,7 +632,7 @@ impl Coordinator for CoordinatorService {
             expected_revision: expected(body.expected_revision),
         };
         // Refused before the placement is worked out, not after.
-        self.admit(&command)?;
+        self.admit(&command, wait).await?;
         // The leader places the job against the sites that are up now; the
         // outcome (plan or the reason it is infeasible) is replicated with it.
         let outcome = match self.place(&spec).await? {
@@ -629,7 +738,9 @@ impl Coordinator for CoordinatorService {
         // What-if plans read the current sites linearizably, store nothing.
         self.read_barrier(false, wait).await?;
         let plan = self.place(&spec).await?.map_err(|reason| {
-            Status::failed_precondition(format!("field `spec`: infeasible: {reason}"))
+            Status::failed_precondition(limits::shorten(format!(
+                "field `spec`: infeasible: {reason}"
+            )))
         })?;
         Ok(Response::new(pb::PlanResponse {
             header: Some(self.header()),

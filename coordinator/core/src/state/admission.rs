@@ -7,10 +7,13 @@
 //! against the current state. A write that passes may still be refused at
 //! apply (the state moves between admission and apply: a compare-and-set
 //! that lost a race, one job submitted twice at once), but a write that
-//! admission refuses is never proposed. The service admits on the leader,
-//! whose applied state is the newest there is but for the entries of the
-//! Ready pass it is in: a compare-and-set on a revision the state has not
-//! applied yet is left to apply.
+//! admission refuses is never proposed.
+//!
+//! Admission is only as right as the state it judges against: the service
+//! admits on a leader that has applied an entry of its own term (so every
+//! write an earlier leader acknowledged is in the state), and a
+//! compare-and-set on a revision ahead of the state only after a read
+//! barrier (so a revision a client saw elsewhere is applied here).
 //!
 //! The bounds are admission's, not apply's: apply must give the same result
 //! for a logged command in every release, so a bound added in a later
@@ -26,17 +29,12 @@ impl ClusterState {
     /// write that cannot apply to the state as it is now; changes nothing.
     pub fn admit(&self, request: &Request) -> Result<(), ApplyError> {
         check_bounds(&request.command)?;
-        match request.expected_revision {
-            // Revisions only grow: this write can never apply.
-            Some(expected) if expected < self.revision => {
-                Err(super::stale_revision(expected, self.revision))
-            }
-            // The client has seen a revision this state has not applied yet (a follower's
-            // read, a moment before the leader applied the same entry): judging it here could
-            // refuse what apply will accept, so apply judges it.
-            Some(expected) if expected > self.revision => Ok(()),
-            _ => self.check(&request.command, self.revision + 1).map(drop),
+        if let Some(expected) = request.expected_revision
+            && expected != self.revision
+        {
+            return Err(super::stale_revision(expected, self.revision));
         }
+        self.check(&request.command, self.revision + 1).map(drop)
     }
 }
 
