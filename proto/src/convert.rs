@@ -206,7 +206,7 @@ pub fn job_from_wire(spec: &pb::JobSpec, field: &str) -> Result<JobSpec, Status>
             pipeline_parallel: nonzero(constraints.pipeline_parallel),
             data_parallel: nonzero(constraints.data_parallel),
         },
-        diloco: nonzero(spec.inner_steps).map(|inner_steps| Diloco { inner_steps }),
+        diloco: nonzero(spec.inner_steps).map(Diloco::new),
     })
 }
 

@@ -12,7 +12,7 @@
 //! slowest one; embeddings and the LM head are spread evenly over the layers
 //! (`vocabulary_size` is unused); no activation recomputation; DiLoCo
 //! pseudo-gradients travel at the training precision, uncompressed and not
-//! streamed (the sync planner refines that); NVLink, fabric and campus
+//! streamed (the sync planner, [`crate::sync`], refines that); NVLink, fabric and campus
 //! latencies are single α values from [`CostParams`].
 
 use serde::{Deserialize, Serialize};
@@ -152,11 +152,18 @@ pub fn mathis_bytes_per_second(rtt_seconds: f64, loss: f64) -> Option<f64> {
 pub fn wan_link(link: &WanLink, streams: u64, sharers: u64) -> Link {
     let aggregate = link.link_rate.bytes_per_second() * f64::from(link.parallel_links);
     let share = aggregate / sharers.max(1) as f64;
-    let rate = match mathis_bytes_per_second(link.rtt_seconds(), link.loss) {
-        Some(per_stream) => share.min(per_stream * streams.max(1) as f64),
-        None => share,
-    };
+    let rate = loss_limited_rate(share, link.rtt_seconds(), link.loss, streams);
     Link::new(link.one_way_seconds(), rate)
+}
+
+/// What `streams` streams can carry of `bytes_per_second` at this RTT and
+/// loss: the rate itself, capped by `streams` × Mathis when loss limits
+/// each stream. The sync planner applies it to measured figures too.
+pub fn loss_limited_rate(bytes_per_second: f64, rtt_seconds: f64, loss: f64, streams: u64) -> f64 {
+    match mathis_bytes_per_second(rtt_seconds, loss) {
+        Some(per_stream) => bytes_per_second.min(per_stream * streams.max(1) as f64),
+        None => bytes_per_second,
+    }
 }
 
 /// Training FLOPs of one transformer layer for one micro-batch, forward and

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{self, ConfigError, FieldPath, Validate, Violation, check_id};
 use crate::topology::Topology;
+use crate::units::DataRate;
 
 /// A training job as submitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -116,12 +117,220 @@ impl Constraints {
     }
 }
 
-/// DiLoCo-style cross-site synchronisation settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// DiLoCo-style cross-site synchronisation settings: H, and the policy the
+/// sync planner ([`crate::sync`]) follows. Every field but `inner_steps` is
+/// optional; a job file that sets only `inner_steps` keeps its meaning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Diloco {
-    /// Inner steps between outer synchronisations (H).
+    /// Inner steps between outer synchronisations (H) the job trains with.
+    /// Placement costs it; the sync planner keeps it unless the WAN cannot
+    /// meet the utilisation target at it, and then raises H no further
+    /// than `max_inner_steps`.
     pub inner_steps: u32,
+    /// The largest H the planner may choose. Default: four times
+    /// `inner_steps`; set it to `inner_steps` to fix H.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_inner_steps: Option<u32>,
+    /// Fraction of wall time the GPUs should spend computing rather than
+    /// waiting for the sync, in (0, 1]. Default 0.95.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_compute_utilisation: Option<f64>,
+    /// The same target said the other way round: at most this fraction of
+    /// wall time waiting for the sync, in [0, 1). Set this or
+    /// `target_compute_utilisation`, not both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_exposed_communication_fraction: Option<f64>,
+    /// A fixed number of fragments (Streaming DiLoCo's P); chosen by the
+    /// planner when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragments: Option<u32>,
+    /// The most fragments the planner may choose. Default 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_fragments: Option<u32>,
+    /// The most inner steps a fragment's exchange may run behind (τ).
+    /// Default 5, the range Streaming DiLoCo trained with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_overlap_steps: Option<u32>,
+    /// Fixed bits per pseudo-gradient element on every link: 16, 8 or 4.
+    /// When unset the planner uses the fewest its codecs offer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bits: Option<u32>,
+    /// Carry each outer step's quantisation residual into the next one.
+    /// Default true; it has no effect at 16 bits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_feedback: Option<bool>,
+    /// The most of each WAN link the sync may use (it is paced at this
+    /// rate). Default: the whole link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_budget: Option<DataRate>,
+    /// The compression ratio zstd is expected to reach on the encoded
+    /// pseudo-gradient, at least 1.0. Default: the codec catalogue's (1.0,
+    /// nothing gained on quantised data).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zstd_ratio: Option<f64>,
+}
+
+/// The utilisation the sync planner aims at when the job names none.
+pub const DEFAULT_TARGET_COMPUTE_UTILISATION: f64 = 0.95;
+/// `max_inner_steps` when unset, as a multiple of `inner_steps`.
+pub const DEFAULT_MAX_INNER_STEPS_FACTOR: u32 = 4;
+/// `max_fragments` when unset.
+pub const DEFAULT_MAX_FRAGMENTS: u32 = 64;
+/// `max_overlap_steps` when unset.
+pub const DEFAULT_MAX_OVERLAP_STEPS: u32 = 5;
+/// Bounds that keep the planner's search small (it is linear in both).
+pub const MAX_FRAGMENTS: u32 = 1024;
+pub const MAX_OVERLAP_STEPS: u32 = 64;
+
+impl Diloco {
+    /// Settings with H = `inner_steps` and every policy field unset.
+    pub fn new(inner_steps: u32) -> Self {
+        Self {
+            inner_steps,
+            max_inner_steps: None,
+            target_compute_utilisation: None,
+            max_exposed_communication_fraction: None,
+            fragments: None,
+            max_fragments: None,
+            max_overlap_steps: None,
+            bits: None,
+            error_feedback: None,
+            link_budget: None,
+            zstd_ratio: None,
+        }
+    }
+
+    /// The largest H the planner may choose.
+    pub fn max_inner_steps(&self) -> u32 {
+        self.max_inner_steps.unwrap_or_else(|| {
+            self.inner_steps
+                .saturating_mul(DEFAULT_MAX_INNER_STEPS_FACTOR)
+        })
+    }
+
+    /// The utilisation target, from whichever of the two fields is set.
+    pub fn target_compute_utilisation(&self) -> f64 {
+        match (
+            self.target_compute_utilisation,
+            self.max_exposed_communication_fraction,
+        ) {
+            (Some(target), _) => target,
+            (None, Some(exposed)) => 1.0 - exposed,
+            (None, None) => DEFAULT_TARGET_COMPUTE_UTILISATION,
+        }
+    }
+
+    pub fn max_fragments(&self) -> u32 {
+        self.max_fragments.unwrap_or(DEFAULT_MAX_FRAGMENTS)
+    }
+
+    pub fn max_overlap_steps(&self) -> u32 {
+        self.max_overlap_steps.unwrap_or(DEFAULT_MAX_OVERLAP_STEPS)
+    }
+
+    pub fn error_feedback(&self) -> bool {
+        self.error_feedback.unwrap_or(true)
+    }
+
+    /// Every problem with these settings, as (field, message), in field
+    /// order. Job validation reports them under `diloco.`; the sync
+    /// planner under `policy.`.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let mut push = |field, message: String| out.push((field, message));
+        // `inner_steps` keeps exactly the rule it had: `apply` validates
+        // logged jobs, and a new rule on an old field would refuse on
+        // replay what an older release accepted. The other fields are new.
+        if self.inner_steps == 0 {
+            push("inner_steps", "must be at least 1, found 0".into());
+        }
+        if let Some(max) = self.max_inner_steps
+            && max < self.inner_steps
+        {
+            push(
+                "max_inner_steps",
+                format!(
+                    "must be at least inner_steps ({}), found {max}",
+                    self.inner_steps
+                ),
+            );
+        }
+        if let Some(target) = self.target_compute_utilisation
+            && !(target.is_finite() && target > 0.0 && target <= 1.0)
+        {
+            push(
+                "target_compute_utilisation",
+                format!("must be a fraction in (0, 1] (write 95% as 0.95), found {target}"),
+            );
+        }
+        if let Some(exposed) = self.max_exposed_communication_fraction {
+            if !(exposed.is_finite() && (0.0..1.0).contains(&exposed)) {
+                push(
+                    "max_exposed_communication_fraction",
+                    format!("must be a fraction in [0, 1) (write 5% as 0.05), found {exposed}"),
+                );
+            } else if self.target_compute_utilisation.is_some() {
+                push(
+                    "max_exposed_communication_fraction",
+                    "set either this or target_compute_utilisation, not both".into(),
+                );
+            }
+        }
+        if let Some(max) = self.max_fragments
+            && !(1..=MAX_FRAGMENTS).contains(&max)
+        {
+            push(
+                "max_fragments",
+                format!("must be within [1, {MAX_FRAGMENTS}], found {max}"),
+            );
+        }
+        if let Some(fragments) = self.fragments {
+            let limit = self.max_fragments.unwrap_or(MAX_FRAGMENTS);
+            if fragments == 0 || fragments > limit {
+                push(
+                    "fragments",
+                    format!("must be within [1, {limit}], found {fragments}"),
+                );
+            } else if fragments > self.max_inner_steps() {
+                push(
+                    "fragments",
+                    format!(
+                        "{fragments} fragments cannot each sync once in at most {} inner steps",
+                        self.max_inner_steps()
+                    ),
+                );
+            }
+        }
+        if let Some(overlap) = self.max_overlap_steps
+            && overlap > MAX_OVERLAP_STEPS
+        {
+            push(
+                "max_overlap_steps",
+                format!("must be at most {MAX_OVERLAP_STEPS}, found {overlap}"),
+            );
+        }
+        if let Some(bits) = self.bits
+            && ![4, 8, 16].contains(&bits)
+        {
+            push("bits", format!("must be 16, 8 or 4, found {bits}"));
+        }
+        if self.link_budget.is_some_and(|b| b.bits_per_second() == 0) {
+            push(
+                "link_budget",
+                "must be a positive data rate, found 0".into(),
+            );
+        }
+        if let Some(ratio) = self.zstd_ratio
+            && !(ratio.is_finite() && (1.0..=100.0).contains(&ratio))
+        {
+            push(
+                "zstd_ratio",
+                format!("must be a ratio within [1, 100] (1.0: zstd gains nothing), found {ratio}"),
+            );
+        }
+        out
+    }
 }
 
 impl JobSpec {
@@ -349,11 +558,9 @@ impl Validate for JobSpec {
             ));
         }
         if let Some(diloco) = &self.diloco {
-            positive(
-                root.key("diloco").key("inner_steps"),
-                diloco.inner_steps.into(),
-                &mut out,
-            );
+            for (field, message) in diloco.problems() {
+                out.push(Violation::new(root.key("diloco").key(field), message));
+            }
         }
         out
     }

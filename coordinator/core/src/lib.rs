@@ -18,6 +18,7 @@ pub mod placement;
 pub mod rng;
 pub mod scenario;
 pub mod state;
+pub mod sync;
 pub mod topology;
 pub mod units;
 

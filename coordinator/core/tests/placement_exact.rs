@@ -131,7 +131,7 @@ fn job(
             optimizer_state_bytes_per_parameter: 12.0,
         },
         constraints,
-        diloco: inner_steps.map(|inner_steps| Diloco { inner_steps }),
+        diloco: inner_steps.map(Diloco::new),
     }
 }
 
