@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use protobuf::Message as _;
 use raft::eraftpb::{
-    ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, Snapshot, SnapshotMetadata,
+    ConfChange, ConfChangeV2, ConfState, Entry, EntryType, Message, MessageType, Snapshot,
+    SnapshotMetadata,
 };
 use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
 
@@ -173,12 +174,34 @@ pub struct Output {
 }
 
 /// One Raft replica: `raft::RawNode` over [`DiskStorage`], plus the state machine.
+///
+/// Two rules are added to raft's so that its *leader lease* (with check-quorum, a replica that
+/// heard from the leader grants no pre-vote or vote for a later term for an election timeout)
+/// has no exception; the site leases rely on it (`longhaul_core::lease`, step 4):
+///
+/// - a replica grants no pre-vote or vote during its first election timeout after it opens
+///   (see [`Node::step`]): a restarted replica has forgotten which leader it heard last;
+/// - a leadership hand-over waits an election timeout before raft gives the transferee its
+///   go-ahead (see [`Node::transfer_leader`]): the transferee's campaign is forced, and skips
+///   the voters' lease.
 pub struct Node<S: StateMachine> {
     raw: RawNode<DiskStorage>,
     state_machine: S,
     config: NodeConfig,
     leader_id: u64,
     term: u64,
+    /// Ticks since the node was opened, counted up to `election_ticks`.
+    ticks_since_open: usize,
+    /// A hand-over waiting out its election timeout.
+    hand_over: Option<HandOver>,
+}
+
+/// A leadership hand-over held back (see [`Node::transfer_leader`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HandOver {
+    to: u64,
+    /// Ticks until raft is asked to transfer.
+    ticks_left: usize,
 }
 
 impl<S: StateMachine> std::fmt::Debug for Node<S> {
@@ -247,6 +270,8 @@ impl<S: StateMachine> Node<S> {
             config,
             leader_id: 0,
             term,
+            ticks_since_open: 0,
+            hand_over: None,
         })
     }
 
@@ -300,12 +325,31 @@ impl<S: StateMachine> Node<S> {
 
     /// Advances raft's logical clock by one tick. Returns whether there may be a ready.
     pub fn tick(&mut self) -> bool {
-        // A hand-over can fail (the successor refuses to campaign while it has not applied the
-        // change yet, and raft aborts the transfer after an election timeout): try again.
-        if self.is_removed_leader() && self.raw.raft.lead_transferee.is_none() {
+        self.ticks_since_open = (self.ticks_since_open + 1).min(self.config.election_ticks);
+        if !self.is_leader() {
+            self.hand_over = None;
+        }
+        if let Some(hand_over) = &mut self.hand_over {
+            if hand_over.ticks_left <= 1 {
+                let to = hand_over.to;
+                self.hand_over = None;
+                self.raw.transfer_leader(to);
+            } else {
+                hand_over.ticks_left -= 1;
+            }
+        } else if self.is_removed_leader() && self.raw.raft.lead_transferee.is_none() {
+            // A hand-over can fail (the successor refuses to campaign while it has not applied
+            // the change yet, and raft aborts the transfer after an election timeout): again.
             self.hand_over_leadership();
         }
         self.raw.tick()
+    }
+
+    /// Whether this replica leads and is handing leadership over: waiting out the hold of
+    /// [`Node::transfer_leader`], or raft's transfer under way. A leader confirms no site
+    /// lease meanwhile.
+    pub fn is_handing_over(&self) -> bool {
+        self.is_leader() && (self.hand_over.is_some() || self.raw.raft.lead_transferee.is_some())
     }
 
     /// Whether this replica leads a configuration it is no longer a voter of.
@@ -318,8 +362,33 @@ impl<S: StateMachine> Node<S> {
 
     /// Feeds a message from another replica. An error concerns that message only (e.g. it came
     /// from a peer that is no longer a member); the node stays usable.
+    ///
+    /// During its first election timeout after it opens, the node ignores requests for a
+    /// pre-vote or vote for a later term (as raft ignores them from a replica that heard from
+    /// the leader within an election timeout): it cannot know whether it heard from a leader
+    /// just before it stopped. Forced votes of a hand-over pass. A hand-over asked for by a
+    /// follower (`MsgTransferLeader`, forwarded by raft) is held as [`Node::transfer_leader`]
+    /// holds one.
     pub fn step(&mut self, message: Message) -> Result<(), NodeError> {
-        Ok(self.raw.step(message)?)
+        match message.get_msg_type() {
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote
+                if self.ticks_since_open < self.config.election_ticks
+                    && message.term > self.raw.raft.term
+                    && message.context != raft::CAMPAIGN_TRANSFER =>
+            {
+                tracing::debug!(
+                    from = message.from,
+                    term = message.term,
+                    "ignored a vote request: within the first election timeout after opening"
+                );
+                Ok(())
+            }
+            MessageType::MsgTransferLeader if self.is_leader() => {
+                self.transfer_leader(message.from);
+                Ok(())
+            }
+            _ => Ok(self.raw.step(message)?),
+        }
     }
 
     /// Proposes a command. Fails with `ProposalDropped` when this replica is not the leader or
@@ -368,9 +437,30 @@ impl<S: StateMachine> Node<S> {
         self.raw.read_index(context);
     }
 
-    /// Asks the leader to hand leadership to `to` once `to` has caught up.
+    /// Asks the leader to hand leadership to `to` once `to` has caught up. On the leader the
+    /// hand-over waits `election_ticks` ticks first ([`Node::is_handing_over`] meanwhile), then
+    /// raft sends `to` its go-ahead: the transferee campaigns with a forced vote that skips the
+    /// voters' leader lease, so the wait is what keeps every site lease this leader confirmed an
+    /// election timeout older than any vote of the next term (`longhaul_core::lease`). A second
+    /// request while one waits only changes the transferee. On a follower raft forwards the
+    /// request to the leader, whose [`Node::step`] holds it the same way.
     pub fn transfer_leader(&mut self, to: u64) {
-        self.raw.transfer_leader(to);
+        if !self.is_leader() {
+            self.raw.transfer_leader(to);
+            return;
+        }
+        if to == self.config.id {
+            return;
+        }
+        match &mut self.hand_over {
+            Some(hand_over) => hand_over.to = to,
+            None => {
+                self.hand_over = Some(HandOver {
+                    to,
+                    ticks_left: self.config.election_ticks,
+                });
+            }
+        }
     }
 
     /// Starts an election now (operators and tests; normally elections follow ticks).
@@ -626,7 +716,7 @@ impl<S: StateMachine> Node<S> {
             .max_by_key(|(id, progress)| (progress.matched, std::cmp::Reverse(**id)))
             .map(|(id, _)| *id);
         if let Some(successor) = successor {
-            self.raw.transfer_leader(successor);
+            self.transfer_leader(successor);
         }
     }
 
