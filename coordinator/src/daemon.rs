@@ -88,10 +88,12 @@ pub struct Args {
     /// This replica's private key (PEM).
     #[arg(long, requires = "tls_ca")]
     tls_key: Option<PathBuf>,
-    /// TTL of the leases granted to site agents, e.g. `10s`: a site whose
-    /// agent stops renewing is marked down this long after its last renewal.
-    /// Keep it well above the election timeout, so that agents can find a
-    /// new leader within it. [default: 10s]
+    /// TTL of the leases granted to site agents, e.g. `1600ms`: a site whose
+    /// agent stops renewing is marked down this long after its last renewal
+    /// (agents renew every fifth of it). After a leader change the new leader
+    /// gives every site TTL − (election-ticks − 2) × (tick-interval − 5 ms), and
+    /// at least half the TTL, to find it. At least 8 ticks. [default: 16 ticks,
+    /// 1.6 s at the default tick]
     #[arg(long, value_parser = parse_duration)]
     lease_ttl: Option<Duration>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9700).
@@ -234,13 +236,16 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
     let lease_ttl = args
         .lease_ttl
         .or(file.lease_ttl.map(Duration::from))
-        .unwrap_or(crate::server::leases::DEFAULT_LEASE_TTL);
-    let election = node.tick_interval * node.election_ticks as u32;
-    if lease_ttl <= election {
+        .unwrap_or_else(|| crate::server::leases::default_lease_ttl(node.tick_interval));
+    let shortest = node
+        .tick_interval
+        .saturating_mul(crate::server::leases::MIN_LEASE_TTL_TICKS);
+    if lease_ttl < shortest {
         bail!(
-            "lease-ttl ({} ms) must be longer than the election timeout ({} ms = tick-interval × election-ticks), or every leader change would expire leases",
+            "lease-ttl ({} ms) must be at least {} ticks ({} ms): a renewal takes a round trip to a quorum, and an agent gives one a sixth of the TTL",
             lease_ttl.as_millis(),
-            election.as_millis()
+            crate::server::leases::MIN_LEASE_TTL_TICKS,
+            shortest.as_millis()
         );
     }
     Ok(ReplicaConfig {

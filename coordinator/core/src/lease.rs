@@ -32,7 +32,8 @@
 //! 1. The renewal was acknowledged only after a quorum `Q` of voters
 //!    acknowledged a heartbeat sent after `ρ` (the ReadIndex round). A replica
 //!    that no longer leads cannot gather that quorum, so it acknowledges
-//!    nothing.
+//!    nothing. (A registration, which starts a lease, is acknowledged after
+//!    its commit and the same round.)
 //! 2. Any two quorums share a voter (membership changes go through joint
 //!    consensus, so one configuration's quorums meet the next's). A voter of
 //!    `Q` acknowledged the heartbeat in the old term and voted for the new
@@ -58,10 +59,10 @@
 //!    coordinator's node closes: a replica that restarted has forgotten whom
 //!    it heard (it grants no pre-vote or vote during its first election
 //!    timeout instead), and the transferee of a leadership hand-over
-//!    campaigns with a forced vote (the leader stops confirming renewals when
-//!    it decides to hand over, and sends the transferee its go-ahead only an
-//!    election timeout later, so `ρ` is at least that long before any vote of
-//!    the new term).
+//!    campaigns with a forced vote (the leader stops confirming renewals and
+//!    registrations when it decides to hand over, and sends the transferee
+//!    its go-ahead only an election timeout later, so `ρ` is at least that
+//!    long before any vote of the new term).
 //!
 //! The bound assumes every voter runs the same tick interval and election
 //! ticks (replicas of one cluster are configured alike), and that their

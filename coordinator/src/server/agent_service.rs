@@ -73,7 +73,9 @@ fn lease_status(error: LeaseError) -> Status {
         LeaseError::SiteDown { .. } | LeaseError::Superseded { .. } => {
             Status::failed_precondition(error.to_string())
         }
-        LeaseError::NotLeader => Status::unavailable(error.to_string()),
+        LeaseError::NotLeader | LeaseError::Unconfirmed(_) => {
+            Status::unavailable(error.to_string())
+        }
     }
 }
 
@@ -155,6 +157,7 @@ impl AgentService for AgentServiceImpl {
         }
         forward!(self, request, register);
         let wait = wait_for(&request, DEFAULT_WAIT);
+        let started = std::time::Instant::now();
         let body = request.into_inner();
         let ttl = self.leases.ttl();
         let register = |lease_id| {
@@ -173,6 +176,11 @@ impl AgentService for AgentServiceImpl {
             .coordinator
             .write_admitted(register(lease_id), wait)
             .await?;
+        // Acknowledged as a renewal is (see `leases.rs`).
+        self.leases
+            .confirm(wait.saturating_sub(started.elapsed()))
+            .await
+            .map_err(lease_status)?;
         metrics::counter!("longhaul_site_registrations_total").increment(1);
         tracing::info!(site = %body.site_id, lease_id, revision, "site registered");
         Ok(Response::new(pb::RegisterResponse {
@@ -193,10 +201,12 @@ impl AgentService for AgentServiceImpl {
             return Err(invalid("lease_id", "is required"));
         }
         forward!(self, request, keep_alive);
+        let wait = wait_for(&request, DEFAULT_WAIT);
         let body = request.into_inner();
         let ttl = self
             .leases
-            .keep_alive(&body.site_id, body.lease_id)
+            .keep_alive(&body.site_id, body.lease_id, wait)
+            .await
             .map_err(lease_status)?;
         let header = self.coordinator.header();
         Ok(Response::new(pb::KeepAliveResponse {

@@ -203,7 +203,7 @@ impl Replica {
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         report_health(&raft, health_reporter);
 
-        let leases = leases::Leases::new(raft.clone(), config.lease_ttl);
+        let leases = leases::Leases::new(raft.clone(), config.lease_ttl, &config.node);
         leases.spawn_expiry();
         let coordinator_service = CoordinatorService::new(raft.clone(), peers, client_tls);
         let agents = AgentServiceServer::new(agent_service::AgentServiceImpl::new(

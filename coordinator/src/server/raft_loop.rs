@@ -34,6 +34,8 @@ pub enum ConsensusError {
         "leadership changed before the write was acknowledged; it may or may not have been applied"
     )]
     OutcomeUnknown,
+    #[error("leadership is being handed over; retry shortly")]
+    HandingOver,
     #[error("the consensus loop has stopped: {0}")]
     Stopped(String),
     #[error("{0}")]
@@ -61,6 +63,8 @@ pub struct Status {
     /// This replica leads and has applied an entry of its own term: every write an earlier
     /// leader acknowledged is in its applied state, so the state is fit to judge a write by.
     pub leader_ready: bool,
+    /// This replica leads and is handing leadership over (`Node::is_handing_over`).
+    pub handing_over: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,6 +85,9 @@ pub(crate) enum Input {
         reply: ProposalReply,
     },
     ReadIndex {
+        reply: oneshot::Sender<Result<(), ConsensusError>>,
+    },
+    ConfirmLeadership {
         reply: oneshot::Sender<Result<(), ConsensusError>>,
     },
     ConfChange {
@@ -112,6 +119,7 @@ impl std::fmt::Debug for Input {
         f.write_str(match self {
             Input::Propose { .. } => "Propose",
             Input::ReadIndex { .. } => "ReadIndex",
+            Input::ConfirmLeadership { .. } => "ConfirmLeadership",
             Input::ConfChange { .. } => "ConfChange",
             Input::TransferLeader { .. } => "TransferLeader",
             Input::Raft(_) => "Raft",
@@ -164,6 +172,19 @@ impl RaftHandle {
         answer
             .await
             .map_err(|_| ConsensusError::Stopped("read dropped".into()))?
+    }
+
+    /// Waits until a quorum of voters acknowledged a heartbeat this replica sent as leader
+    /// after the call (raft's ReadIndex round: no disk write): then it still led when the call
+    /// was made, and no later leader can have been elected before the call (the site leases
+    /// rely on it, `longhaul_core::lease`). Refused on a follower and while this replica hands
+    /// leadership over.
+    pub async fn confirm_leadership(&self) -> Result<(), ConsensusError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Input::ConfirmLeadership { reply }).await?;
+        answer
+            .await
+            .map_err(|_| ConsensusError::Stopped("confirmation dropped".into()))?
     }
 
     pub async fn change_membership(
@@ -515,6 +536,29 @@ async fn run(
                     node.read_index(context(id, boot, seq));
                     pending.reads.insert(seq, (Instant::now(), reply));
                 }
+                Input::ConfirmLeadership { reply } => {
+                    // Checked here, in the loop, not from a published status: a hand-over that
+                    // began in this pass already refuses.
+                    if !node.is_leader() {
+                        let error = match node.leader_id() {
+                            0 => ConsensusError::NoLeader,
+                            leader_id => ConsensusError::NotLeader { leader_id },
+                        };
+                        let _ = reply.send(Err(error));
+                        continue;
+                    }
+                    if node.is_handing_over() {
+                        let _ = reply.send(Err(ConsensusError::HandingOver));
+                        continue;
+                    }
+                    if pending.reads.len() >= MAX_PENDING_READS {
+                        let _ = reply.send(Err(ConsensusError::TooManyReads(pending.reads.len())));
+                        continue;
+                    }
+                    seq += 1;
+                    node.read_index(context(id, boot, seq));
+                    pending.reads.insert(seq, (Instant::now(), reply));
+                }
                 Input::ConfChange { change, reply } => {
                     if !node.is_leader() {
                         let _ = reply.send(Err(ConsensusError::NotLeader {
@@ -658,6 +702,7 @@ async fn run(
             conf_state: node.conf_state().clone(),
             snapshots_installed,
             leader_ready: role == Role::Leader && node.applied_in_current_term(),
+            handing_over: node.is_handing_over(),
         };
         metrics::gauge!("longhaul_raft_term").set(next.term as f64);
         metrics::gauge!("longhaul_raft_is_leader").set(if role == Role::Leader {

@@ -243,3 +243,69 @@ async fn a_watch_on_a_follower_that_installs_a_snapshot_skips_no_revision() {
     );
     stop(replicas).await;
 }
+
+/// A leader acknowledges a renewal only once a quorum confirmed it still
+/// leads (`longhaul_core::lease`, step 1): one cut off from the others
+/// refuses, though the agent reaches it, and the renewal goes through again
+/// once the cluster is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_quorum_acknowledges_no_renewal() {
+    use longhaul_proto::v1::agent_service_client::AgentServiceClient;
+
+    let faults = Faults::new(seed("no renewal without a quorum", 3));
+    let dir = tempfile::tempdir().unwrap();
+    let (configs, replicas) = start(dir.path(), &faults, |_| {}).await;
+    let leader = leader_of(&replicas).await;
+    let agent = |id: u64| {
+        let addr = configs[id as usize - 1].listen;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_lazy();
+        AgentServiceClient::new(channel)
+    };
+    let topology = longhaul_core::Topology::from_toml(
+        "two-campuses-80km.toml",
+        include_str!("../../../deploy/examples/two-campuses-80km.toml"),
+    )
+    .unwrap();
+    let lease_id = eventually(Duration::from_secs(20), "north to register", || async {
+        let request = pb::RegisterRequest {
+            site_id: "north".into(),
+            inventory: topology
+                .site("north")
+                .map(longhaul_coordinator::server::convert::site_to_wire),
+            data_address: String::new(),
+        };
+        Some(
+            agent(leader)
+                .register(request)
+                .await
+                .ok()?
+                .into_inner()
+                .lease_id,
+        )
+    })
+    .await;
+    let renew = |id: u64| async move {
+        let mut request = tonic::Request::new(pb::KeepAliveRequest {
+            site_id: "north".into(),
+            lease_id,
+        });
+        request.set_timeout(Duration::from_millis(500));
+        agent(id).keep_alive(request).await
+    };
+    renew(leader).await.unwrap();
+
+    let cut = faults.isolate(leader);
+    let refused = renew(leader).await.unwrap_err();
+    assert!(
+        matches!(refused.code(), Code::Unavailable | Code::DeadlineExceeded),
+        "{refused:?}"
+    );
+    faults.remove(cut);
+    eventually(Duration::from_secs(20), "a renewal once healed", || async {
+        renew(leader).await.ok()
+    })
+    .await;
+    stop(replicas).await;
+}
