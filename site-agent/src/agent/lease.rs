@@ -7,11 +7,15 @@
 //! calls, sleeps until [`Lease::poll_timeout`] and keeps the status board.
 //!
 //! The rules: register at once (any replica; followers forward to the
-//! leader), then renew every third of the TTL. A failed registration waits
-//! with a growing backoff, and moves to the next replica when another one
-//! might answer. A renewal that fails because the replica is unreachable or
-//! has no leader moves to the next replica and retries within 50 ms, so a
-//! leader change costs one or two short timeouts, well inside the TTL. A
+//! leader), then renew every fifth of the TTL: a renewal writes nothing at
+//! the coordinator (one heartbeat round to a quorum), so renewing often is
+//! cheap, and it leaves four more chances before the lease lapses. A failed
+//! registration waits with a growing backoff, and moves to the next replica
+//! when another one might answer. A renewal that fails because the replica
+//! is unreachable, has no leader or could not confirm it leads moves to the
+//! next replica and retries within 50 ms, so after a leader change the agent
+//! finds the new leader in one or two short timeouts: the new leader gives
+//! every site at least half a TTL for that (`longhaul_core::lease`). A
 //! renewal refused because the lease is gone (the site was marked down)
 //! registers again at once, as does a change of the inventory's shape.
 
@@ -29,6 +33,14 @@ const RENEWAL_RETRY: Duration = Duration::from_millis(50);
 
 /// The shortest bound on a renewal call.
 const MIN_RENEWAL_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Renewals per TTL while all goes well.
+const RENEWALS_PER_TTL: u32 = 5;
+
+/// Time between renewals while all goes well.
+fn renewal_period(ttl: Duration) -> Duration {
+    ttl / RENEWALS_PER_TTL
+}
 
 /// Why a lease given up for a new inventory shape was lost.
 pub const RESHAPED: &str = "the inventory changed shape";
@@ -159,7 +171,7 @@ impl Lease {
         let ttl = Duration::from_millis(ttl_ms.max(1));
         self.events
             .push_back(LeaseEvent::Registered { lease_id, ttl });
-        self.hold(now, lease_id, ttl, now + ttl / 3);
+        self.hold(now, lease_id, ttl, now + renewal_period(ttl));
     }
 
     /// A registration failed at `now` with `code`.
@@ -181,7 +193,7 @@ impl Lease {
             leader_id,
             leader_url,
         });
-        self.hold(now, lease_id, ttl, now + ttl / 3);
+        self.hold(now, lease_id, ttl, now + renewal_period(ttl));
     }
 
     /// A renewal failed at `now` with `code` and `message`.
@@ -197,7 +209,12 @@ impl Lease {
         }
         if let State::Renewing { lease_id, ttl } = self.state {
             self.events.push_back(LeaseEvent::SwitchReplica);
-            self.hold(now, lease_id, ttl, now + RENEWAL_RETRY.min(ttl / 3));
+            self.hold(
+                now,
+                lease_id,
+                ttl,
+                now + RENEWAL_RETRY.min(renewal_period(ttl)),
+            );
         }
         RenewalFailure::NextReplica
     }
@@ -295,21 +312,21 @@ mod tests {
     }
 
     #[test]
-    fn renews_every_third_of_the_ttl() {
+    fn renews_every_fifth_of_the_ttl() {
         let start = Instant::now();
         let mut lease = registered(start);
         assert_eq!(lease.lease_id(), Some(7));
-        assert_eq!(lease.poll_timeout(), Some(start + ms(3_000)));
-        assert_eq!(lease.poll_call(start + ms(2_999)), None);
+        assert_eq!(lease.poll_timeout(), Some(start + ms(1_800)));
+        assert_eq!(lease.poll_call(start + ms(1_799)), None);
         assert_eq!(
-            lease.poll_call(start + ms(3_000)),
+            lease.poll_call(start + ms(1_800)),
             Some(LeaseCall::KeepAlive {
                 lease_id: 7,
                 timeout: ms(1_500)
             })
         );
         // The next period counts from the answer, not from the schedule.
-        let answered = start + ms(3_200);
+        let answered = start + ms(2_000);
         lease.handle_renewed(answered, 1, "http://leader".into());
         assert_eq!(
             events(&mut lease),
@@ -318,7 +335,7 @@ mod tests {
                 leader_url: "http://leader".into()
             }]
         );
-        assert_eq!(lease.poll_timeout(), Some(answered + ms(3_000)));
+        assert_eq!(lease.poll_timeout(), Some(answered + ms(1_800)));
     }
 
     #[test]
@@ -336,7 +353,7 @@ mod tests {
         lease.poll_call(start);
         lease.handle_registered(start, 7, TTL_MS);
         assert_eq!(
-            lease.poll_call(start + ms(3_000)),
+            lease.poll_call(start + ms(1_800)),
             Some(LeaseCall::KeepAlive {
                 lease_id: 7,
                 timeout: ms(50)
@@ -348,7 +365,7 @@ mod tests {
     fn a_failed_renewal_moves_to_the_next_replica_and_retries_within_50_ms() {
         let start = Instant::now();
         let mut lease = registered(start);
-        let due = start + ms(3_000);
+        let due = start + ms(1_800);
         assert!(lease.poll_call(due).is_some());
         let failed = due + ms(10);
         assert_eq!(
@@ -376,10 +393,10 @@ mod tests {
         let start = Instant::now();
         let mut lease = Lease::new(start, CALL_TIMEOUT);
         lease.poll_call(start);
-        lease.handle_registered(start, 7, 90);
+        lease.handle_registered(start, 7, 90); // renewals every 18 ms
         assert!(lease.poll_call(start + ms(30)).is_some());
         lease.handle_renewal_failed(start + ms(30), Code::DeadlineExceeded, "slow");
-        assert_eq!(lease.poll_timeout(), Some(start + ms(60)));
+        assert_eq!(lease.poll_timeout(), Some(start + ms(48)));
     }
 
     #[test]
@@ -387,7 +404,7 @@ mod tests {
         for code in [Code::NotFound, Code::FailedPrecondition] {
             let start = Instant::now();
             let mut lease = registered(start);
-            let due = start + ms(3_000);
+            let due = start + ms(1_800);
             assert!(lease.poll_call(due).is_some());
             assert_eq!(
                 lease.handle_renewal_failed(due, code, "lease 7 expired"),

@@ -62,9 +62,11 @@ pub struct RehearseArgs {
     /// Seed of the emulated links and the probes; the scenario's when omitted.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// TTL of the agents' leases: how long a silent site stays up.
-    #[arg(long, default_value = "3 s")]
-    pub lease_ttl: units::Duration,
+    /// TTL of the agents' leases: how long a silent site stays up. The
+    /// coordinator's default when omitted: 16 of the replicas' ticks (1.6 s
+    /// with the 100 ms tick of replicas less than 10,000 km apart).
+    #[arg(long)]
+    pub lease_ttl: Option<units::Duration>,
     /// Keep the rehearsal's files (configs, stores, logs) in this directory
     /// (created; must be empty). A temporary directory, removed at the end,
     /// when omitted.
@@ -236,7 +238,7 @@ async fn play(
         job,
     } = loaded;
     let seed = args.seed.unwrap_or(scenario.seed);
-    let lease_ttl = Duration::from(args.lease_ttl);
+    let lease_ttl = args.lease_ttl.map(Duration::from);
 
     // The emulator: every WAN link of the topology, with the impairments.
     let emulator = Emulator::new(seed, emulator::scenario_links(topology, Some(scenario)))

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
 use longhaul_coordinator::process::{KillOnDrop, append_log};
+use longhaul_coordinator::server::leases;
 use longhaul_core::{Scenario, Topology, units};
 use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy};
 use longhaul_site_agent::config::{AgentConfig, ProbeConfig};
@@ -114,8 +115,8 @@ pub(super) struct Replicas {
     pub sites: Vec<String>,
     /// reach[(from site, replica index)] = address
     pub reach: BTreeMap<(String, usize), SocketAddr>,
-    /// The lease TTL the replicas grant: the one asked for, at least 30
-    /// ticks.
+    /// The lease TTL the replicas grant: the one asked for (at least the
+    /// coordinator's minimum), or the coordinator's default.
     pub lease_ttl: Duration,
 }
 
@@ -124,7 +125,7 @@ pub(super) struct Replicas {
 pub(super) async fn start_replicas(
     wan: &mut Wan<'_>,
     scenario: &Scenario,
-    lease_ttl: Duration,
+    lease_ttl: Option<Duration>,
     exe: &Path,
     dir: &Path,
 ) -> anyhow::Result<Replicas> {
@@ -173,7 +174,9 @@ pub(super) async fn start_replicas(
         .max()
         .unwrap_or_default();
     let tick = max_rtt.max(Duration::from_millis(100));
-    let lease_ttl = lease_ttl.max(tick * 30);
+    let lease_ttl = lease_ttl
+        .unwrap_or_else(|| leases::default_lease_ttl(tick))
+        .max(tick * leases::MIN_LEASE_TTL_TICKS);
     let mut replicas = Vec::new();
     for (i, addr) in replica_addrs.iter().enumerate() {
         let id = i as u64 + 1;
