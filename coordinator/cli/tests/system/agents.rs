@@ -6,15 +6,19 @@
 //!
 //! - Kill the coordinator leader: no site is marked down, and every agent
 //!   renews with the new leader.
-//! - SIGKILL an agent: its site goes down within the lease TTL (plus the
-//!   expiry check and a commit), and the job placed there is re-planned.
+//! - SIGKILL an agent: its site goes down within the lease TTL (plus a
+//!   commit), and the job placed there is re-planned.
 //! - Restart it: it registers the same inventory, and its assignment watch
 //!   resumes after the last revision it handled: it acts on the re-plan,
 //!   nothing older, nothing twice.
 //!
-//! The figures (renewal after a leader kill, detection of a dead site) are
-//! printed; the assertions are bounds generous enough for a slow, shared
-//! 2-core machine.
+//! - SIGKILL the leader and an agent together: the new leader marks the dead
+//!   site down once its takeover grace is over, and no other.
+//!
+//! The replicas run the coordinator's default timers and lease TTL. The
+//! figures (renewal after a leader kill, detection of a dead site with the
+//! leader alive and with the leader dead too) are printed; the assertions
+//! are bounds generous enough for a slow, shared 2-core machine.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,6 +27,7 @@ use std::time::{Duration, Instant};
 use longhaul_cli::rehearse::plan_sites;
 use longhaul_coordinator::server::ReplicaConfig;
 use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
+use longhaul_coordinator::server::leases::default_lease_ttl;
 use longhaul_core::{JobSpec, Topology, units};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::site_agent_client::SiteAgentClient;
@@ -33,6 +38,9 @@ use longhaul_testkit::{KillOnDrop, append_log, client, eventually, free_addr, re
 const TOPOLOGY: &str = "../../deploy/examples/three-sites-two-continents.toml";
 const JOB: &str = "../../deploy/examples/dense-400b.job.toml";
 const SITES: [&str; 3] = ["paris", "frankfurt", "virginia"];
+
+/// The coordinator's default tick, which the replicas here run.
+const TICK: Duration = Duration::from_millis(100);
 
 fn repo_file(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
@@ -151,21 +159,16 @@ impl ReplicaProcess {
             .join(",");
         let log = append_log(&dir.join(format!("replica-{}.log", config.id))).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_longhaul"));
-        // One building's timers (100 ms ticks, elections after 1-2 s), not
-        // the 20 ms of the consensus tests: six processes share a slow
-        // machine here, and a starved replica must not call spurious
-        // elections.
+        // The coordinator's default timers (100 ms ticks, elections after
+        // 1-2 s) and lease TTL, not the 20 ms ticks of the consensus tests:
+        // six processes share a slow machine here, and a starved replica
+        // must not call spurious elections.
         command
             .args(["internal", "replica", "--id", &config.id.to_string()])
             .arg("--data-dir")
             .arg(&config.data_dir)
             .args(["--listen", &config.listen.to_string()])
             .args(["--initial-cluster", &cluster])
-            .args(["--tick-interval", "100ms"])
-            .args([
-                "--lease-ttl",
-                &format!("{}ms", config.lease_ttl.as_millis()),
-            ])
             .args(["--log", "info"])
             .stdout(Stdio::null())
             .stderr(log);
@@ -219,11 +222,8 @@ async fn leader(replicas: &[Option<ReplicaProcess>]) -> (usize, u64) {
 async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_detected() {
     let _serial = crate::ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut configs = replica_configs(dir.path(), 3);
-    for config in &mut configs {
-        config.lease_ttl = Duration::from_secs(5);
-    }
-    let ttl = configs[0].lease_ttl;
+    let configs = replica_configs(dir.path(), 3);
+    let ttl = default_lease_ttl(TICK);
     let urls: Vec<String> = configs
         .iter()
         .map(|c| format!("http://{}", c.listen))
@@ -357,8 +357,11 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         renewed.as_millis(),
         ttl.as_millis()
     );
-    // Past a whole TTL after the kill, no site changed state.
-    tokio::time::sleep((ttl + ttl / 2).saturating_sub(killed_at.elapsed())).await;
+    // A TTL after every agent renewed with the new leader (and at least
+    // one and a half after the kill), no site changed state: a site the new
+    // leader marked down would have registered again since.
+    let quiet = (ttl + ttl / 2).max(renewed + ttl);
+    tokio::time::sleep(quiet.saturating_sub(killed_at.elapsed())).await;
     let after = sites(any(&replicas)).await.unwrap();
     for site in SITES {
         assert_eq!(
@@ -384,10 +387,10 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
     })
     .await;
     eprintln!(
-        "agent of {victim_site} killed: site marked down after {} ms (lease TTL {} ms, renewals every {} ms)",
+        "agent of {victim_site} killed, leader alive: site marked down after {} ms (lease TTL {} ms, renewals every {} ms)",
         detected.as_millis(),
         ttl.as_millis(),
-        (ttl / 3).as_millis()
+        (ttl / 5).as_millis()
     );
     assert!(
         detected >= ttl / 2,
@@ -524,6 +527,100 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
             .log_tail()
     );
 
+    for agent in &mut agents {
+        agent.kill();
+    }
+    drop(replicas);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_agent_is_detected_soon_after_the_leader_that_died_with_it_is_replaced() {
+    let _serial = crate::ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let configs = replica_configs(dir.path(), 3);
+    let ttl = default_lease_ttl(TICK);
+    let urls: Vec<String> = configs
+        .iter()
+        .map(|c| format!("http://{}", c.listen))
+        .collect();
+    let mut replicas: Vec<Option<ReplicaProcess>> = configs
+        .iter()
+        .map(|config| Some(ReplicaProcess::start(dir.path(), config)))
+        .collect();
+    let topology = repo_file(TOPOLOGY);
+    let mut agents: Vec<AgentProcess> = SITES
+        .iter()
+        .map(|site| AgentProcess::new(dir.path(), site, &urls, &topology))
+        .collect();
+    let any = |replicas: &[Option<ReplicaProcess>]| replicas.iter().flatten().next().unwrap().addr;
+    // Steady: every site up, every agent renewing with the leader.
+    let (leader_index, old_leader) = leader(&replicas).await;
+    eventually(Duration::from_secs(60), "every agent renewing", || async {
+        let sites = sites(replicas[leader_index].as_ref()?.addr).await?;
+        if sites.len() != 3 || sites.iter().any(|s| s.state() != pb::SiteState::Up) {
+            return None;
+        }
+        for agent in &agents {
+            let status = agent.status().await?;
+            (status.leader_id == old_leader && status.renewals > 0).then_some(())?;
+        }
+        Some(())
+    })
+    .await;
+    let before = sites(any(&replicas)).await.unwrap();
+
+    // SIGKILL the agent of virginia, then at once the leader.
+    let victim_site = "virginia";
+    let victim = agents.iter().position(|a| a.site == victim_site).unwrap();
+    let died_at = Instant::now();
+    agents[victim].kill();
+    drop(replicas[leader_index].take());
+    let (_, new_leader) = eventually(Duration::from_secs(20), "a new leader", || async {
+        let (i, id) = leader(&replicas).await;
+        (id != old_leader).then_some((i, id))
+    })
+    .await;
+    let elected = died_at.elapsed();
+    let detected = eventually(
+        ttl * 4 + Duration::from_secs(5),
+        "virginia to go down",
+        || async {
+            let sites = sites(any(&replicas)).await?;
+            (site_state(&sites, victim_site)?.0 == pb::SiteState::Down).then(|| died_at.elapsed())
+        },
+    )
+    .await;
+    eprintln!(
+        "leader {old_leader} and the agent of {victim_site} killed together: replica {new_leader} leads after {} ms, \
+         {victim_site} marked down after {} ms ({} ms after the election was seen; lease TTL {} ms, election timeout {} ms)",
+        elected.as_millis(),
+        detected.as_millis(),
+        detected.saturating_sub(elected).as_millis(),
+        ttl.as_millis(),
+        (TICK * 10).as_millis()
+    );
+    // Not before the new leader's grace of at least half a TTL, nor far
+    // beyond two election timeouts, the grace and a commit.
+    assert!(
+        detected >= ttl / 2,
+        "{victim_site} marked down after {detected:?}, within half a TTL ({ttl:?})"
+    );
+    assert!(
+        detected <= TICK * 20 + ttl + Duration::from_secs(3),
+        "{victim_site} marked down after {detected:?}, far beyond an election and a TTL"
+    );
+
+    // The live sites kept their leases through the leader change.
+    tokio::time::sleep(ttl).await;
+    let after = sites(any(&replicas)).await.unwrap();
+    for site in SITES.iter().filter(|s| **s != victim_site) {
+        assert_eq!(
+            site_state(&after, site),
+            site_state(&before, site),
+            "site {site} changed state after the leader kill:\n{}",
+            agents.iter().find(|a| a.site == *site).unwrap().log_tail()
+        );
+    }
     for agent in &mut agents {
         agent.kill();
     }
