@@ -48,9 +48,9 @@ fn a_rehearsal_reports_the_new_leader_the_partitioned_site_and_the_re_plan() {
     );
 
     // South down after the partition: within the lease TTL, or, when the
-    // leader itself was in the south, an election and then a fresh TTL
-    // (a new leader counts every lease from when it took over). Up again
-    // once healed.
+    // leader itself was in the south, an election and then the new
+    // leader's grace (at most a TTL from when it took over). Up again once
+    // healed.
     let down: Vec<&Value> = after("partition south")
         .into_iter()
         .filter(|r| r["kind"] == "site")
