@@ -369,7 +369,10 @@ fn a_hand_over_waits_an_election_timeout_first() {
         let mut cluster = Cluster::new(3, seed_or(19));
         let leader = cluster.wait_for_leader(&[1, 2, 3]);
         let target = if leader == 3 { 1 } else { 3 };
-        let asker = if from_follower { target } else { leader };
+        // A follower other than the transferee, so that the request raft forwards must name
+        // the transferee, not the asker.
+        let bystander = (1..=3).find(|id| *id != leader && *id != target).unwrap();
+        let asker = if from_follower { bystander } else { leader };
         assert!(!cluster.node(leader).is_handing_over());
         cluster.node_mut(asker).transfer_leader(target);
         cluster.drive();
