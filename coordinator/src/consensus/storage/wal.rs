@@ -20,12 +20,11 @@
 //! before the record that names it; files that no record names are removed on open.
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::{Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 
 use raft::eraftpb::{Entry, HardState, SnapshotMetadata};
 
+use super::disk::{Disk, DiskFile};
 use super::{Result, StorageError, decode, encode};
 
 /// A segment is rolled over once it is larger than this.
@@ -356,6 +355,45 @@ fn scan(bytes: &[u8]) -> std::result::Result<Scanned<'_>, (usize, &'static str)>
     }
 }
 
+/// A segment's bytes as replayed: the log they hold, where its last whole record ends, and
+/// whether a torn record follows (which open cuts off).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replayed {
+    pub log: MemLog,
+    pub end: usize,
+    pub torn: bool,
+}
+
+/// Replays the bytes of the segment at `path` (named in errors only): what open does before it
+/// touches the file. Pure, so that it can be fuzzed: any bytes give a log or a
+/// [`StorageError::CorruptSegment`].
+pub fn replay(path: &Path, bytes: &[u8]) -> Result<Replayed> {
+    let corrupt = |(offset, reason)| StorageError::CorruptSegment {
+        path: path.to_owned(),
+        offset,
+        reason,
+    };
+    let (records, end, tail) = scan(bytes).map_err(corrupt)?;
+    if records.is_empty() {
+        return Err(corrupt((0, "the segment has no whole base record")));
+    }
+    let mut log = MemLog::default();
+    for &(offset, payload) in &records {
+        let ops = Reader(payload)
+            .ops()
+            .map_err(|_| corrupt((offset, "a record that does not decode")))?;
+        for op in ops {
+            log.apply(op)
+                .map_err(|_| corrupt((offset, "a record that does not fit the log")))?;
+        }
+    }
+    Ok(Replayed {
+        log,
+        end,
+        torn: tail == Tail::Torn,
+    })
+}
+
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StorageError + 'a {
     move |source| StorageError::LogFile {
         what,
@@ -364,9 +402,8 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
     }
 }
 
-fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
+fn sync_dir(disk: &Disk, dir: &Path) -> Result<()> {
+    disk.sync_dir(dir)
         .map_err(io("fsync the log directory", dir))
 }
 
@@ -380,14 +417,17 @@ fn snapshot_name(meta: &SnapshotMetadata) -> String {
 
 /// The open log: the newest segment, appended to.
 pub struct Wal {
+    disk: Disk,
     dir: PathBuf,
     /// The newest segment, open in `file`.
     path: PathBuf,
-    file: File,
+    file: DiskFile,
     seq: u64,
     size: u64,
     /// Bytes of the segment's base records: it rolls over once as much again was appended.
     base_bytes: u64,
+    /// [`SEGMENT_BYTES`]; tests make it small to roll over often.
+    segment_bytes: u64,
     /// Set by a failed write or fsync: what is on disk is then unknown, and nothing more is
     /// appended until the log is reopened (replayed from what the file holds).
     failed: bool,
@@ -408,28 +448,27 @@ impl Wal {
     /// Whether `dir` holds a log. A segment is renamed into place only once its base records
     /// are written and fsynced, so a segment file is a log (or a corrupt one, which open
     /// refuses).
-    pub fn exists(dir: &Path) -> Result<bool> {
-        Ok(!Self::segments(dir)?.is_empty())
+    pub fn exists(disk: &Disk, dir: &Path) -> Result<bool> {
+        Ok(!Self::segments(disk, dir)?.is_empty())
     }
 
-    fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
-        let read = match std::fs::read_dir(dir) {
-            Ok(read) => read,
+    fn segments(disk: &Disk, dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+        let paths = match disk.list_dir(dir) {
+            Ok(paths) => paths,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             Err(e) => return Err(io("list the log directory", dir)(e)),
         };
         let mut segments = Vec::new();
-        for item in read {
-            let item = item.map_err(io("list the log directory", dir))?;
-            let name = item.file_name();
-            let Some(seq) = name
-                .to_str()
+        for path in paths {
+            let Some(seq) = path
+                .file_name()
+                .and_then(|n| n.to_str())
                 .and_then(|n| n.strip_suffix(".wal"))
                 .and_then(|n| u64::from_str_radix(n, 16).ok())
             else {
                 continue;
             };
-            segments.push((seq, item.path()));
+            segments.push((seq, path));
         }
         segments.sort();
         Ok(segments)
@@ -437,12 +476,14 @@ impl Wal {
 
     /// Removes files a crash left half-written (`*.tmp`: a segment or a snapshot that was
     /// never renamed into place).
-    fn remove_temporaries(dir: &Path) -> Result<()> {
-        let read = std::fs::read_dir(dir).map_err(io("list the log directory", dir))?;
-        for item in read {
-            let path = item.map_err(io("list the log directory", dir))?.path();
+    fn remove_temporaries(disk: &Disk, dir: &Path) -> Result<()> {
+        let paths = disk
+            .list_dir(dir)
+            .map_err(io("list the log directory", dir))?;
+        for path in paths {
             if path.extension().is_some_and(|e| e == "tmp") {
-                std::fs::remove_file(&path).map_err(io("remove a half-written file", &path))?;
+                disk.remove_file(&path)
+                    .map_err(io("remove a half-written file", &path))?;
             }
         }
         Ok(())
@@ -451,44 +492,34 @@ impl Wal {
     /// Opens the log in `dir`, replaying its newest segment; creates it, holding `log` (e.g.
     /// an empty one), when there is none. A torn last record is cut off; corruption anywhere
     /// else is an error that leaves the files as they are.
-    pub fn open(dir: &Path, log: impl FnOnce() -> Result<MemLog>) -> Result<(Self, MemLog)> {
-        std::fs::create_dir_all(dir).map_err(io("create the log directory", dir))?;
+    pub fn open(
+        disk: &Disk,
+        dir: &Path,
+        log: impl FnOnce() -> Result<MemLog>,
+    ) -> Result<(Self, MemLog)> {
+        disk.create_dir_all(dir)
+            .map_err(io("create the log directory", dir))?;
         // The directory's own entry must survive a power loss as well as the files in it.
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
+            sync_dir(disk, parent)?;
         }
-        Self::remove_temporaries(dir)?;
-        let segments = Self::segments(dir)?;
+        Self::remove_temporaries(disk, dir)?;
+        let segments = Self::segments(disk, dir)?;
         let Some(((seq, path), older)) = segments.split_last() else {
             let mem = log()?;
-            let wal = Self::create_segment(dir, 0, &mem)?;
+            let wal = Self::create_segment(disk, dir, 0, &mem)?;
             return Ok((wal, mem));
         };
-        let bytes = std::fs::read(path).map_err(io("read a log segment", path))?;
-        let corrupt = |(offset, reason)| StorageError::CorruptSegment {
-            path: path.clone(),
-            offset,
-            reason,
-        };
-        let (records, end, tail) = scan(&bytes).map_err(corrupt)?;
-        if records.is_empty() {
-            return Err(corrupt((0, "the segment has no whole base record")));
-        }
-        let mut mem = MemLog::default();
-        for &(offset, payload) in &records {
-            let ops = Reader(payload)
-                .ops()
-                .map_err(|_| corrupt((offset, "a record that does not decode")))?;
-            for op in ops {
-                mem.apply(op)
-                    .map_err(|_| corrupt((offset, "a record that does not fit the log")))?;
-            }
-        }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .open(path)
+        let bytes = disk.read(path).map_err(io("read a log segment", path))?;
+        let Replayed {
+            log: mem,
+            end,
+            torn,
+        } = replay(path, &bytes)?;
+        let mut file = disk
+            .open_write(path)
             .map_err(io("open a log segment", path))?;
-        if tail == Tail::Torn {
+        if torn {
             tracing::warn!(
                 segment = %path.display(),
                 kept = end,
@@ -501,13 +532,15 @@ impl Wal {
         // What replay read may have been only in the page cache (a crash after a write, before
         // its fsync): make it durable before anything builds on it or an older segment goes.
         file.sync_all().map_err(io("fsync the log segment", path))?;
-        sync_dir(dir)?;
-        file.seek(SeekFrom::Start(end as u64))
+        sync_dir(disk, dir)?;
+        file.seek_to(end as u64)
             .map_err(io("open a log segment", path))?;
         for (_, older) in older {
-            std::fs::remove_file(older).map_err(io("remove an old log segment", older))?;
+            disk.remove_file(older)
+                .map_err(io("remove an old log segment", older))?;
         }
         let wal = Self {
+            disk: disk.clone(),
             dir: dir.to_owned(),
             path: path.clone(),
             file,
@@ -515,6 +548,7 @@ impl Wal {
             size: end as u64,
             // Not known after a restart; the segment is at least this large.
             base_bytes: 0,
+            segment_bytes: SEGMENT_BYTES,
             failed: false,
         };
         wal.remove_unused_snapshots(&mem.snapshot)?;
@@ -524,33 +558,40 @@ impl Wal {
     /// Writes a new segment holding `mem` in its base records: written to a temporary file,
     /// fsynced, renamed into place, and the directory fsynced, so a segment file always holds
     /// a whole base.
-    fn create_segment(dir: &Path, seq: u64, mem: &MemLog) -> Result<Self> {
+    fn create_segment(disk: &Disk, dir: &Path, seq: u64, mem: &MemLog) -> Result<Self> {
         let path = dir.join(segment_name(seq));
         let tmp = path.with_extension("wal.tmp");
         let mut bytes = Vec::new();
         for ops in mem.base() {
             bytes.extend(record(&ops)?);
         }
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)
+        let mut file = disk
+            .create(&tmp)
             .map_err(io("create a log segment", &tmp))?;
         file.write_all(&bytes)
             .and_then(|()| file.sync_all())
             .map_err(io("write a log segment", &tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io("rename a new log segment", &path))?;
-        sync_dir(dir)?;
+        disk.rename(&tmp, &path)
+            .map_err(io("rename a new log segment", &path))?;
+        sync_dir(disk, dir)?;
         Ok(Self {
+            disk: disk.clone(),
             dir: dir.to_owned(),
             path,
             file,
             seq,
             size: bytes.len() as u64,
             base_bytes: bytes.len() as u64,
+            segment_bytes: SEGMENT_BYTES,
             failed: false,
         })
+    }
+
+    /// Rolls over once this many bytes were appended to a segment (and at least as many as
+    /// its base holds), instead of [`SEGMENT_BYTES`]: tests roll over often this way.
+    #[cfg(test)]
+    pub fn set_segment_bytes(&mut self, bytes: u64) {
+        self.segment_bytes = bytes;
     }
 
     /// Appends one record of `ops` and fsyncs it. After a failed write or fsync the log
@@ -589,12 +630,16 @@ impl Wal {
     /// however long the log is.
     pub fn roll_over_if_full(&mut self, mem: &MemLog) -> Result<()> {
         let appended = self.size.saturating_sub(self.base_bytes);
-        if appended < SEGMENT_BYTES.max(self.base_bytes) {
+        if appended < self.segment_bytes.max(self.base_bytes) {
             return Ok(());
         }
         let old = self.path.clone();
-        *self = Self::create_segment(&self.dir, self.seq + 1, mem)?;
-        std::fs::remove_file(&old).map_err(io("remove a full log segment", &old))?;
+        let segment_bytes = self.segment_bytes;
+        *self = Self::create_segment(&self.disk, &self.dir, self.seq + 1, mem)?;
+        self.segment_bytes = segment_bytes;
+        self.disk
+            .remove_file(&old)
+            .map_err(io("remove a full log segment", &old))?;
         metrics::counter!("longhaul_log_segments_total").increment(1);
         Ok(())
     }
@@ -606,39 +651,53 @@ impl Wal {
     /// Writes snapshot data for `meta` into its own file and fsyncs it (and the directory), so
     /// a record may name it.
     pub fn write_snapshot(&self, meta: &SnapshotMetadata, data: &[u8]) -> Result<()> {
-        Self::write_snapshot_in(&self.dir, meta, data)
+        Self::write_snapshot_in(&self.disk, &self.dir, meta, data)
     }
 
     /// [`Wal::write_snapshot`] for a log directory not opened yet.
-    pub fn write_snapshot_in(dir: &Path, meta: &SnapshotMetadata, data: &[u8]) -> Result<()> {
+    pub fn write_snapshot_in(
+        disk: &Disk,
+        dir: &Path,
+        meta: &SnapshotMetadata,
+        data: &[u8],
+    ) -> Result<()> {
         let path = dir.join(snapshot_name(meta));
         let tmp = path.with_extension("tmp");
-        let mut file = File::create(&tmp).map_err(io("create a snapshot file", &tmp))?;
+        let mut file = disk
+            .create(&tmp)
+            .map_err(io("create a snapshot file", &tmp))?;
         file.write_all(data)
             .and_then(|()| file.sync_all())
             .map_err(io("write a snapshot file", &tmp))?;
-        std::fs::rename(&tmp, &path).map_err(io("rename a snapshot file", &path))?;
-        sync_dir(dir)
+        disk.rename(&tmp, &path)
+            .map_err(io("rename a snapshot file", &path))?;
+        sync_dir(disk, dir)
     }
 
     /// The data of the snapshot with this metadata.
     pub fn read_snapshot(&self, meta: &SnapshotMetadata) -> Result<Vec<u8>> {
         let path = self.snapshot_path(meta);
-        std::fs::read(&path).map_err(io("read the stored snapshot", &path))
+        self.disk
+            .read(&path)
+            .map_err(io("read the stored snapshot", &path))
     }
 
     /// Removes snapshot files other than the one for `keep` (older ones, and any written for a
     /// commit that did not happen).
     pub fn remove_unused_snapshots(&self, keep: &SnapshotMetadata) -> Result<()> {
         let keep = (keep.index != 0).then(|| snapshot_name(keep));
-        let read = std::fs::read_dir(&self.dir).map_err(io("list the log directory", &self.dir))?;
-        for item in read {
-            let item = item.map_err(io("list the log directory", &self.dir))?;
-            let name = item.file_name();
-            let Some(name) = name.to_str() else { continue };
+        let paths = self
+            .disk
+            .list_dir(&self.dir)
+            .map_err(io("list the log directory", &self.dir))?;
+        for path in paths {
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
             if name.starts_with("snap-") && Some(name) != keep.as_deref() {
-                let path = item.path();
-                std::fs::remove_file(&path).map_err(io("remove an old snapshot", &path))?;
+                self.disk
+                    .remove_file(&path)
+                    .map_err(io("remove an old snapshot", &path))?;
             }
         }
         Ok(())
@@ -648,6 +707,9 @@ impl Wal {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use std::fs::OpenOptions;
+    use std::io::Write as _;
 
     use super::*;
 
@@ -661,7 +723,7 @@ mod tests {
     }
 
     fn segment_files(dir: &Path) -> Vec<PathBuf> {
-        Wal::segments(dir)
+        Wal::segments(&Disk::Os, dir)
             .unwrap()
             .into_iter()
             .map(|(_, p)| p)
@@ -727,7 +789,8 @@ mod tests {
     #[test]
     fn replay_applies_appends_overwrites_and_compaction_and_cuts_a_torn_tail() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let (mut wal, mut mem) =
+            Wal::open(&Disk::Os, dir.path(), || Ok(MemLog::default())).unwrap();
         let mut commit = |ops: Vec<LogOp>| {
             for op in ops.clone() {
                 mem.apply(op).unwrap();
@@ -745,7 +808,7 @@ mod tests {
         file.write_all(&torn[..torn.len() - 3]).unwrap();
         drop(file);
 
-        let (mut wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        let (mut wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed.truncated, (2, 1));
         let got: Vec<(u64, u64)> = replayed.entries.iter().map(|e| (e.index, e.term)).collect();
         assert_eq!(got, vec![(3, 1), (4, 2), (5, 2)]);
@@ -754,7 +817,7 @@ mod tests {
         // Appends after a reopen go after the last whole record.
         wal.commit(&[LogOp::Append(vec![entry(6, 3)])]).unwrap();
         drop(wal);
-        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed.last_index(), 6);
         assert_eq!(replayed.get(6).unwrap().term, 3);
         assert_eq!(replayed.get(3).unwrap().term, 1);
@@ -763,7 +826,8 @@ mod tests {
     #[test]
     fn a_full_segment_rolls_over_to_one_that_restates_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let (mut wal, mut mem) =
+            Wal::open(&Disk::Os, dir.path(), || Ok(MemLog::default())).unwrap();
         // Entries of ~1 MiB: the segment fills after ~64 of them.
         let big = |index| Entry {
             index,
@@ -787,21 +851,22 @@ mod tests {
         assert_eq!(segments.len(), 1, "the full segment is deleted");
         assert!(segments[0].ends_with(segment_name(1)));
         drop(wal);
-        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed, mem);
     }
 
     #[test]
     fn a_rollover_cut_short_leaves_the_full_segment_in_use() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let (mut wal, mut mem) =
+            Wal::open(&Disk::Os, dir.path(), || Ok(MemLog::default())).unwrap();
         let op = LogOp::Append(vec![entry(1, 1)]);
         mem.apply(op.clone()).unwrap();
         wal.commit(&[op]).unwrap();
         drop(wal);
         // A rollover that died while writing the next segment, before its rename.
         std::fs::write(dir.path().join("0000000000000001.wal.tmp"), [7, 0, 0, 0, 1]).unwrap();
-        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed, mem);
         assert_eq!(segment_files(dir.path()).len(), 1);
         assert!(!dir.path().join("0000000000000001.wal.tmp").exists());
@@ -812,7 +877,8 @@ mod tests {
     #[test]
     fn corruption_in_the_middle_of_a_segment_is_refused_and_left_as_it_is() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let (mut wal, mut mem) =
+            Wal::open(&Disk::Os, dir.path(), || Ok(MemLog::default())).unwrap();
         let base_len = wal.size as usize;
         let mut commit = |ops: Vec<LogOp>| {
             for op in ops.clone() {
@@ -836,7 +902,7 @@ mod tests {
         let first_len = record(&[LogOp::Append(vec![entry(1, 1)])]).unwrap().len();
         bytes[base_len + first_len + HEADER_BYTES + 20] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
-        let error = Wal::open(dir.path(), || unreachable!()).unwrap_err();
+        let error = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap_err();
         assert!(
             matches!(error, StorageError::CorruptSegment { offset, .. } if offset == base_len + first_len),
             "{error}"
@@ -861,13 +927,13 @@ mod tests {
             },
             ..MemLog::default()
         };
-        drop(Wal::open(dir.path(), || Ok(voted.clone())).unwrap());
+        drop(Wal::open(&Disk::Os, dir.path(), || Ok(voted.clone())).unwrap());
         let path = dir.path().join(segment_name(0));
         let mut bytes = std::fs::read(&path).unwrap();
         bytes[HEADER_BYTES + 2] ^= 1;
         bytes.extend(record(&[LogOp::Append(vec![entry(1, 7)])]).unwrap());
         std::fs::write(&path, &bytes).unwrap();
-        assert!(Wal::open(dir.path(), || Ok(MemLog::default())).is_err());
+        assert!(Wal::open(&Disk::Os, dir.path(), || Ok(MemLog::default())).is_err());
         assert!(path.exists());
     }
 
@@ -876,7 +942,8 @@ mod tests {
     #[test]
     fn a_log_longer_than_a_segment_rolls_over_only_after_as_much_again_was_appended() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut wal, mut mem) = Wal::open(dir.path(), || Ok(MemLog::default())).unwrap();
+        let (mut wal, mut mem) =
+            Wal::open(&Disk::Os, dir.path(), || Ok(MemLog::default())).unwrap();
         let big = |index| Entry {
             index,
             term: 1,
@@ -893,7 +960,7 @@ mod tests {
         assert_eq!(wal.seq, 1, "one rollover after 64 MiB, not one per commit");
         // The new segment's base is split over records of bounded size, and replays.
         drop(wal);
-        let (_wal, replayed) = Wal::open(dir.path(), || unreachable!()).unwrap();
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed, mem);
     }
 }

@@ -1,0 +1,198 @@
+//! [`Disk`], the one seam between the store and the file system.
+//!
+//! The daemon uses [`Disk::Os`]: each of its arms is exactly the call the store made before
+//! the seam existed (the same open, write, `fdatasync`/`fsync`, directory `fsync`, rename and
+//! unlink), so the seam changes nothing the daemon does. The store's own tests put a simulated
+//! disk under it instead (`Disk::Sim`, `storage/sim_disk.rs`), which remembers what was written
+//! and what was fsynced and can lose power; that variant exists only in test builds.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Seek as _, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+
+use redb::{Database, DatabaseError};
+
+/// Where the store's files live: the operating system's file system, or (in tests) a
+/// simulated disk.
+#[derive(Debug, Clone)]
+pub enum Disk {
+    Os,
+    #[cfg(test)]
+    Sim(std::sync::Arc<super::sim_disk::SimDisk>),
+}
+
+impl Disk {
+    pub fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        match self {
+            Disk::Os => std::fs::create_dir_all(dir),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.create_dir_all(dir),
+        }
+    }
+
+    /// Fsyncs a directory, which makes the names created, renamed and removed in it durable.
+    pub fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        match self {
+            Disk::Os => File::open(dir).and_then(|d| d.sync_all()),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.sync_dir(dir),
+        }
+    }
+
+    /// The paths of the entries of `dir`, in no particular order.
+    pub fn list_dir(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        match self {
+            Disk::Os => std::fs::read_dir(dir)?
+                .map(|item| item.map(|item| item.path()))
+                .collect(),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.list_dir(dir),
+        }
+    }
+
+    pub fn exists(&self, path: &Path) -> bool {
+        match self {
+            Disk::Os => path.exists(),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.exists(path),
+        }
+    }
+
+    pub fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        match self {
+            Disk::Os => std::fs::read(path),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.read(path),
+        }
+    }
+
+    pub fn remove_file(&self, path: &Path) -> io::Result<()> {
+        match self {
+            Disk::Os => std::fs::remove_file(path),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.remove_file(path),
+        }
+    }
+
+    pub fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        match self {
+            Disk::Os => std::fs::rename(from, to),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.rename(from, to),
+        }
+    }
+
+    /// Opens `path` for writing, created if missing and emptied if not (`File::create`).
+    pub fn create(&self, path: &Path) -> io::Result<DiskFile> {
+        match self {
+            Disk::Os => OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(path)
+                .map(DiskFile::Os),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.create(path).map(DiskFile::Sim),
+        }
+    }
+
+    /// Opens an existing file for writing, as it is.
+    pub fn open_write(&self, path: &Path) -> io::Result<DiskFile> {
+        match self {
+            Disk::Os => OpenOptions::new().write(true).open(path).map(DiskFile::Os),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.open_write(path).map(DiskFile::Sim),
+        }
+    }
+
+    /// Opens (or creates) a redb database at `path`.
+    pub fn open_database(&self, path: &Path) -> Result<Database, DatabaseError> {
+        match self {
+            Disk::Os => Database::create(path),
+            #[cfg(test)]
+            Disk::Sim(sim) => redb::Builder::new().create_with_backend(sim.backend(path)?),
+        }
+    }
+
+    /// A handle that fsyncs the file at `path` (see [`StateFlush`]).
+    pub fn state_flush(&self, path: &Path) -> io::Result<StateFlush> {
+        match self {
+            Disk::Os => File::open(path).map(|file| StateFlush(DiskFile::Os(file))),
+            #[cfg(test)]
+            Disk::Sim(sim) => sim
+                .open_write(path)
+                .map(|file| StateFlush(DiskFile::Sim(file))),
+        }
+    }
+}
+
+/// A file of the store open for writing.
+#[derive(Debug)]
+pub enum DiskFile {
+    Os(File),
+    #[cfg(test)]
+    Sim(super::sim_disk::SimFile),
+}
+
+impl DiskFile {
+    pub fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            DiskFile::Os(file) => file.write_all(bytes),
+            #[cfg(test)]
+            DiskFile::Sim(file) => file.write_all(bytes),
+        }
+    }
+
+    /// `fdatasync`: the data and what is needed to read it back (the length), not other
+    /// metadata.
+    pub fn sync_data(&self) -> io::Result<()> {
+        match self {
+            DiskFile::Os(file) => file.sync_data(),
+            #[cfg(test)]
+            DiskFile::Sim(file) => file.sync(),
+        }
+    }
+
+    /// `fsync`. Neither this nor [`DiskFile::sync_data`] makes the file's name durable: that
+    /// takes an fsync of its directory.
+    pub fn sync_all(&self) -> io::Result<()> {
+        match self {
+            DiskFile::Os(file) => file.sync_all(),
+            #[cfg(test)]
+            DiskFile::Sim(file) => file.sync(),
+        }
+    }
+
+    pub fn set_len(&self, len: u64) -> io::Result<()> {
+        match self {
+            DiskFile::Os(file) => file.set_len(len),
+            #[cfg(test)]
+            DiskFile::Sim(file) => file.set_len(len),
+        }
+    }
+
+    /// Moves the position the next write goes to.
+    pub fn seek_to(&mut self, offset: u64) -> io::Result<()> {
+        match self {
+            DiskFile::Os(file) => file.seek(SeekFrom::Start(offset)).map(|_| ()),
+            #[cfg(test)]
+            DiskFile::Sim(file) => {
+                file.seek_to(offset);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A handle on the state file for flushing its pages ahead of the commit that makes them
+/// durable ([`DiskStorage::stage_state_sync`](super::DiskStorage::stage_state_sync)); `Send`,
+/// so the flush can run on another thread.
+#[derive(Debug)]
+pub struct StateFlush(DiskFile);
+
+impl StateFlush {
+    /// `fdatasync` of the state file.
+    pub fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+}
