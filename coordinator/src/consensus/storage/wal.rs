@@ -4,10 +4,12 @@
 //! A commit is one record, `[length u32][crc32 u32][ops]`, appended and `fdatasync`ed: an append
 //! of a few hundred bytes at the end of one file, where a B-tree commit writes several scattered
 //! pages. The whole log lives in memory too ([`MemLog`]); the file is read only on open, which
-//! replays it. A crash can leave a torn last record (short, or failing its checksum with only
-//! zeroes after it): replay stops there and cuts the file back to the last whole record. Nothing
-//! after a torn record was ever acknowledged, since a commit returns only after its fsync. A bad
-//! record that more data follows is corruption, and open refuses it (see `scan`).
+//! replays it. A crash can leave the last record torn: cut short, or, after a power loss, with
+//! any of its bytes lost (a power loss keeps any subset of the sectors of an unsynced write,
+//! those of its header too): replay stops there and cuts the file back to the last whole
+//! record. That record was never acknowledged, since a commit returns only after its fsync,
+//! and it is the only one that can be torn. A bad record that a whole record follows is
+//! corruption, and open refuses it (see `scan`).
 //!
 //! The log lives in numbered segments, `<seq>.wal` in the log directory. Each segment starts
 //! with base records that restate everything (the log's start, the hard state, the snapshot
@@ -297,62 +299,129 @@ fn record(ops: &[LogOp]) -> Result<Vec<u8>> {
 enum Tail {
     /// After the last whole record, nothing.
     Clean,
-    /// A record cut short by a crash during its write: a header or payload that ends the file,
-    /// or a payload that fails its checksum with nothing but zeroes after it.
+    /// A record torn by a crash during its write: cut short, or with some of its bytes (its
+    /// header's too) lost to zeroes, with nothing but the rest of it after it.
     Torn,
 }
 
-/// The whole records of a segment and where they end. A bad record is a torn write only at
-/// the end of the file (nothing but zeroes after it); one that whole data follows is
-/// corruption, and an error: cutting it off would drop acknowledged records after it.
+/// Why a record is not whole.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Bad {
+    CutShort,
+    ZeroLength,
+    TooLong,
+    Checksum,
+}
+
+impl Bad {
+    /// What open reports when whole records follow the bad one (corruption).
+    fn followed(self) -> &'static str {
+        match self {
+            Bad::CutShort => "a record cut short, and whole records follow it",
+            Bad::ZeroLength => "a record of length zero, and whole records follow it",
+            Bad::TooLong => "a record longer than the limit, and whole records follow it",
+            Bad::Checksum => "a record fails its checksum, and whole records follow it",
+        }
+    }
+}
+
+/// The payload of the record at `at` if it is whole: a header, a length that is neither zero
+/// nor over the limit and fits in `bytes`, and a payload that matches its checksum.
+fn whole_record(bytes: &[u8], at: usize) -> std::result::Result<&[u8], Bad> {
+    let header = bytes
+        .get(at..at.saturating_add(HEADER_BYTES))
+        .ok_or(Bad::CutShort)?;
+    let word =
+        |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
+    let (len, crc) = (word(0), word(4));
+    if len == 0 {
+        return Err(Bad::ZeroLength);
+    }
+    if len > MAX_RECORD_BYTES {
+        return Err(Bad::TooLong);
+    }
+    let start = at + HEADER_BYTES;
+    let payload = bytes
+        .get(start..start.saturating_add(len as usize))
+        .ok_or(Bad::CutShort)?;
+    if crc32fast::hash(payload) != crc {
+        return Err(Bad::Checksum);
+    }
+    Ok(payload)
+}
+
+/// What follows a bad record.
+#[derive(Debug, PartialEq)]
+enum After {
+    /// No whole record: the bad one is a torn tail.
+    NoRecord,
+    /// A whole record: the bad one is corruption.
+    Record,
+    /// The search gave up (see [`after_bad_record`]).
+    Unknown,
+}
+
+/// Whether a whole record starts anywhere after offset `at`, where a bad record starts. A
+/// record's length is not to be trusted there, so every offset is a candidate; one is hashed
+/// only if its length fits and its payload starts with an op's tag, as every record's does.
+/// Hashing stops after about 16 bytes per byte searched (plus 1 MiB), which a torn tail of
+/// ordinary records never needs; a search cut short reports [`After::Unknown`].
+fn after_bad_record(bytes: &[u8], at: usize) -> After {
+    let mut budget = (bytes.len() - at)
+        .saturating_mul(16)
+        .saturating_add(1 << 20);
+    for candidate in at + 1..bytes.len() {
+        let Some(header) = bytes.get(candidate..candidate + HEADER_BYTES) else {
+            break;
+        };
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let start = candidate + HEADER_BYTES;
+        let fits = len != 0 && len <= MAX_RECORD_BYTES && bytes.len() - start >= len as usize;
+        if !fits || !(TAG_APPEND..=TAG_SNAPSHOT).contains(&bytes[start]) {
+            continue;
+        }
+        if budget < len as usize {
+            return After::Unknown;
+        }
+        budget -= len as usize;
+        if whole_record(bytes, candidate).is_ok() {
+            return After::Record;
+        }
+    }
+    After::NoRecord
+}
+
+/// The whole records of a segment and where they end. Only the last record can be torn: each
+/// commit is fsynced before the next record is written, and open fsyncs what it keeps, so at
+/// most one record is ever unsynced. A power loss may keep any part of that record, header
+/// included, in any order, so what follows a torn record is the rest of it (its bytes, or
+/// zeroes where they were lost), never a whole record. A bad record that a whole record follows
+/// is therefore corruption, and an error: cutting it off would drop acknowledged records after
+/// it.
 type Scanned<'a> = (Vec<(usize, &'a [u8])>, usize, Tail);
 
 fn scan(bytes: &[u8]) -> std::result::Result<Scanned<'_>, (usize, &'static str)> {
-    let zeroes = |from: usize| {
-        bytes
-            .get(from..)
-            .is_none_or(|rest| rest.iter().all(|&b| b == 0))
-    };
     let mut out = Vec::new();
     let mut at = 0;
-    loop {
-        let left = bytes.len() - at;
-        if left == 0 {
-            return Ok((out, at, Tail::Clean));
+    while at < bytes.len() {
+        match whole_record(bytes, at) {
+            Ok(payload) => {
+                out.push((at, payload));
+                at += HEADER_BYTES + payload.len();
+            }
+            Err(bad) => {
+                return match after_bad_record(bytes, at) {
+                    After::NoRecord => Ok((out, at, Tail::Torn)),
+                    After::Record => Err((at, bad.followed())),
+                    After::Unknown => Err((
+                        at,
+                        "a bad record, and the search for whole records after it gave up",
+                    )),
+                };
+            }
         }
-        if left < HEADER_BYTES {
-            return Ok((out, at, Tail::Torn));
-        }
-        let word = |i: usize| {
-            let mut b = [0; 4];
-            b.copy_from_slice(&bytes[at + i..at + i + 4]);
-            u32::from_le_bytes(b)
-        };
-        let (len, crc) = (word(0), word(4));
-        let start = at + HEADER_BYTES;
-        if len == 0 {
-            return if zeroes(at) {
-                Ok((out, at, Tail::Torn))
-            } else {
-                Err((at, "a record of length zero before more data"))
-            };
-        }
-        let end = start.saturating_add(len as usize);
-        if end > bytes.len() {
-            // The write of the last record did not finish.
-            return Ok((out, at, Tail::Torn));
-        }
-        let payload = &bytes[start..end];
-        if crc32fast::hash(payload) != crc {
-            return if zeroes(end) {
-                Ok((out, at, Tail::Torn))
-            } else {
-                Err((at, "a record fails its checksum and more records follow it"))
-            };
-        }
-        out.push((at, payload));
-        at = end;
     }
+    Ok((out, at, Tail::Clean))
 }
 
 /// A segment's bytes as replayed: the log they hold, where its last whole record ends, and
@@ -784,6 +853,94 @@ mod tests {
         let mut middle = [one.clone(), two.clone(), three].concat();
         middle[one.len() + HEADER_BYTES + 3] ^= 1;
         assert_eq!(scan(&middle).unwrap_err().0, one.len());
+    }
+
+    /// A segment of `records`, then the record `torn` of which only the bytes `kept` survived
+    /// a power loss (zeroes elsewhere; `kept` gets the offset in the file and in the record),
+    /// as written through `Wal` to a file in `dir`. Returns the log as committed before the
+    /// torn record.
+    fn segment_with_torn_record(
+        dir: &Path,
+        records: usize,
+        torn: &[LogOp],
+        kept: impl Fn(usize, usize) -> bool,
+    ) -> MemLog {
+        let (mut wal, mut mem) = Wal::open(&Disk::Os, dir, || Ok(MemLog::default())).unwrap();
+        for index in 1..=records as u64 {
+            let op = LogOp::Append(vec![entry(index, 1)]);
+            mem.apply(op.clone()).unwrap();
+            wal.commit(&[op]).unwrap();
+        }
+        let path = wal.path.clone();
+        drop(wal);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let start = bytes.len();
+        bytes.extend(record(torn).unwrap());
+        for (offset, byte) in bytes.iter_mut().enumerate().skip(start) {
+            if !kept(offset, offset - start) {
+                *byte = 0;
+            }
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        mem
+    }
+
+    /// Found by the power-loss test: a power loss during an append kept a later sector of the
+    /// record and lost the one with its header. Open took the zero length with data after it
+    /// for corruption and refused the store, though nothing acknowledged was lost (and after a
+    /// power cut to the whole cluster, every replica would have refused).
+    #[test]
+    fn a_torn_last_record_whose_header_sector_was_lost_is_cut_off_not_taken_for_corruption() {
+        let big = Entry {
+            index: 3,
+            term: 1,
+            data: vec![0x5a; 1500].into(),
+            ..Entry::default()
+        };
+        let torn = [LogOp::Append(vec![big])];
+        // The sector holding the header lost, the next ones kept.
+        let dir = tempfile::tempdir().unwrap();
+        let mem = segment_with_torn_record(dir.path(), 2, &torn, |offset, _| offset >= 512 * 2);
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed, mem);
+
+        // The header torn inside: the second byte of its length lost, so the length it gives
+        // ends the record early, before more of its bytes.
+        let dir = tempfile::tempdir().unwrap();
+        let mem = segment_with_torn_record(dir.path(), 2, &torn, |_, in_record| in_record != 1);
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed, mem);
+        // Appends after the reopen go where the torn record began.
+        drop(_wal);
+        let (mut wal, _) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
+        wal.commit(&[LogOp::Append(vec![entry(3, 2)])]).unwrap();
+        drop(wal);
+        let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
+        assert_eq!(replayed.get(3).unwrap().term, 2);
+    }
+
+    /// Review finding while fixing the above: a record in the middle whose length was
+    /// corrupted to run past the end of the file was taken for a torn tail, and open cut off
+    /// every acknowledged record after it.
+    #[test]
+    fn a_record_whose_length_runs_past_the_file_before_whole_records_is_refused() {
+        let one = record(&[LogOp::Append(vec![entry(1, 1)])]).unwrap();
+        let two = record(&[LogOp::Append(vec![entry(2, 1)])]).unwrap();
+        let three = record(&[LogOp::Append(vec![entry(3, 1)])]).unwrap();
+        let mut bytes = [one.clone(), two, three].concat();
+        bytes[one.len() + 2] = 0x10;
+        assert_eq!(
+            scan(&bytes).unwrap_err(),
+            (one.len(), Bad::CutShort.followed())
+        );
+        // The same length at the end of the file is a torn tail.
+        let mut last = [
+            one.clone(),
+            record(&[LogOp::Append(vec![entry(2, 1)])]).unwrap(),
+        ]
+        .concat();
+        last[one.len() + 2] = 0x10;
+        assert_eq!(scan(&last).unwrap().1, one.len());
     }
 
     #[test]
