@@ -7,7 +7,7 @@
 //! and what was fsynced and can lose power; that variant exists only in test builds.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Seek as _, SeekFrom, Write as _};
+use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 
 use redb::{Database, DatabaseError};
@@ -63,6 +63,24 @@ impl Disk {
             Disk::Os => std::fs::read(path),
             #[cfg(test)]
             Disk::Sim(sim) => sim.read(path),
+        }
+    }
+
+    /// The first `len` bytes of the file at `path` (fewer if it is shorter).
+    pub fn read_prefix(&self, path: &Path, len: usize) -> io::Result<Vec<u8>> {
+        match self {
+            Disk::Os => {
+                let mut prefix = Vec::with_capacity(len);
+                File::open(path)?
+                    .take(len as u64)
+                    .read_to_end(&mut prefix)?;
+                Ok(prefix)
+            }
+            #[cfg(test)]
+            Disk::Sim(sim) => sim.read(path).map(|mut bytes| {
+                bytes.truncate(len);
+                bytes
+            }),
         }
     }
 
