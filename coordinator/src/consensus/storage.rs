@@ -65,6 +65,7 @@ mod batch;
 pub mod disk;
 mod error;
 mod migrate;
+mod redb_backend;
 #[cfg(test)]
 mod sim_disk;
 pub mod wal;

@@ -2,15 +2,20 @@
 //!
 //! The daemon uses [`Disk::Os`]: each of its arms is exactly the call the store made before
 //! the seam existed (the same open, write, `fdatasync`/`fsync`, directory `fsync`, rename and
-//! unlink), so the seam changes nothing the daemon does. The store's own tests put a simulated
-//! disk under it instead (`Disk::Sim`, `storage/sim_disk.rs`), which remembers what was written
-//! and what was fsynced and can lose power; that variant exists only in test builds.
+//! unlink; the state file is redb's, through [`RepairingBackend`], which works around
+//! crash-safety defects of redb 2), so the seam itself changes nothing the daemon does. The
+//! store's own tests put a simulated disk under it instead (`Disk::Sim`,
+//! `storage/sim_disk.rs`), which remembers what was written and what was fsynced and can lose
+//! power; that variant exists only in test builds.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read as _, Seek as _, SeekFrom, Write as _};
 use std::path::{Path, PathBuf};
 
+use redb::backends::FileBackend;
 use redb::{Database, DatabaseError};
+
+use super::redb_backend::RepairingBackend;
 
 /// Where the store's files live: the operating system's file system, or (in tests) a
 /// simulated disk.
@@ -123,12 +128,25 @@ impl Disk {
         }
     }
 
-    /// Opens (or creates) a redb database at `path`.
+    /// Opens (or creates) a redb database at `path`, as `Database::create` does (the file
+    /// opened read-write, created if missing, locked by redb's `FileBackend`), through a
+    /// [`RepairingBackend`]: see there for what it changes and why.
     pub fn open_database(&self, path: &Path) -> Result<Database, DatabaseError> {
+        let builder = redb::Builder::new();
         match self {
-            Disk::Os => Database::create(path),
+            Disk::Os => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)?;
+                builder.create_with_backend(RepairingBackend::new(FileBackend::new(file)?))
+            }
             #[cfg(test)]
-            Disk::Sim(sim) => redb::Builder::new().create_with_backend(sim.backend(path)?),
+            Disk::Sim(sim) => {
+                builder.create_with_backend(RepairingBackend::new(sim.backend(path)?))
+            }
         }
     }
 
