@@ -65,6 +65,8 @@ mod batch;
 pub mod disk;
 mod error;
 mod migrate;
+#[cfg(test)]
+mod power_loss;
 mod redb_backend;
 #[cfg(test)]
 mod sim_disk;

@@ -76,7 +76,7 @@ pub enum Crash {
     /// keeps its header there. Names are as written.
     PowerLossKeepingHeaders,
     /// The process was killed: the files are as it wrote them.
-    ProcessCrash,
+    Killed,
 }
 
 /// How a power loss tears what was written since the last fsync.
@@ -270,7 +270,7 @@ impl State {
     fn capture(&mut self, during_step: bool) {
         let kind = match self.capture_kind {
             Some(kind) => kind,
-            None if self.rng.chance(0.2) => Crash::ProcessCrash,
+            None if self.rng.chance(0.2) => Crash::Killed,
             None => Crash::PowerLoss,
         };
         let mut state = self.crash(kind);
@@ -286,7 +286,7 @@ impl State {
     fn crash(&mut self, kind: Crash) -> State {
         match kind {
             Crash::PowerLoss => self.power_loss(),
-            Crash::ProcessCrash => self.as_written(),
+            Crash::Killed => self.as_written(),
             Crash::PowerLossKeepingHeaders => self.keeping_headers(),
         }
     }
@@ -904,7 +904,7 @@ mod tests {
         let mut file = disk.create(&path).unwrap();
         disk.sync_dir(&root()).unwrap();
         file.write_all(b"unsynced").unwrap();
-        let killed = SimDisk::from_image(disk.capture_now(Crash::ProcessCrash), 0);
+        let killed = SimDisk::from_image(disk.capture_now(Crash::Killed), 0);
         assert_eq!(killed.read(&path).unwrap(), b"unsynced");
         let seen = outcomes(&killed, &path, 100);
         assert!(seen.contains(&Some(Vec::new())), "{seen:?}");
