@@ -96,10 +96,11 @@ impl MemLog {
                 let Some(first) = entries.first().map(|e| e.index) else {
                     return Ok(());
                 };
+                // Not `zip(first..)`: that range overflows, and panics, at u64::MAX.
                 if entries
                     .iter()
-                    .zip(first..)
-                    .any(|(entry, index)| entry.index != index)
+                    .enumerate()
+                    .any(|(i, entry)| first.checked_add(i as u64) != Some(entry.index))
                 {
                     return Err(corrupt("appended entries are not consecutive"));
                 }
@@ -292,6 +293,17 @@ fn record(ops: &[LogOp]) -> Result<Vec<u8>> {
     out[..4].copy_from_slice(&len.to_le_bytes());
     out[4..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
     Ok(out)
+}
+
+/// A record of `ops` as the log writes it: `[length u32][crc32 u32][ops]`.
+pub fn encode_record(ops: &[LogOp]) -> Result<Vec<u8>> {
+    record(ops)
+}
+
+/// Decodes the payload of a whole record into its ops, as replay does. Pure, so that it can be
+/// fuzzed: any bytes give ops or an error.
+pub fn decode_ops(payload: &[u8]) -> Result<Vec<LogOp>> {
+    Reader(payload).ops()
 }
 
 /// How a segment's bytes end.
@@ -774,6 +786,10 @@ impl Wal {
 }
 
 #[cfg(test)]
+#[path = "wal_proptests.rs"]
+mod proptests;
+
+#[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, reason = "tests")]
 
@@ -917,6 +933,32 @@ mod tests {
         drop(wal);
         let (_wal, replayed) = Wal::open(&Disk::Os, dir.path(), || unreachable!()).unwrap();
         assert_eq!(replayed.get(3).unwrap().term, 2);
+    }
+
+    /// Found by the proptests (and the fuzz target): an append whose entries reach index
+    /// u64::MAX, in a record whose checksum holds, made replay panic on the overflow of the
+    /// range it checked the indexes against.
+    #[test]
+    fn a_record_appending_at_the_last_index_there_is_replays_without_overflowing() {
+        let at = |index| Entry {
+            index,
+            term: 1,
+            ..Entry::default()
+        };
+        let base = record(&[LogOp::Reset {
+            index: u64::MAX - 1,
+            term: 1,
+        }])
+        .unwrap();
+        let last = record(&[LogOp::Append(vec![at(u64::MAX)])]).unwrap();
+        let replayed = replay(Path::new("s"), &[base.clone(), last].concat()).unwrap();
+        assert_eq!(replayed.log.last_index(), u64::MAX);
+        let past = record(&[LogOp::Append(vec![at(u64::MAX), at(u64::MAX)])]).unwrap();
+        let error = replay(Path::new("s"), &[base, past].concat()).unwrap_err();
+        assert!(
+            matches!(error, StorageError::CorruptSegment { reason, .. } if reason.contains("does not fit")),
+            "{error}"
+        );
     }
 
     /// Review finding while fixing the above: a record in the middle whose length was
