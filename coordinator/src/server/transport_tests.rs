@@ -79,12 +79,28 @@ fn envelope(message: &Message) -> RaftEnvelope {
     }
 }
 
-/// What a decoded message must be: addressed here, and the same after a round through its own
-/// encoding.
+/// `message` without the unknown fields that protobuf 2 keeps beside the known ones, at every
+/// level of a raft message. They are not compared: protobuf 2 keeps them in a hash map, so they
+/// encode in no fixed order, and it does not call an empty map equal to none.
+fn known_fields(mut message: Message) -> Message {
+    *message.mut_unknown_fields() = protobuf::UnknownFields::new();
+    for entry in message.mut_entries() {
+        *entry.mut_unknown_fields() = protobuf::UnknownFields::new();
+    }
+    let snapshot = message.mut_snapshot();
+    *snapshot.mut_unknown_fields() = protobuf::UnknownFields::new();
+    let metadata = snapshot.mut_metadata();
+    *metadata.mut_unknown_fields() = protobuf::UnknownFields::new();
+    *metadata.mut_conf_state().mut_unknown_fields() = protobuf::UnknownFields::new();
+    message
+}
+
+/// What a decoded message must be: addressed here, with every known field the same after a
+/// round through its own encoding.
 fn check_decoded(message: &Message) -> Result<(), TestCaseError> {
     prop_assert_eq!(message.to, ID);
     let again = Message::parse_from_bytes(&message.write_to_bytes().unwrap()).unwrap();
-    prop_assert_eq!(&again, message);
+    prop_assert_eq!(known_fields(again), known_fields(message.clone()));
     Ok(())
 }
 
@@ -154,6 +170,34 @@ fn assemble(chunks: Vec<SnapshotChunk>) -> Result<Message, Status> {
         }
     }
     Err(SnapshotAssembly::cut_short())
+}
+
+/// The inputs on which the fuzz target's first round-trip checks failed, though nothing was
+/// lost: a snapshot field sent twice leaves an empty map of unknown fields that protobuf 2
+/// does not call equal to none, and unknown fields in a snapshot encode in no fixed order.
+/// Every known field survives the round trip.
+#[test]
+fn messages_with_unknown_and_repeated_fields_keep_their_known_fields_over_a_round_trip() {
+    let inputs: [&[u8]; 2] = [
+        &[
+            0x58, 0x58, 0x58, 0x68, 0x10, 0x58, 0x58, 0x68, 0x10, 0x02, 0x30, 0x68, 0x68, 0x30,
+            0x30, 0x58, 0x4a, 0x02, 0x30, 0x68, 0x68, 0x30, 0x30, 0x58, 0x4a, 0x34,
+        ],
+        &[
+            0x10, 0x02, 0x4a, 0x95, 0x6f, 0xd0, 0xcb, 0x68, 0xe3, 0x68, 0xc8, 0x7e, 0x98, 0x68,
+            0xc8, 0x97, 0x3e, 0x9d, 0x09,
+        ],
+    ];
+    for bytes in inputs {
+        let envelope = RaftEnvelope {
+            from: 1,
+            to: ID,
+            message: bytes.to_vec(),
+            cluster_id: CLUSTER,
+        };
+        let message = decode_envelope(CLUSTER, ID, &envelope).unwrap();
+        check_decoded(&message).unwrap();
+    }
 }
 
 proptest! {
