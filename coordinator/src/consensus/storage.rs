@@ -24,7 +24,9 @@
 //! applies, each page is written once.
 //!
 //! **Crash recovery.** The log replays to its last whole record (a torn record at its end was
-//! never acknowledged). redb recovers the state store to its last fsynced commit, and its
+//! never acknowledged; see [`wal`]). redb recovers the state store to its last fsynced commit
+//! (through `redb_backend.rs`, which keeps redb 2 from trusting allocator state a crash left
+//! stale), and its
 //! commits are totally ordered, so a crash loses the open transaction and a suffix of unsynced
 //! commits, never part of one: the state machine, applied index and membership on disk always
 //! agree, only older. The log keeps every entry after the state store's durable applied index
