@@ -16,13 +16,15 @@
 //!   header is rewritten in place and may reach the disk without the file's new length, and the
 //!   next open asserted that the file is at least as long as the header says.
 //!
-//! So this backend sets `recovery_required` in every header it writes: redb never trusts the
-//! allocator state on disk and rebuilds it on every open (a walk of the file, which redb's file
-//! format 3 also does on every open unless its last commit was two-phase), and a clean header
-//! never meets a file of another length. And it fsyncs a growing `set_len` at once, so the
-//! file's length is on disk before any header that names it (redb grows the file rarely, a
-//! region at a time). Everything else passes straight through: reads, writes other than the
-//! header, shrinking, fsyncs; commits keep their single fsync.
+//! So this backend sets `recovery_required` in every header it writes, and a clean header
+//! never meets a file of another length: redb never trusts the allocator state kept beside its
+//! trees. On open it takes it from the allocator-state table that its clean close commits
+//! (a two-phase commit, checksummed like every tree), or, after a crash, rebuilds it by walking
+//! the file, as it always did after a crash; a clean restart costs no more than before (a
+//! 257 MB state file opened in a few milliseconds either way). And it fsyncs a growing
+//! `set_len` at once, so the file's length is on disk before any header that names it (redb
+//! grows the file rarely, a region at a time). Everything else passes straight through: reads,
+//! writes other than the header, shrinking, fsyncs; commits keep their single fsync.
 
 use std::io;
 
