@@ -201,50 +201,8 @@ impl std::fmt::Debug for DiskStorage {
     }
 }
 
-/// redb's magic number, which starts every redb file. redb writes it into a new file only once
-/// the rest of the file's initialization is durable.
-const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
-
-/// Removes a state file whose creation a crash cut short, so that it is created again. redb
-/// sizes a new file first and writes its magic number last, but refuses to open a file that is
-/// not empty and has no magic number: a crash (a power loss, or even SIGKILL after that first
-/// `set_len`) during a fresh store's first open left a store that never opened again. Only when
-/// there is no log yet (nor a store of an older version): the log is created, and its directory
-/// fsynced, before the state store's first commit, so the state file then holds nothing of ours.
-/// A state file without the magic number beside a log is left for redb to refuse.
-fn remove_unfinished_state_file(
-    disk: &Disk,
-    legacy: &Path,
-    wal_dir: &Path,
-    state_path: &Path,
-) -> Result<()> {
-    if !disk.exists(state_path) || disk.exists(legacy) || Wal::exists(disk, wal_dir)? {
-        return Ok(());
-    }
-    let io = |what| {
-        move |source| StorageError::StateFileIo {
-            what,
-            path: state_path.to_owned(),
-            source,
-        }
-    };
-    let head = disk
-        .read_prefix(state_path, REDB_MAGIC.len())
-        .map_err(io("read the state file"))?;
-    if head == REDB_MAGIC {
-        return Ok(());
-    }
-    tracing::warn!(
-        state_file = %state_path.display(),
-        "the state file's creation was cut short by a crash (no redb header, no log yet); it is \
-         created again"
-    );
-    disk.remove_file(state_path)
-        .map_err(io("remove a state file whose creation was cut short"))
-}
-
-fn open_database(disk: &Disk, path: &Path) -> Result<Database> {
-    disk.open_database(path)
+fn open_database(disk: &Disk, path: &Path, fresh: bool) -> Result<Database> {
+    disk.open_database(path, fresh)
         .map_err(|source| StorageError::Open {
             path: path.to_owned(),
             source: Box::new(source),
@@ -276,8 +234,12 @@ impl DiskStorage {
     /// [`DiskStorage::open`] on `disk` (tests put a simulated disk under the store).
     pub(crate) fn open_on(disk: Disk, path: &Path) -> Result<Self> {
         let [wal_dir, state_path] = Self::files(path);
-        remove_unfinished_state_file(&disk, path, &wal_dir, &state_path)?;
-        let state_db = open_database(&disk, &state_path)?;
+        // No log yet (nor a store of an older version): the log is created, and its directory
+        // fsynced, before the state store's first commit, so the state file then holds nothing
+        // of ours and one whose creation a crash cut short is created again. Beside a log, a
+        // state file without redb's magic number is left for redb to refuse.
+        let fresh = !disk.exists(path) && !Wal::exists(&disk, &wal_dir)?;
+        let state_db = open_database(&disk, &state_path, fresh)?;
         let (wal, mem) = migrate::open_log(&disk, path, &wal_dir, &state_db)?;
         // Create every table up front so that read transactions never meet a missing table.
         let txn = durable_write(&state_db)?;

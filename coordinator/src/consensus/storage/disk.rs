@@ -131,7 +131,13 @@ impl Disk {
     /// Opens (or creates) a redb database at `path`, as `Database::create` does (the file
     /// opened read-write, created if missing, locked by redb's `FileBackend`), through a
     /// [`RepairingBackend`]: see there for what it changes and why.
-    pub fn open_database(&self, path: &Path) -> Result<Database, DatabaseError> {
+    ///
+    /// With `fresh` (the store has no log yet, so the state file holds nothing of ours), a
+    /// state file whose creation a crash cut short (not empty, no redb magic number) is
+    /// emptied first, so that redb creates it again — under redb's own file lock, which the
+    /// backend takes, so a second process opening the same store cannot empty a file the first
+    /// is creating.
+    pub fn open_database(&self, path: &Path, fresh: bool) -> Result<Database, DatabaseError> {
         let builder = redb::Builder::new();
         match self {
             Disk::Os => {
@@ -141,11 +147,19 @@ impl Disk {
                     .create(true)
                     .truncate(false)
                     .open(path)?;
-                builder.create_with_backend(RepairingBackend::new(FileBackend::new(file)?))
+                let backend = FileBackend::new(file)?;
+                if fresh {
+                    empty_if_unfinished(&backend, path)?;
+                }
+                builder.create_with_backend(RepairingBackend::new(backend))
             }
             #[cfg(test)]
             Disk::Sim(sim) => {
-                builder.create_with_backend(RepairingBackend::new(sim.backend(path)?))
+                let backend = sim.backend(path)?;
+                if fresh {
+                    empty_if_unfinished(&backend, path)?;
+                }
+                builder.create_with_backend(RepairingBackend::new(backend))
             }
         }
     }
@@ -231,4 +245,30 @@ impl StateFlush {
     pub fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
     }
+}
+
+/// redb's magic number, which starts every redb file. redb writes it into a new file only once
+/// the rest of the file's initialization is durable.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// Empties a state file that is not empty and has no redb magic number: redb sizes a new file
+/// first and writes its magic number last, but refuses to open a file that is not empty and
+/// has no magic number, so a crash (a power loss, or SIGKILL after that first `set_len`)
+/// during a fresh store's first open left a store that never opened again.
+fn empty_if_unfinished(backend: &impl redb::StorageBackend, path: &Path) -> io::Result<()> {
+    let len = backend.len()?;
+    if len == 0 {
+        return Ok(());
+    }
+    let head = backend.read(0, REDB_MAGIC.len().min(len as usize))?;
+    if head == REDB_MAGIC {
+        return Ok(());
+    }
+    tracing::warn!(
+        state_file = %path.display(),
+        "the state file's creation was cut short by a crash (no redb header, no log yet); it is \
+         created again"
+    );
+    backend.set_len(0)?;
+    backend.sync_data(false)
 }

@@ -60,13 +60,6 @@ pub enum StorageError {
     AppliesLost,
     #[error("cannot open the state file to flush it: {0}")]
     StateFile(#[source] std::io::Error),
-    #[error("cannot {what} ({path}): {source}")]
-    StateFileIo {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("corrupt raft log: {0}")]
     CorruptLog(&'static str),
     #[error(

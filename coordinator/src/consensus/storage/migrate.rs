@@ -65,7 +65,7 @@ fn import_legacy_log(
     wal_dir: &Path,
     state_db: &Database,
 ) -> Result<(Wal, MemLog)> {
-    let log_db = open_database(disk, path)?;
+    let log_db = open_database(disk, path, false)?;
     move_state_tables(&log_db, state_db)?;
     let txn = log_db.begin_read()?;
     let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();

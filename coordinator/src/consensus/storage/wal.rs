@@ -601,12 +601,33 @@ impl Wal {
             .open_write(path)
             .map_err(io("open a log segment", path))?;
         if torn {
-            tracing::warn!(
+            // Only the last record can be torn under the model (each commit is fsynced before
+            // the next is written); damage beyond it (bit rot, a disk that lies about fsync)
+            // would be cut as well. The cut bytes are kept beside the segment, fsynced, before
+            // the cut, so nothing is ever lost for good without a trace.
+            let kept = path.with_file_name(format!(
+                "{}.torn-{end}",
+                path.file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or("segment")
+            ));
+            let mut torn_file = disk
+                .create(&kept)
+                .map_err(io("keep the torn tail of the log", &kept))?;
+            torn_file
+                .write_all(&bytes[end..])
+                .and_then(|()| torn_file.sync_all())
+                .map_err(io("keep the torn tail of the log", &kept))?;
+            sync_dir(disk, dir)?;
+            tracing::error!(
                 segment = %path.display(),
                 kept = end,
                 dropped = bytes.len() - end,
-                "the log ends in a torn record (a crash during a write); it is cut off"
+                saved_to = %kept.display(),
+                "the log ends in a torn record (a crash during a write); it is cut off, the cut \
+                 bytes saved beside it"
             );
+            metrics::counter!("longhaul_log_torn_tails_total").increment(1);
             file.set_len(end as u64)
                 .map_err(io("cut a torn record off the log", path))?;
         }
@@ -1012,6 +1033,12 @@ mod tests {
         let got: Vec<(u64, u64)> = replayed.entries.iter().map(|e| (e.index, e.term)).collect();
         assert_eq!(got, vec![(3, 1), (4, 2), (5, 2)]);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), len);
+        // The cut bytes are kept beside the segment, not lost without a trace.
+        let saved = path.with_file_name(format!(
+            "{}.torn-{len}",
+            path.file_name().unwrap().to_str().unwrap()
+        ));
+        assert_eq!(std::fs::read(&saved).unwrap(), &torn[..torn.len() - 3]);
 
         // Appends after a reopen go after the last whole record.
         wal.commit(&[LogOp::Append(vec![entry(6, 3)])]).unwrap();
