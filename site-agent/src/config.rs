@@ -374,6 +374,10 @@ impl AgentConfig {
 }
 
 #[cfg(test)]
+#[path = "config_inputs_tests.rs"]
+mod input_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -15,7 +15,7 @@ use raft::eraftpb::{
 };
 use raft::{RawNode, SnapshotStatus, StateRole, Storage as _};
 
-use super::storage::{Batch, DiskStorage, StorageError, compress_snapshot};
+use super::storage::{Batch, DiskStorage, StateFlush, StorageError, compress_snapshot};
 use super::{BoxError, StateMachine};
 
 /// Timing and flow-control settings of one replica.
@@ -760,7 +760,7 @@ impl<S: StateMachine> Node<S> {
     /// Starts making the applied state durable without waiting for the bulk of the writing:
     /// see [`DiskStorage::stage_state_sync`]. The caller fsyncs the returned file away from the
     /// loop, then calls [`Node::sync_state`].
-    pub fn stage_state_sync(&mut self) -> Result<Option<std::fs::File>, NodeError> {
+    pub fn stage_state_sync(&mut self) -> Result<Option<StateFlush>, NodeError> {
         Ok(self.raw.store().stage_state_sync()?)
     }
 

@@ -24,7 +24,9 @@
 //! applies, each page is written once.
 //!
 //! **Crash recovery.** The log replays to its last whole record (a torn record at its end was
-//! never acknowledged). redb recovers the state store to its last fsynced commit, and its
+//! never acknowledged; see [`wal`]). redb recovers the state store to its last fsynced commit
+//! (through `redb_backend.rs`, which keeps redb 2 from trusting allocator state a crash left
+//! stale), and its
 //! commits are totally ordered, so a crash loses the open transaction and a suffix of unsynced
 //! commits, never part of one: the state machine, applied index and membership on disk always
 //! agree, only older. The log keeps every entry after the state store's durable applied index
@@ -62,12 +64,20 @@ use raft::{GetEntriesContext, RaftState};
 use redb::{Database, Durability, ReadTransaction, TableDefinition, WriteTransaction};
 
 mod batch;
+pub mod disk;
 mod error;
 mod migrate;
+#[cfg(test)]
+mod power_loss;
+mod redb_backend;
+#[cfg(test)]
+mod sim_disk;
 pub mod wal;
 
 pub use batch::Batch;
 use batch::PendingState;
+use disk::Disk;
+pub use disk::StateFlush;
 pub use error::{Result, StorageError};
 use wal::{LogOp, MemLog, Wal};
 
@@ -164,6 +174,7 @@ pub fn decompress_snapshot(data: &[u8]) -> Result<Vec<u8>> {
 /// A [`raft::Storage`] over a write-ahead log and a redb state store (see the module
 /// documentation).
 pub struct DiskStorage {
+    disk: Disk,
     wal: Wal,
     /// The log as committed to `wal`, shared with the batch in progress (which reads terms).
     log: Arc<Mutex<MemLog>>,
@@ -190,11 +201,12 @@ impl std::fmt::Debug for DiskStorage {
     }
 }
 
-fn open_database(path: &Path) -> Result<Database> {
-    Database::create(path).map_err(|source| StorageError::Open {
-        path: path.to_owned(),
-        source: Box::new(source),
-    })
+fn open_database(disk: &Disk, path: &Path, fresh: bool) -> Result<Database> {
+    disk.open_database(path, fresh)
+        .map_err(|source| StorageError::Open {
+            path: path.to_owned(),
+            source: Box::new(source),
+        })
 }
 
 fn durable_write(db: &Database) -> Result<WriteTransaction> {
@@ -216,9 +228,19 @@ impl DiskStorage {
     /// Opens (or creates) the store at `path` (see [`DiskStorage::files`]) and restores its
     /// state from disk.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_on(Disk::Os, path)
+    }
+
+    /// [`DiskStorage::open`] on `disk` (tests put a simulated disk under the store).
+    pub(crate) fn open_on(disk: Disk, path: &Path) -> Result<Self> {
         let [wal_dir, state_path] = Self::files(path);
-        let state_db = open_database(&state_path)?;
-        let (wal, mem) = migrate::open_log(path, &wal_dir, &state_db)?;
+        // No log yet (nor a store of an older version): the log is created, and its directory
+        // fsynced, before the state store's first commit, so the state file then holds nothing
+        // of ours and one whose creation a crash cut short is created again. Beside a log, a
+        // state file without redb's magic number is left for redb to refuse.
+        let fresh = !disk.exists(path) && !Wal::exists(&disk, &wal_dir)?;
+        let state_db = open_database(&disk, &state_path, fresh)?;
+        let (wal, mem) = migrate::open_log(&disk, path, &wal_dir, &state_db)?;
         // Create every table up front so that read transactions never meet a missing table.
         let txn = durable_write(&state_db)?;
         txn.open_table(APPLIED)?;
@@ -239,6 +261,7 @@ impl DiskStorage {
             state.hard_state.commit = state.hard_state.commit.max(state.applied);
         }
         Ok(Self {
+            disk,
             wal,
             log: Arc::new(Mutex::new(mem)),
             state_db: Arc::new(state_db),
@@ -488,12 +511,15 @@ impl DiskStorage {
     /// then calls [`DiskStorage::sync_state`], whose own fsync is then small: redb's commit
     /// record and what was applied meanwhile. Only that second fsync makes anything durable;
     /// the first only moves the writing out of the way.
-    pub fn stage_state_sync(&self) -> Result<Option<std::fs::File>> {
+    pub fn stage_state_sync(&self) -> Result<Option<StateFlush>> {
         self.commit_pending_state()?;
         if !self.state_unsynced.get() {
             return Ok(None);
         }
-        let file = std::fs::File::open(&self.state_path).map_err(StorageError::StateFile)?;
+        let file = self
+            .disk
+            .state_flush(&self.state_path)
+            .map_err(StorageError::StateFile)?;
         Ok(Some(file))
     }
 

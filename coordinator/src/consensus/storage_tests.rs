@@ -771,3 +771,26 @@ fn a_staged_state_flush_makes_nothing_durable_until_the_commit_after_it() {
     assert_eq!(store.state().applied, 4);
     assert_eq!(applied_keys(&store), vec![1, 2, 3, 4]);
 }
+
+/// Found by the power-loss test: redb sizes a new state file before it writes its header and
+/// magic number, and refuses a non-empty file without one. A crash during a fresh store's first
+/// open (SIGKILL after that resize is enough) left a store that never opened again.
+#[test]
+fn a_state_file_whose_creation_a_crash_cut_short_is_created_again_but_not_beside_a_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raft.redb");
+    let [wal_dir, state_file] = DiskStorage::files(&path);
+    // What redb's first resize leaves: zeroes, no header.
+    std::fs::write(&state_file, vec![0; 64 << 10]).unwrap();
+    let mut store = DiskStorage::open(&path).unwrap();
+    store.append_and_persist(&[entry(1, 1)], None).unwrap();
+    drop(store);
+    assert_eq!(open(&dir).last_index().unwrap(), 1);
+
+    // With a log beside it, such a file is not ours to replace: the store refuses it.
+    std::fs::write(&state_file, vec![0; 64 << 10]).unwrap();
+    assert!(wal_dir.is_dir());
+    let error = DiskStorage::open(&path).unwrap_err();
+    assert!(matches!(error, StorageError::Open { .. }), "{error}");
+    assert_eq!(std::fs::read(&state_file).unwrap(), vec![0; 64 << 10]);
+}

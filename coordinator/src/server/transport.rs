@@ -309,21 +309,102 @@ pub struct TransportService {
     pub raft: RaftHandle,
 }
 
-impl TransportService {
-    fn check(&self, cluster_id: u64, to: u64) -> Result<(), Status> {
-        if cluster_id != self.cluster_id {
-            return Err(Status::permission_denied(format!(
-                "cluster_id: message for cluster {cluster_id}, this replica belongs to cluster {}",
-                self.cluster_id
-            )));
+/// Refuses traffic from another cluster, or addressed to another replica than `id`.
+fn check_addressed(cluster_id: u64, id: u64, from_cluster: u64, to: u64) -> Result<(), Status> {
+    if from_cluster != cluster_id {
+        return Err(Status::permission_denied(format!(
+            "cluster_id: message for cluster {from_cluster}, this replica belongs to cluster \
+             {cluster_id}"
+        )));
+    }
+    if to != id {
+        return Err(Status::invalid_argument(format!(
+            "to: message for replica {to} arrived at replica {id}"
+        )));
+    }
+    Ok(())
+}
+
+/// Decodes one envelope of a `Send` stream arriving at replica `id` of cluster `cluster_id`
+/// into the raft message to step. Pure (the bytes are a peer's), so that it can be fuzzed.
+pub fn decode_envelope(
+    cluster_id: u64,
+    id: u64,
+    envelope: &RaftEnvelope,
+) -> Result<Message, Status> {
+    check_addressed(cluster_id, id, envelope.cluster_id, envelope.to)?;
+    let message = Message::parse_from_bytes(&envelope.message)
+        .map_err(|e| Status::invalid_argument(format!("message: not a raft message: {e}")))?;
+    if message.to != id {
+        return Err(Status::invalid_argument(
+            "message.to: does not match the envelope",
+        ));
+    }
+    Ok(message)
+}
+
+/// The chunks of one `InstallSnapshot` stream arriving at replica `id` of cluster
+/// `cluster_id`, put back together: in order (each chunk's offset is where the data so far
+/// ends), the raft message in the first, the CRC32 of the whole data in the last. Pure (the
+/// chunks are a peer's), so that it can be fuzzed.
+#[derive(Debug)]
+pub struct SnapshotAssembly {
+    cluster_id: u64,
+    id: u64,
+    header: Option<Message>,
+    data: Vec<u8>,
+}
+
+impl SnapshotAssembly {
+    pub fn new(cluster_id: u64, id: u64) -> Self {
+        Self {
+            cluster_id,
+            id,
+            header: None,
+            data: Vec::new(),
         }
-        if to != self.id {
+    }
+
+    /// Takes the next chunk; once the last one has arrived, the snapshot message to step, its
+    /// data in it.
+    pub fn push(&mut self, chunk: SnapshotChunk) -> Result<Option<Message>, Status> {
+        check_addressed(self.cluster_id, self.id, chunk.cluster_id, chunk.to)?;
+        if chunk.offset != self.data.len() as u64 {
             return Err(Status::invalid_argument(format!(
-                "to: message for replica {to} arrived at replica {}",
-                self.id
+                "offset: expected {}, found {}",
+                self.data.len(),
+                chunk.offset
             )));
         }
-        Ok(())
+        if self.header.is_none() {
+            let message = Message::parse_from_bytes(&chunk.message).map_err(|e| {
+                Status::invalid_argument(format!("message: not a raft message: {e}"))
+            })?;
+            self.header = Some(message);
+        }
+        self.data.extend_from_slice(&chunk.data);
+        if !chunk.last {
+            return Ok(None);
+        }
+        if crc32fast::hash(&self.data) != chunk.checksum {
+            return Err(Status::data_loss(
+                "checksum: snapshot data does not match its CRC32",
+            ));
+        }
+        let Some(mut message) = self.header.take() else {
+            return Err(Status::invalid_argument(
+                "message: missing in the first chunk",
+            ));
+        };
+        message
+            .mut_snapshot()
+            .set_data(std::mem::take(&mut self.data).into());
+        Ok(Some(message))
+    }
+
+    /// What a stream that ended before its last chunk is refused with.
+    pub fn cut_short() -> Status {
+        Status::invalid_argument("last: the stream ended before the last chunk")
     }
 }
 
@@ -335,16 +416,7 @@ impl RaftTransport for TransportService {
     ) -> Result<Response<RaftAck>, Status> {
         let mut stream = request.into_inner();
         while let Some(envelope) = stream.next().await {
-            let envelope = envelope?;
-            self.check(envelope.cluster_id, envelope.to)?;
-            let message = Message::parse_from_bytes(&envelope.message).map_err(|e| {
-                Status::invalid_argument(format!("message: not a raft message: {e}"))
-            })?;
-            if message.to != self.id {
-                return Err(Status::invalid_argument(
-                    "message.to: does not match the envelope",
-                ));
-            }
+            let message = decode_envelope(self.cluster_id, self.id, &envelope?)?;
             self.raft
                 .step(message)
                 .await
@@ -358,37 +430,9 @@ impl RaftTransport for TransportService {
         request: Request<Streaming<SnapshotChunk>>,
     ) -> Result<Response<RaftAck>, Status> {
         let mut stream = request.into_inner();
-        let mut header: Option<Message> = None;
-        let mut data = Vec::new();
+        let mut assembly = SnapshotAssembly::new(self.cluster_id, self.id);
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk?;
-            self.check(chunk.cluster_id, chunk.to)?;
-            if chunk.offset != data.len() as u64 {
-                return Err(Status::invalid_argument(format!(
-                    "offset: expected {}, found {}",
-                    data.len(),
-                    chunk.offset
-                )));
-            }
-            if header.is_none() {
-                let message = Message::parse_from_bytes(&chunk.message).map_err(|e| {
-                    Status::invalid_argument(format!("message: not a raft message: {e}"))
-                })?;
-                header = Some(message);
-            }
-            data.extend_from_slice(&chunk.data);
-            if chunk.last {
-                if crc32fast::hash(&data) != chunk.checksum {
-                    return Err(Status::data_loss(
-                        "checksum: snapshot data does not match its CRC32",
-                    ));
-                }
-                let Some(mut message) = header.take() else {
-                    return Err(Status::invalid_argument(
-                        "message: missing in the first chunk",
-                    ));
-                };
-                message.mut_snapshot().set_data(data.into());
+            if let Some(message) = assembly.push(chunk?)? {
                 self.raft
                     .step(message)
                     .await
@@ -396,8 +440,10 @@ impl RaftTransport for TransportService {
                 return Ok(Response::new(RaftAck {}));
             }
         }
-        Err(Status::invalid_argument(
-            "last: the stream ended before the last chunk",
-        ))
+        Err(SnapshotAssembly::cut_short())
     }
 }
+
+#[cfg(test)]
+#[path = "transport_tests.rs"]
+mod tests;

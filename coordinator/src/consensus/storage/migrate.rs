@@ -10,6 +10,7 @@ use std::path::Path;
 use raft::eraftpb::Entry;
 use redb::{Database, ReadableTable, ReadableTableMetadata, TableDefinition, TableHandle};
 
+use super::disk::Disk;
 use super::wal::{LogOp, MemLog, Wal};
 use super::{
     APPLIED, CONF_STATE, Result, STATE_MACHINE, StorageError, decode, durable_write, open_database,
@@ -30,20 +31,26 @@ pub(super) const SNAPSHOT_DATA: TableDefinition<'_, (), &[u8]> =
 
 /// Opens the write-ahead log in `wal_dir`, first moving into it the store's old redb file at
 /// `path` if there is one and the log was not written yet, and removes that file.
-pub(super) fn open_log(path: &Path, wal_dir: &Path, state_db: &Database) -> Result<(Wal, MemLog)> {
-    let legacy = path.exists();
-    let (wal, mem) = if legacy && !Wal::exists(wal_dir)? {
-        import_legacy_log(path, wal_dir, state_db)?
+pub(super) fn open_log(
+    disk: &Disk,
+    path: &Path,
+    wal_dir: &Path,
+    state_db: &Database,
+) -> Result<(Wal, MemLog)> {
+    let legacy = disk.exists(path);
+    let (wal, mem) = if legacy && !Wal::exists(disk, wal_dir)? {
+        import_legacy_log(disk, path, wal_dir, state_db)?
     } else {
-        Wal::open(wal_dir, || Ok(MemLog::default()))?
+        Wal::open(disk, wal_dir, || Ok(MemLog::default()))?
     };
     if legacy {
         // Imported now or before a crash (the log is only written once the import is).
-        std::fs::remove_file(path).map_err(|source| StorageError::LogFile {
-            what: "remove the store's old log file",
-            path: path.to_owned(),
-            source,
-        })?;
+        disk.remove_file(path)
+            .map_err(|source| StorageError::LogFile {
+                what: "remove the store's old log file",
+                path: path.to_owned(),
+                source,
+            })?;
     }
     Ok((wal, mem))
 }
@@ -52,8 +59,13 @@ pub(super) fn open_log(path: &Path, wal_dir: &Path, state_db: &Database) -> Resu
 /// state file too) go to the state file, fsynced, then its log becomes the first segment of
 /// the write-ahead log. [`open_log`] removes the old file afterwards; a crash before that
 /// finds the log written and only repeats the removal.
-fn import_legacy_log(path: &Path, wal_dir: &Path, state_db: &Database) -> Result<(Wal, MemLog)> {
-    let log_db = open_database(path)?;
+fn import_legacy_log(
+    disk: &Disk,
+    path: &Path,
+    wal_dir: &Path,
+    state_db: &Database,
+) -> Result<(Wal, MemLog)> {
+    let log_db = open_database(disk, path, false)?;
     move_state_tables(&log_db, state_db)?;
     let txn = log_db.begin_read()?;
     let names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_string()).collect();
@@ -86,9 +98,9 @@ fn import_legacy_log(path: &Path, wal_dir: &Path, state_db: &Database) -> Result
         mem.apply(LogOp::Append(entries))?;
     }
     let snapshot = mem.snapshot.clone();
-    Wal::open(wal_dir, move || {
+    Wal::open(disk, wal_dir, move || {
         if let Some(data) = snapshot_data.filter(|_| snapshot.index != 0) {
-            Wal::write_snapshot_in(wal_dir, &snapshot, &data)?;
+            Wal::write_snapshot_in(disk, wal_dir, &snapshot, &data)?;
         }
         tracing::info!(
             from = %path.display(),
