@@ -253,6 +253,22 @@ struct Pending {
 }
 
 impl Pending {
+    /// Asks raft for a ReadIndex round answered to `reply`, unless too many already wait.
+    fn ask_read(
+        &mut self,
+        node: &mut Node<CoordinatorStateMachine>,
+        seq: u64,
+        context: Vec<u8>,
+        reply: ReadReply,
+    ) {
+        if self.reads.len() >= MAX_PENDING_READS {
+            let _ = reply.send(Err(ConsensusError::TooManyReads(self.reads.len())));
+            return;
+        }
+        node.read_index(context);
+        self.reads.insert(seq, (Instant::now(), reply));
+    }
+
     /// Fails the reads waiting for a confirmation since before `now - max_age`, and forgets
     /// those whose caller is gone; returns how many went.
     fn expire_reads(&mut self, now: Instant, max_age: Duration) -> usize {
@@ -528,13 +544,8 @@ async fn run(
                         let _ = reply.send(Err(ConsensusError::NoLeader));
                         continue;
                     }
-                    if pending.reads.len() >= MAX_PENDING_READS {
-                        let _ = reply.send(Err(ConsensusError::TooManyReads(pending.reads.len())));
-                        continue;
-                    }
                     seq += 1;
-                    node.read_index(context(id, boot, seq));
-                    pending.reads.insert(seq, (Instant::now(), reply));
+                    pending.ask_read(node, seq, context(id, boot, seq), reply);
                 }
                 Input::ConfirmLeadership { reply } => {
                     // Checked here, in the loop, not from a published status: a hand-over that
@@ -551,13 +562,8 @@ async fn run(
                         let _ = reply.send(Err(ConsensusError::HandingOver));
                         continue;
                     }
-                    if pending.reads.len() >= MAX_PENDING_READS {
-                        let _ = reply.send(Err(ConsensusError::TooManyReads(pending.reads.len())));
-                        continue;
-                    }
                     seq += 1;
-                    node.read_index(context(id, boot, seq));
-                    pending.reads.insert(seq, (Instant::now(), reply));
+                    pending.ask_read(node, seq, context(id, boot, seq), reply);
                 }
                 Input::ConfChange { change, reply } => {
                     if !node.is_leader() {
