@@ -6,7 +6,9 @@
 //! required message missing, an enum left unspecified, a negative distance)
 //! and name the field; the core's validation then runs on the result.
 
-use longhaul_core::job::{Batch, Constraints, Diloco, JobSpec, ModelShape, Precision, Training};
+use longhaul_core::job::{
+    Batch, Constraints, Diloco, JobSpec, ModeConstraint, ModelShape, Precision, Training,
+};
 use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Location, Site, WanLink};
 use longhaul_core::units::{ByteSize, DataRate, Distance, Duration};
 use tonic::Status;
@@ -205,9 +207,68 @@ pub fn job_from_wire(spec: &pb::JobSpec, field: &str) -> Result<JobSpec, Status>
             tensor_parallel: nonzero(constraints.tensor_parallel),
             pipeline_parallel: nonzero(constraints.pipeline_parallel),
             data_parallel: nonzero(constraints.data_parallel),
+            cross_site_mode: match constraints.cross_site_mode.as_str() {
+                "" => None,
+                name => Some(ModeConstraint::parse(name).ok_or_else(|| {
+                    invalid(
+                        &format!("{field}.constraints.cross_site_mode"),
+                        format!(
+                            "unknown mode {}: expected \"diloco\", \"pipeline\" or empty",
+                            longhaul_core::limits::quote(name)
+                        ),
+                    )
+                })?),
+            },
         },
-        diloco: nonzero(spec.inner_steps).map(Diloco::new),
+        diloco: diloco_from_wire(spec.inner_steps, spec.diloco_policy.as_ref(), field)?,
     })
+}
+
+fn diloco_from_wire(
+    inner_steps: u32,
+    policy: Option<&pb::DilocoPolicy>,
+    field: &str,
+) -> Result<Option<Diloco>, Status> {
+    let Some(policy) = policy else {
+        return Ok((inner_steps != 0).then(|| Diloco::new(inner_steps)));
+    };
+    if inner_steps == 0 {
+        return Err(invalid(
+            &format!("{field}.diloco_policy"),
+            format!("needs `{field}.inner_steps` (H) to be set"),
+        ));
+    }
+    Ok(Some(Diloco {
+        max_inner_steps: policy.max_inner_steps,
+        target_compute_utilisation: policy.target_compute_utilisation,
+        max_exposed_communication_fraction: policy.max_exposed_communication_fraction,
+        fragments: policy.fragments,
+        max_fragments: policy.max_fragments,
+        max_overlap_steps: policy.max_overlap_steps,
+        bits: policy.bits,
+        error_feedback: policy.error_feedback,
+        link_budget: policy
+            .link_budget_bits_per_second
+            .map(DataRate::from_bits_per_second),
+        zstd_ratio: policy.zstd_ratio,
+        ..Diloco::new(inner_steps)
+    }))
+}
+
+fn diloco_to_wire(diloco: &Diloco) -> Option<pb::DilocoPolicy> {
+    let policy = pb::DilocoPolicy {
+        max_inner_steps: diloco.max_inner_steps,
+        target_compute_utilisation: diloco.target_compute_utilisation,
+        max_exposed_communication_fraction: diloco.max_exposed_communication_fraction,
+        fragments: diloco.fragments,
+        max_fragments: diloco.max_fragments,
+        max_overlap_steps: diloco.max_overlap_steps,
+        bits: diloco.bits,
+        error_feedback: diloco.error_feedback,
+        link_budget_bits_per_second: diloco.link_budget.map(DataRate::bits_per_second),
+        zstd_ratio: diloco.zstd_ratio,
+    };
+    (policy != pb::DilocoPolicy::default()).then_some(policy)
 }
 
 pub fn job_to_wire(spec: &JobSpec) -> pb::JobSpec {
@@ -236,7 +297,85 @@ pub fn job_to_wire(spec: &JobSpec) -> pb::JobSpec {
             tensor_parallel: c.tensor_parallel.unwrap_or(0),
             pipeline_parallel: c.pipeline_parallel.unwrap_or(0),
             data_parallel: c.data_parallel.unwrap_or(0),
+            cross_site_mode: c
+                .cross_site_mode
+                .map_or_else(String::new, |m| m.as_str().to_string()),
         }),
         inner_steps: spec.diloco.as_ref().map_or(0, |d| d.inner_steps),
+        diloco_policy: spec.diloco.as_ref().and_then(diloco_to_wire),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: &str = r#"
+name = "j"
+[model]
+parameters = 1_000_000_000
+layers = 16
+hidden_size = 2048
+attention_heads = 16
+sequence_length = 4096
+[batch]
+global_batch = 64
+micro_batch = 1
+[constraints]
+cross_site_mode = "diloco"
+[diloco]
+inner_steps = 100
+max_inner_steps = 300
+max_exposed_communication_fraction = 0.02
+fragments = 4
+max_overlap_steps = 2
+bits = 8
+error_feedback = false
+link_budget = "40 Gbit/s"
+zstd_ratio = 1.2
+"#;
+
+    #[test]
+    fn a_job_with_its_whole_diloco_policy_and_mode_crosses_the_wire_unchanged() {
+        let job = JobSpec::from_toml("j.toml", JOB).expect("parses");
+        let wire = job_to_wire(&job);
+        assert_eq!(
+            wire.constraints
+                .as_ref()
+                .map(|c| c.cross_site_mode.as_str()),
+            Some("diloco")
+        );
+        assert_eq!(job_from_wire(&wire, "spec").expect("converts back"), job);
+        // Only H set: no policy message, and back to the same job.
+        let mut plain = job.clone();
+        plain.diloco = Some(Diloco::new(100));
+        plain.constraints.cross_site_mode = None;
+        let wire = job_to_wire(&plain);
+        assert_eq!(wire.diloco_policy, None);
+        assert_eq!(job_from_wire(&wire, "spec").expect("converts back"), plain);
+    }
+
+    #[test]
+    fn an_unknown_mode_or_a_policy_without_h_is_refused_naming_the_field() {
+        let job = JobSpec::from_toml("j.toml", JOB).expect("parses");
+        let mut wire = job_to_wire(&job);
+        if let Some(c) = wire.constraints.as_mut() {
+            c.cross_site_mode = "ring".into();
+        }
+        let error = job_from_wire(&wire, "spec").expect_err("refused");
+        assert_eq!(error.code(), tonic::Code::InvalidArgument);
+        assert!(
+            error.message().contains("spec.constraints.cross_site_mode"),
+            "{}",
+            error.message()
+        );
+        let mut wire = job_to_wire(&job);
+        wire.inner_steps = 0;
+        let error = job_from_wire(&wire, "spec").expect_err("refused");
+        assert!(
+            error.message().contains("spec.diloco_policy"),
+            "{}",
+            error.message()
+        );
     }
 }

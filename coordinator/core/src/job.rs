@@ -109,6 +109,39 @@ pub struct Constraints {
     pub pipeline_parallel: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<u32>,
+    /// How replicas at different sites may cooperate; placement chooses
+    /// when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_site_mode: Option<ModeConstraint>,
+}
+
+/// A job's constraint on the cross-site mode placement may choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeConstraint {
+    /// DiLoCo replicas at two or more sites, nothing else.
+    Diloco,
+    /// Never DiLoCo: one site, or pipeline stages across sites.
+    Pipeline,
+}
+
+impl ModeConstraint {
+    /// The name used in job files and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Diloco => "diloco",
+            Self::Pipeline => "pipeline",
+        }
+    }
+
+    /// Parses [`ModeConstraint::as_str`]'s names.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "diloco" => Some(Self::Diloco),
+            "pipeline" => Some(Self::Pipeline),
+            _ => None,
+        }
+    }
 }
 
 impl Constraints {
@@ -544,6 +577,12 @@ impl Validate for JobSpec {
                     "tensor-parallel degree {tp} does not divide {} attention heads",
                     m.attention_heads
                 ),
+            ));
+        }
+        if c.cross_site_mode == Some(ModeConstraint::Diloco) && c.allowed_sites.len() == 1 {
+            out.push(Violation::new(
+                constraints.key("cross_site_mode"),
+                "\"diloco\" needs replicas at two or more sites, but allowed_sites names one",
             ));
         }
         if let Some(pp) = c.pipeline_parallel

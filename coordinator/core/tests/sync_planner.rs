@@ -9,7 +9,8 @@ use std::time::Instant;
 use longhaul_core::JobSpec;
 use longhaul_core::cost::CostParams;
 use longhaul_core::job::Diloco;
-use longhaul_core::placement::{CrossSiteMode, place};
+use longhaul_core::job::ModeConstraint;
+use longhaul_core::placement::{CrossSiteMode, Plan, place, place_measured, validate_plan};
 use longhaul_core::rng::{SeedRng, derive};
 use longhaul_core::state::{LinkMeasurement, LinkRecord};
 use longhaul_core::sync::{
@@ -373,7 +374,59 @@ fn place_and_plan(topology: &Topology, job: &JobSpec) -> SyncPlan {
         &CostParams::default(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    plan_sync(&input).unwrap_or_else(|e| panic!("{e}"))
+    let sync = plan_sync(&input).unwrap_or_else(|e| panic!("{e}"));
+    check_placement_agrees(&plan, &sync);
+    sync
+}
+
+/// Placement costed `plan` with the planner's schedule: the plan carries
+/// it, its H is the schedule's, its step includes the schedule's exposed
+/// sync amortised over H, its WAN traffic is the schedule's bytes over H,
+/// and the planner asked again about the placed plan answers the same.
+fn check_placement_agrees(plan: &Plan, sync: &SyncPlan) {
+    assert_eq!(
+        plan.sync.as_ref(),
+        Some(sync),
+        "placement kept another schedule"
+    );
+    assert_eq!(
+        plan.mode,
+        CrossSiteMode::Diloco {
+            inner_steps: sync.inner_steps
+        }
+    );
+    let h = f64::from(sync.inner_steps);
+    assert!(plan.outer_sync_seconds >= sync.exposed_seconds_per_outer_step);
+    assert!(
+        (plan.step.outer_sync_amortised - plan.outer_sync_seconds / h).abs()
+            <= 1e-12 * plan.step.total.max(1.0)
+    );
+    let slowest = plan
+        .groups
+        .iter()
+        .map(|g| g.step_seconds)
+        .fold(0.0, f64::max);
+    assert_eq!(sync.inner_step_seconds, slowest);
+    for link in &sync.links {
+        let traffic = plan
+            .wan
+            .iter()
+            .find(|w| {
+                let mut a = w.between.clone();
+                let mut b = link.between.clone();
+                a.sort();
+                b.sort();
+                a == b
+            })
+            .unwrap_or_else(|| panic!("no WAN traffic on {:?}", link.between));
+        let expected = link.bytes_per_outer_step / h;
+        assert!((traffic.bytes_per_step - expected).abs() <= 1e-9 * expected.max(1.0));
+    }
+    let mut sites = plan.site_order.clone();
+    let mut synced = sync.sites.clone();
+    sites.sort();
+    synced.sort();
+    assert_eq!(sites, synced);
 }
 
 fn describe(name: &str, plan: &SyncPlan) {
@@ -457,6 +510,22 @@ fn llama_70b_on_two_campuses_500_km_apart_at_100_gbit_s() {
             job: "llama-70b".to_string()
         })
     );
+    // Asked to train as DiLoCo there, it does, with the planner's schedule.
+    let mut as_diloco = job.clone();
+    as_diloco.constraints.cross_site_mode = Some(ModeConstraint::Diloco);
+    let plan = place_and_plan(&bundled, &as_diloco);
+    describe(
+        "llama-70b as DiLoCo on the bundled campuses 500 km apart",
+        &plan,
+    );
+    assert!(plan.meets_target);
+    // Asked never to, on equal campuses that would, it does not.
+    let mut as_pipeline = job.clone();
+    as_pipeline.constraints.cross_site_mode = Some(ModeConstraint::Pipeline);
+    let equal = two_sites(256, 500.0, 100);
+    let placed = place(&equal, &as_pipeline).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(placed.mode, CrossSiteMode::Pipeline);
+    assert_eq!(placed.sync, None);
     // Two equal campuses of 2,048 H100 each, 500 km apart on one
     // 100 Gbit/s link: DiLoCo replicas on both.
     let topology = two_sites(256, 500.0, 100);
@@ -524,6 +593,50 @@ fn measured_links_from_the_state_are_preferred_over_configured_ones() {
             .reason
             .contains("measurement is preferred")
     );
+}
+
+#[test]
+fn placement_reads_the_probes_and_a_slower_link_never_lowers_its_h() {
+    let job = dense_job(10, 40, 5120, 40, 500);
+    let mut last_h = 0;
+    for gbit in [400, 100, 10, 1] {
+        let topology = two_sites(32, 500.0, gbit);
+        let plan = place(&topology, &job).unwrap_or_else(|e| panic!("{e}"));
+        validate_plan(&topology, &job, &plan).unwrap_or_else(|e| panic!("{e:?}"));
+        let CrossSiteMode::Diloco { inner_steps } = plan.mode else {
+            panic!("{gbit} Gbit/s: placed as {:?}", plan.mode);
+        };
+        assert!(
+            inner_steps >= last_h,
+            "{gbit} Gbit/s: H {inner_steps} < {last_h}"
+        );
+        last_h = inner_steps;
+    }
+    // The same topology with a probe that found the link far slower than
+    // configured: placement's planner reads it, and H rises.
+    let topology = two_sites(32, 500.0, 100);
+    let configured = place(&topology, &job).unwrap_or_else(|e| panic!("{e}"));
+    let mut links = configured_links(&topology);
+    links[0].measured = Some(LinkMeasurement {
+        rtt_ns: 40_000_000,
+        loss_rate: 0.0,
+        throughput_bps: 50_000_000,
+        measured_at_unix_ms: 1,
+    });
+    let measured = place_measured(&topology, &job, &CostParams::default(), &links)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (Some(before), Some(after)) = (&configured.sync, &measured.sync) else {
+        panic!("both plans are DiLoCo");
+    };
+    assert!(
+        after.inner_steps > before.inner_steps,
+        "{} vs {}",
+        after.inner_steps,
+        before.inner_steps
+    );
+    assert!(after.links[0].measured);
+    assert_eq!(after.links[0].rate_bits_per_second, 5e7);
+    assert!(measured.step.total > configured.step.total);
 }
 
 #[test]

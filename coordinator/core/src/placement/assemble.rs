@@ -111,6 +111,7 @@ pub(crate) fn plan(ctx: &Ctx<'_>, topology: &Topology, choice: &Choice, outcome:
         wan,
         min_memory_slack_bytes: min_slack,
         reasons,
+        sync: choice.sync.as_deref().cloned(),
     }
 }
 
@@ -131,7 +132,10 @@ fn wan_traffic(ctx: &Ctx<'_>, choice: &Choice, inner_steps: u32) -> Vec<WanTraff
     for &((a, b), bytes) in &choice.outer_hops {
         by_pair
             .entry(key(a, b))
-            .or_insert((0.0, "DiLoCo outer sync, amortised"))
+            .or_insert((
+                0.0,
+                "DiLoCo outer sync (as the sync planner encodes it), amortised",
+            ))
             .0 += bytes / f64::from(inner_steps);
     }
     by_pair
@@ -190,8 +194,9 @@ fn reasons(
     };
     let mode_reason = match choice.mode {
         CrossSiteMode::Diloco { inner_steps } => format!(
-            "replicas train per site and sync every {inner_steps} steps: the outer sync takes {} \
-             ({} per step amortised), cheaper than crossing the WAN every step; {alternatives}",
+            "replicas train per site and sync every {inner_steps} steps (the sync planner's H): \
+             {} of each outer step's sync is exposed ({} per step amortised), cheaper than \
+             crossing the WAN every step; {alternatives}",
             human_seconds(choice.outer),
             human_seconds(choice.outer / f64::from(inner_steps))
         ),
@@ -275,10 +280,14 @@ fn reasons(
             "site order",
             sites.join("→"),
             match choice.mode {
-                CrossSiteMode::Diloco { .. } => {
-                    "ring for the outer all-reduce with the fastest slowest-hop among all rings"
-                        .to_string()
-                }
+                CrossSiteMode::Diloco { .. } => choice.sync.as_ref().map_or_else(
+                    || "the outer sync's collective".to_string(),
+                    |sync| {
+                        sync.reason("collective")
+                            .map_or("the sync planner's collective", |r| r.reason.as_str())
+                            .to_string()
+                    },
+                ),
                 CrossSiteMode::Pipeline => {
                     "pipeline order with consecutive sites linked, chosen by predicted step time"
                         .to_string()

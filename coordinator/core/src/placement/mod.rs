@@ -20,9 +20,15 @@
 //!   WAN; consecutive sites need a direct link. Interleaving is considered
 //!   only inside one site (its wrap-around would cross the WAN v−1 times).
 //! - DiLoCo mode: each site of a subset of at least two runs k_s whole
-//!   replicas with its own layer split; step = slowest site's inner step +
-//!   outer sync / H (H from `job.diloco.inner_steps`, else
-//!   `CostParams::default_inner_steps`).
+//!   replicas with its own layer split; the step is the slowest site's
+//!   inner step t plus (local reduce + exposed sync) / H. The sync planner
+//!   ([`crate::sync::plan_sync`], on the links as configured and, through
+//!   [`place_measured`], as probed) decides H, fragments, overlap, codec
+//!   and collective for that subset and t; its exposed time per outer step
+//!   is what the WAN adds. The local reduce is the reduce-scatter and
+//!   all-gather among a site's own replicas on its fabric. The plan keeps
+//!   the planner's schedule (`Plan::sync`). `constraints.cross_site_mode`
+//!   restricts the search to DiLoCo or to everything else.
 //! - Within a site, TP groups are packed by one canonical rule: pools
 //!   ordered fastest GPU first (then larger HBM, then declaration order),
 //!   slots of tp GPUs inside a domain, stage after stage from one cursor.
@@ -54,7 +60,8 @@ use thiserror::Error;
 
 use crate::config::Validate;
 use crate::cost::CostParams;
-use crate::job::JobSpec;
+use crate::job::{JobSpec, ModeConstraint};
+use crate::state::LinkRecord;
 use crate::topology::Topology;
 
 pub use plan::{
@@ -128,7 +135,20 @@ pub fn place_with(
     job: &JobSpec,
     params: &CostParams,
 ) -> Result<Plan, PlacementError> {
-    run(topology, job, params, search::Effort::Solve)
+    run(topology, job, params, &[], search::Effort::Solve)
+}
+
+/// [`place_with`], the sync planner of DiLoCo candidates reading the latest
+/// probe of each link from `links` (the coordinator's link records) beside
+/// the configured figures. The topology's links stay what placement costs
+/// pipelines with.
+pub fn place_measured(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+    links: &[LinkRecord],
+) -> Result<Plan, PlacementError> {
+    run(topology, job, params, links, search::Effort::Solve)
 }
 
 /// Places a tiny job by enumerating every degree, site order, stage count,
@@ -145,13 +165,14 @@ pub fn brute_force_place(
             "{gpus} GPUs, {sites} sites, {layers} layers (limits 12, 3, 12)"
         )));
     }
-    run(topology, job, params, search::Effort::Exhaustive)
+    run(topology, job, params, &[], search::Effort::Exhaustive)
 }
 
 fn run(
     topology: &Topology,
     job: &JobSpec,
     params: &CostParams,
+    links: &[LinkRecord],
     effort: search::Effort,
 ) -> Result<Plan, PlacementError> {
     let mut problems: Vec<String> = job
@@ -175,11 +196,20 @@ fn run(
     if !problems.is_empty() {
         return Err(PlacementError::InvalidJob(problems.join("; ")));
     }
-    let ctx = model::Ctx::new(topology, job, params);
+    let ctx = model::Ctx::new(topology, job, params).with_measurements(links);
     let space = search::Space::new(&ctx)?;
     let outcome = search::search(&ctx, &space, effort);
     match &outcome.best {
         Some(choice) => Ok(assemble::plan(&ctx, topology, choice, &outcome)),
+        None if job.constraints.cross_site_mode == Some(ModeConstraint::Diloco)
+            && ctx.sites.len() < 2 =>
+        {
+            Err(PlacementError::NoFeasiblePlan(format!(
+                "constraints.cross_site_mode is \"diloco\" but only {} allowed site has a usable \
+                 scale-up domain; DiLoCo needs two or more",
+                ctx.sites.len()
+            )))
+        }
         None => Err(explain(outcome.failures)),
     }
 }
@@ -201,8 +231,12 @@ fn explain(f: search::Failures) -> PlacementError {
     if let Some((needed, available)) = f.gpus {
         return PlacementError::NotEnoughGpus { needed, available };
     }
+    let sync = f
+        .sync
+        .map(|why| format!("; the sync planner refused DiLoCo: {why}"))
+        .unwrap_or_default();
     PlacementError::NoFeasiblePlan(format!(
-        "every candidate was rejected ({} needed a WAN link that does not exist)",
+        "every candidate was rejected ({} needed a WAN link that does not exist{sync})",
         f.no_link
     ))
 }

@@ -7,6 +7,7 @@ use crate::cost::{
     self, Boundary, CostParams, Link, PipelineTime, in_flight_chunks, ring_all_reduce,
 };
 use crate::job::JobSpec;
+use crate::state::LinkRecord;
 use crate::topology::{Topology, WanLink};
 
 /// Identical scale-up domains of one GPU type in one building.
@@ -73,6 +74,9 @@ pub(crate) struct Ctx<'a> {
     pub links: Vec<Vec<Option<WanLink>>>,
     pub layer_flops: f64,
     pub activation_bytes: f64,
+    /// The latest probe of each WAN link, where the caller has them: the
+    /// sync planner reads them beside the configured figures.
+    pub measurements: &'a [LinkRecord],
 }
 
 impl<'a> Ctx<'a> {
@@ -150,6 +154,15 @@ impl<'a> Ctx<'a> {
             links,
             layer_flops: cost::layer_training_flops(job),
             activation_bytes: cost::activation_message_bytes(job),
+            measurements: &[],
+        }
+    }
+
+    /// The same context, with the latest probes of the WAN links.
+    pub fn with_measurements(self, measurements: &'a [LinkRecord]) -> Self {
+        Self {
+            measurements,
+            ..self
         }
     }
 

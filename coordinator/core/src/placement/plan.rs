@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::sync::SyncPlan;
+
 /// How replicas in different sites cooperate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
@@ -119,11 +121,18 @@ pub struct Plan {
     pub site_order: Vec<String>,
     pub groups: Vec<PipelineGroup>,
     pub step: StepBreakdown,
-    /// DiLoCo outer sync, not amortised; zero in pipeline mode.
+    /// The exposed part of one DiLoCo outer step's sync (the sync
+    /// planner's exposed WAN time plus the reduce among each site's own
+    /// replicas), not amortised; zero in pipeline mode.
     pub outer_sync_seconds: f64,
     pub wan: Vec<WanTraffic>,
     pub min_memory_slack_bytes: f64,
     pub reasons: Vec<Reason>,
+    /// The sync planner's schedule placement costed the plan with (DiLoCo
+    /// only; H in `mode` is its `inner_steps`), from the links as
+    /// configured. Plans stored before the planner existed have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<SyncPlan>,
 }
 
 /// Where one rank runs.

@@ -11,8 +11,11 @@ use std::rc::Rc;
 use super::PlacementError;
 use super::enumerate::{binomial, compositions, proportional, rings, site_sequences, subsets};
 use super::model::{Ctx, GroupEval, GroupFailure, GroupModel};
-use crate::cost::{self, Link, ring_all_reduce, ring_reduce_scatter};
+use crate::cost::{self, Link, ring_reduce_scatter};
+use crate::job::ModeConstraint;
 use crate::placement::plan::CrossSiteMode;
+use crate::state::LinkRecord;
+use crate::sync::{ShardHolders, SyncError, SyncInput, SyncPlan, plan_sync};
 
 /// Stage-count compositions or replica distributions enumerated exactly
 /// by the solver before it falls back to a heuristic.
@@ -48,8 +51,10 @@ pub(crate) struct Choice {
     /// Pipeline order (pipeline mode) or outer-sync ring (DiLoCo).
     pub site_order: Vec<usize>,
     pub outer: f64,
-    /// Bytes per outer sync on each ring hop.
+    /// Bytes per outer step on each WAN link the outer sync uses.
     pub outer_hops: Vec<HopBytes>,
+    /// The sync planner's schedule (DiLoCo only).
+    pub sync: Option<Rc<SyncPlan>>,
     pub total: f64,
 }
 
@@ -74,6 +79,8 @@ pub(crate) struct Failures {
     pub gpus: Option<(u64, u64)>,
     pub capacity: Option<(u64, u64, String)>,
     pub no_link: u64,
+    /// The first reason the sync planner gave for refusing a DiLoCo candidate.
+    pub sync: Option<String>,
 }
 
 #[derive(Debug)]
@@ -91,7 +98,6 @@ pub(crate) struct Space {
     pub tps: Vec<u32>,
     pub pps: Vec<u32>,
     pub dps: Vec<u32>,
-    pub inner_steps: u32,
 }
 
 impl Space {
@@ -144,17 +150,7 @@ impl Space {
                 data_parallel: c.data_parallel.unwrap_or(0),
             });
         }
-        let inner_steps = job
-            .diloco
-            .as_ref()
-            .map_or(ctx.params.default_inner_steps, |d| d.inner_steps)
-            .max(1);
-        Ok(Self {
-            tps,
-            pps,
-            dps,
-            inner_steps,
-        })
+        Ok(Self { tps, pps, dps })
     }
 }
 
@@ -229,8 +225,13 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
                     {
                         continue;
                     }
-                    pipeline_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);
-                    diloco_candidates(ctx, space, effort, tp, pp, dp, v, m, &mut out);
+                    let mode = ctx.job.constraints.cross_site_mode;
+                    if mode != Some(ModeConstraint::Diloco) {
+                        pipeline_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);
+                    }
+                    if mode != Some(ModeConstraint::Pipeline) {
+                        diloco_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);
+                    }
                 }
             }
         }
@@ -440,6 +441,7 @@ fn pipeline_candidates(
                         site_order: seq.clone(),
                         outer: 0.0,
                         outer_hops: Vec::new(),
+                        sync: None,
                     },
                 ),
                 Err(failure) => note(out, failure, || {
@@ -461,24 +463,18 @@ fn names(ctx: &Ctx<'_>, sites: &[usize]) -> String {
         .join("→")
 }
 
-/// The DiLoCo outer sync for replicas `ks` at the sites of `ring`: a
-/// hierarchical all-reduce of the pseudo-gradient (P elements at the
-/// training precision): reduce-scatter among a site's replicas on its
-/// fabric, ring all-reduce across sites paced by the slowest hop (each of
-/// the tp·pp·k shard holders opens its streams), all-gather locally.
-/// Returns the time and bytes per hop (both directions).
-pub(crate) fn outer_sync(
-    ctx: &Ctx<'_>,
-    tp: u32,
-    pp: u32,
-    ring: &[usize],
-    ks: &[u64],
-) -> Option<(f64, Vec<HopBytes>)> {
+/// The reduce-scatter and all-gather among each site's own replicas
+/// around the WAN exchange (the pseudo-gradient, P elements at the
+/// training precision, split over the tp·pp shard holders), on the site's
+/// fabric: the slowest site's. It runs before and after the exchange and
+/// is counted as exposed; the sync planner leaves it out
+/// ([`crate::sync`]).
+fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks: &[u64]) -> f64 {
     let job = ctx.job;
     let bytes = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
     let shard_holders = u64::from(tp) * u64::from(pp);
     let mut local = 0.0f64;
-    for (&s, &k) in ring.iter().zip(ks) {
+    for (&s, &k) in subset.iter().zip(ks) {
         let fabric = ctx.sites[s]
             .pools
             .iter()
@@ -487,34 +483,71 @@ pub(crate) fn outer_sync(
         let link = Link::new(ctx.params.fabric_latency_seconds, fabric);
         local = local.max(2.0 * ring_reduce_scatter(k, bytes / shard_holders as f64, link));
     }
-    let n = ring.len();
-    let streams = shard_holders
-        * ks.iter().copied().min().unwrap_or(1)
-        * u64::from(ctx.params.wan_streams_per_gpu);
-    let hops: Vec<(usize, usize)> = if n == 2 {
-        vec![(ring[0], ring[1])]
-    } else {
-        (0..n).map(|i| (ring[i], ring[(i + 1) % n])).collect()
-    };
-    let mut slowest = Link::new(0.0, f64::INFINITY);
-    for &(a, b) in &hops {
-        let link = cost::wan_link(ctx.link(a, b)?, streams, 1);
-        slowest.latency_seconds = slowest.latency_seconds.max(link.latency_seconds);
-        slowest.bytes_per_second = slowest.bytes_per_second.min(link.bytes_per_second);
+    local
+}
+
+/// The WAN links among `subset` as the sync planner reads them: as
+/// configured, with the latest probe of each where the caller gave one.
+fn subset_links(ctx: &Ctx<'_>, subset: &[usize]) -> Vec<LinkRecord> {
+    let mut links = Vec::new();
+    for (i, &a) in subset.iter().enumerate() {
+        for &b in &subset[i + 1..] {
+            let Some(link) = ctx.link(a, b) else {
+                continue;
+            };
+            let (x, y) = (&ctx.sites[a].id, &ctx.sites[b].id);
+            let measured = ctx
+                .measurements
+                .iter()
+                .find(|r| {
+                    let [p, q] = &r.configured.between;
+                    (p == x && q == y) || (p == y && q == x)
+                })
+                .and_then(|r| r.measured);
+            links.push(LinkRecord {
+                configured: link.clone(),
+                measured,
+            });
+        }
     }
-    let wan = ring_all_reduce(n as u64, bytes, slowest);
-    let per_node = 2.0 * (n as f64 - 1.0) / n as f64 * bytes;
-    let per_hop = if n == 2 { 2.0 * per_node } else { per_node };
-    Some((
-        local + wan,
-        hops.into_iter().map(|h| (h, per_hop)).collect(),
-    ))
+    links
+}
+
+/// The sites of a DiLoCo subset, the bits of its slowest inner step and
+/// the fewest replicas at any of its sites: all the sync planner reads of
+/// a candidate.
+type SyncKey = (Vec<usize>, u64, u64);
+
+/// What the sync planner decides for DiLoCo replicas at `subset` whose
+/// slowest inner step is `inner` seconds, the fewest replicas at any of
+/// them being `fewest`.
+fn plan_subset_sync(
+    ctx: &Ctx<'_>,
+    tp: u32,
+    pp: u32,
+    subset: &[usize],
+    inner: f64,
+    fewest: u64,
+) -> Result<SyncPlan, SyncError> {
+    let sites = subset.iter().map(|&s| ctx.sites[s].id.clone()).collect();
+    let input = SyncInput::for_replicas(
+        ctx.job,
+        ctx.params,
+        sites,
+        &subset_links(ctx, subset),
+        inner,
+        ShardHolders {
+            tensor_parallel: tp,
+            pipeline_parallel: pp,
+            fewest_replicas: fewest,
+        },
+    );
+    plan_sync(&input)
 }
 
 #[allow(clippy::too_many_arguments)] // reason: the degrees of one candidate.
 fn diloco_candidates(
     ctx: &Ctx<'_>,
-    space: &Space,
     effort: Effort,
     tp: u32,
     pp: u32,
@@ -527,7 +560,9 @@ fn diloco_candidates(
         return;
     }
     let extra = ctx.params.diloco_state_bytes_per_parameter;
-    let h = space.inner_steps;
+    // The sync planner's decision per replica subset, inner step and
+    // fewest replicas: distributions that agree on those share it.
+    let mut sync_memo: BTreeMap<SyncKey, Result<Rc<SyncPlan>, SyncError>> = BTreeMap::new();
     // Each site's inner step for k replicas, memoised: it depends only on
     // the site and k once the degrees are fixed.
     let mut memo: BTreeMap<(usize, u64), Option<Rc<CostedGroup>>> = BTreeMap::new();
@@ -554,8 +589,7 @@ fn diloco_candidates(
         if (subset.len() as u32) > dp {
             continue;
         }
-        let ring_orders = rings(ctx, &subset, effort);
-        if ring_orders.is_empty() {
+        if rings(ctx, &subset, effort).is_empty() {
             out.failures.no_link += 1;
             continue;
         }
@@ -587,34 +621,60 @@ fn diloco_candidates(
                 continue;
             }
             let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
-            for ring in &ring_orders {
-                let ring_ks: Vec<u64> = ring
-                    .iter()
-                    .map(|s| subset.iter().position(|x| x == s).map_or(1, |i| ks[i]))
-                    .collect();
-                let Some((outer, hops)) = outer_sync(ctx, tp, pp, ring, &ring_ks) else {
+            let fewest = ks.iter().copied().min().unwrap_or(1);
+            let sync = sync_memo
+                .entry((subset.clone(), inner.to_bits(), fewest))
+                .or_insert_with(|| {
+                    plan_subset_sync(ctx, tp, pp, &subset, inner, fewest).map(Rc::new)
+                })
+                .clone();
+            let sync = match sync {
+                Ok(sync) => sync,
+                Err(error) => {
+                    out.failures.sync.get_or_insert_with(|| error.to_string());
                     continue;
-                };
-                offer(
-                    out,
-                    "diloco",
-                    inner + outer / f64::from(h),
-                    u64::from(tp) * u64::from(pp) * u64::from(dp),
-                    || Choice {
-                        tp,
-                        pp,
-                        dp,
-                        v,
-                        m,
-                        mode: CrossSiteMode::Diloco { inner_steps: h },
-                        groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
-                        site_order: ring.clone(),
-                        outer,
-                        outer_hops: hops,
-                        total: inner + outer / f64::from(h),
-                    },
-                );
-            }
+                }
+            };
+            let index = |id: &str| subset.iter().copied().find(|&s| ctx.sites[s].id == id);
+            let ring: Option<Vec<usize>> =
+                sync.collective.order.iter().map(|id| index(id)).collect();
+            let hops: Option<Vec<HopBytes>> = sync
+                .links
+                .iter()
+                .map(|l| {
+                    Some((
+                        (index(&l.between[0])?, index(&l.between[1])?),
+                        l.bytes_per_outer_step,
+                    ))
+                })
+                .collect();
+            let (Some(ring), Some(hops)) = (ring, hops) else {
+                continue;
+            };
+            let h = sync.inner_steps;
+            let outer =
+                local_reduce(ctx, tp, pp, &subset, &ks) + sync.exposed_seconds_per_outer_step;
+            let total = inner + outer / f64::from(h);
+            offer(
+                out,
+                "diloco",
+                total,
+                u64::from(tp) * u64::from(pp) * u64::from(dp),
+                || Choice {
+                    tp,
+                    pp,
+                    dp,
+                    v,
+                    m,
+                    mode: CrossSiteMode::Diloco { inner_steps: h },
+                    groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
+                    site_order: ring,
+                    outer,
+                    outer_hops: hops,
+                    sync: Some(sync),
+                    total,
+                },
+            );
         }
     }
 }

@@ -231,6 +231,24 @@ pub fn validate_plan_with(
             if inner_steps == 0 {
                 errors.push("DiLoCo needs at least one inner step".to_string());
             }
+            if let Some(sync) = &plan.sync {
+                if sync.inner_steps != inner_steps {
+                    errors.push(format!(
+                        "the sync schedule's H is {}, the mode's {inner_steps}",
+                        sync.inner_steps
+                    ));
+                }
+                let mut planned = sync.sites.clone();
+                let mut placed = plan.site_order.clone();
+                planned.sort();
+                placed.sort();
+                if planned != placed {
+                    errors.push(format!(
+                        "the sync schedule covers sites {:?}, the plan's replicas sit at {:?}",
+                        sync.sites, plan.site_order
+                    ));
+                }
+            }
             let mut seen = Vec::new();
             for (g, sites) in group_sites.iter().enumerate() {
                 if sites.windows(2).any(|w| w[0] != w[1]) {
@@ -245,6 +263,9 @@ pub fn validate_plan_with(
             }
         }
         CrossSiteMode::Pipeline => {}
+    }
+    if plan.mode == CrossSiteMode::Pipeline && plan.sync.is_some() {
+        errors.push("a pipeline plan has no outer sync, but a sync schedule is attached".into());
     }
     for ((site, building, group), mut ranges) in used {
         ranges.sort_unstable();

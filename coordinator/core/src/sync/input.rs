@@ -128,7 +128,6 @@ impl SyncInput {
                 job: plan.job.clone(),
             });
         }
-        let sites = plan.site_order.clone();
         let inner_step_seconds = plan
             .groups
             .iter()
@@ -139,18 +138,44 @@ impl SyncInput {
             .iter()
             .map(|g| u64::from(g.replicas))
             .min()
-            .unwrap_or(1)
-            .max(1);
-        let shard_holders = u64::from(plan.degrees.tensor_parallel.max(1))
-            * u64::from(plan.degrees.pipeline_parallel.max(1))
-            * fewest_replicas;
+            .unwrap_or(1);
+        Ok(Self::for_replicas(
+            job,
+            params,
+            plan.site_order.clone(),
+            links,
+            inner_step_seconds,
+            ShardHolders {
+                tensor_parallel: plan.degrees.tensor_parallel,
+                pipeline_parallel: plan.degrees.pipeline_parallel,
+                fewest_replicas,
+            },
+        ))
+    }
+
+    /// The input for DiLoCo replicas of `job` at `sites` (in ring order)
+    /// whose slowest inner step is `inner_step_seconds`: the links among
+    /// those sites from `links` (others are ignored), streams and
+    /// compression cores from the shard holders, the standard codecs and
+    /// the job's `[diloco]` settings (H = `params.default_inner_steps` when
+    /// it has none). Placement costs each of its DiLoCo candidates with it;
+    /// [`SyncInput::from_plan`] builds it from the plan placement chose.
+    pub fn for_replicas(
+        job: &JobSpec,
+        params: &CostParams,
+        sites: Vec<String>,
+        links: &[LinkRecord],
+        inner_step_seconds: f64,
+        holders: ShardHolders,
+    ) -> Self {
+        let shard_holders = holders.count();
         let joins = |link: &LinkRecord| {
             link.configured
                 .between
                 .iter()
                 .all(|end| sites.iter().any(|s| s == end))
         };
-        Ok(Self {
+        Self {
             parameters: job.model.parameters,
             inner_step_seconds,
             sync_dp_bits: job.training.precision.bytes() * 8,
@@ -163,6 +188,27 @@ impl SyncInput {
                 .diloco
                 .clone()
                 .unwrap_or_else(|| Diloco::new(params.default_inner_steps)),
-        })
+        }
+    }
+}
+
+/// Who exchanges a site's pseudo-gradient over the WAN: every GPU of one
+/// replica holds a shard (TP × PP of them) and each replica of the site
+/// holds a copy, so the shards of the site with the fewest replicas open
+/// the fewest streams and compress on the fewest cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardHolders {
+    pub tensor_parallel: u32,
+    pub pipeline_parallel: u32,
+    /// Replicas at the site that has the fewest.
+    pub fewest_replicas: u64,
+}
+
+impl ShardHolders {
+    /// TP × PP × the fewest replicas, at least 1.
+    pub fn count(&self) -> u64 {
+        u64::from(self.tensor_parallel.max(1))
+            * u64::from(self.pipeline_parallel.max(1))
+            * self.fewest_replicas.max(1)
     }
 }

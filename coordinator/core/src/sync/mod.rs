@@ -100,7 +100,12 @@ mod tests;
 
 use thiserror::Error;
 
-pub use input::{Codec, SyncInput, ZSTD_BYTES_PER_SECOND_PER_CORE, configured_links};
+use crate::cost::CostParams;
+use crate::job::JobSpec;
+use crate::placement::Plan;
+use crate::state::LinkRecord;
+
+pub use input::{Codec, ShardHolders, SyncInput, ZSTD_BYTES_PER_SECOND_PER_CORE, configured_links};
 pub use model::{bytes_sent_per_site, compute_utilisation, exposed_seconds, reduction_vs_sync_dp};
 pub use plan::{CollectiveKind, CollectivePlan, FragmentSync, LinkPlan, SyncPlan};
 
@@ -148,4 +153,19 @@ pub fn brute_force_plan_sync(input: &SyncInput) -> Result<SyncPlan, SyncError> {
     let search = search::Search::new(&model)?;
     let choice = search::brute_force(&model)?;
     Ok(plan::assemble(&model, &search, &choice))
+}
+
+/// The sync schedule of a placed DiLoCo job: the one placement costed the
+/// plan with ([`Plan::sync`]), or, for a plan stored before placement ran
+/// the planner, the planner's answer for it from `links` now.
+pub fn schedule_of(
+    plan: &Plan,
+    job: &JobSpec,
+    links: &[LinkRecord],
+    params: &CostParams,
+) -> Result<SyncPlan, SyncError> {
+    match &plan.sync {
+        Some(sync) => Ok(sync.clone()),
+        None => plan_sync(&SyncInput::from_plan(plan, job, links, params)?),
+    }
 }

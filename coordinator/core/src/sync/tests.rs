@@ -530,7 +530,7 @@ fn a_policy_in_a_job_file_parses_with_defaults_and_is_validated() {
     let base = "name = \"j\"\n[model]\nparameters = 1000\nlayers = 2\nhidden_size = 8\n\
                 attention_heads = 2\nsequence_length = 16\n[batch]\nglobal_batch = 4\n\
                 micro_batch = 1\n[diloco]\ninner_steps = 100\n";
-    let job = crate::JobSpec::from_toml("j.toml", base).unwrap();
+    let job = JobSpec::from_toml("j.toml", base).unwrap();
     let diloco = job.diloco.clone().unwrap();
     assert_eq!(diloco, Diloco::new(100));
     assert_eq!(diloco.max_inner_steps(), 400);
@@ -539,7 +539,7 @@ fn a_policy_in_a_job_file_parses_with_defaults_and_is_validated() {
     assert_eq!(diloco.max_overlap_steps(), 5);
     assert!(diloco.error_feedback());
     assert_eq!(
-        crate::JobSpec::from_toml("j.toml", &job.to_toml().unwrap()).unwrap(),
+        JobSpec::from_toml("j.toml", &job.to_toml().unwrap()).unwrap(),
         job
     );
 
@@ -548,12 +548,12 @@ fn a_policy_in_a_job_file_parses_with_defaults_and_is_validated() {
          fragments = 8\nmax_overlap_steps = 2\nbits = 8\nerror_feedback = false\n\
          link_budget = \"20 Gbit/s\"\nzstd_ratio = 1.1\n"
     );
-    let job = crate::JobSpec::from_toml("j.toml", &full).unwrap();
+    let job = JobSpec::from_toml("j.toml", &full).unwrap();
     let diloco = job.diloco.clone().unwrap();
     assert_eq!(diloco.target_compute_utilisation(), 1.0 - 0.02);
     assert_eq!(diloco.link_budget, Some(DataRate::from_gbit_per_second(20)));
     assert_eq!(
-        crate::JobSpec::from_toml("j.toml", &job.to_toml().unwrap()).unwrap(),
+        JobSpec::from_toml("j.toml", &job.to_toml().unwrap()).unwrap(),
         job
     );
 
@@ -568,7 +568,7 @@ fn a_policy_in_a_job_file_parses_with_defaults_and_is_validated() {
         ("zstd_ratio = 0.9\n", "diloco.zstd_ratio"),
         ("link_budget = \"0 Gbit/s\"\n", "diloco.link_budget"),
     ] {
-        let error = crate::JobSpec::from_toml("j.toml", &format!("{base}{line}")).unwrap_err();
+        let error = JobSpec::from_toml("j.toml", &format!("{base}{line}")).unwrap_err();
         let text = error.to_string();
         assert!(text.contains(path), "{path}: {text}");
     }
