@@ -212,6 +212,105 @@ fn plan_json_replays_and_keeps_tp_inside_domains() {
 }
 
 #[test]
+fn sync_plan_json_names_its_figures_and_matches_the_placed_plan() {
+    let (status, out, err) = longhaul(&[
+        "sync",
+        "plan",
+        "--topology",
+        &example("three-sites-two-continents.toml"),
+        "--job",
+        &example("dense-400b.job.toml"),
+        "--output",
+        "json",
+    ]);
+    assert_eq!(status, 0, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for field in [
+        "inner_steps",
+        "fragments",
+        "overlap_steps",
+        "predicted_compute_utilisation",
+        "reduction_vs_sync_dp",
+        "links",
+    ] {
+        assert!(!doc[field].is_null(), "no {field} in {out}");
+    }
+    for link in doc["links"].as_array().unwrap() {
+        assert!(
+            link["bits"]
+                .as_u64()
+                .is_some_and(|b| [4, 8, 16].contains(&b))
+        );
+        assert!(
+            link["bytes_per_outer_step"]
+                .as_f64()
+                .is_some_and(|b| b > 0.0)
+        );
+    }
+    let u = doc["predicted_compute_utilisation"].as_f64().unwrap();
+    assert!(u > 0.0 && u <= 1.0, "a fraction, not a percentage: {u}");
+    // The document is the schedule `plan` placed the job with.
+    let (_, plan_out, _) = longhaul(&[
+        "plan",
+        "--topology",
+        &example("three-sites-two-continents.toml"),
+        "--job",
+        &example("dense-400b.job.toml"),
+        "--output",
+        "json",
+    ]);
+    let plan: longhaul_core::placement::Plan = serde_json::from_str(&plan_out).unwrap();
+    let sync: longhaul_core::sync::SyncPlan = serde_json::from_value(doc.clone()).unwrap();
+    assert_eq!(plan.sync, Some(sync));
+    assert!(doc["placement_preferred"].is_null());
+}
+
+#[test]
+fn sync_plan_of_a_job_placed_as_a_pipeline_plans_its_best_diloco_placement_and_says_so() {
+    let (status, out, err) = longhaul(&[
+        "sync",
+        "plan",
+        "--topology",
+        &example("two-campuses-500km.toml"),
+    ]);
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("sync plan for llama-70b on two-campuses-500km: DiLoCo"),
+        "{out}"
+    );
+    assert!(
+        out.contains("note: placement prefers a cross-site pipeline"),
+        "{out}"
+    );
+    assert!(
+        out.contains("\nlinks\n") && out.contains("north – south"),
+        "{out}"
+    );
+    assert!(out.contains("\nwhy\n  inner_steps: "), "{out}");
+    // A job that forbids DiLoCo has nothing to plan: a clear error.
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("pipeline.job.toml");
+    let text = std::fs::read_to_string(example("llama-70b.job.toml"))
+        .unwrap()
+        .replace(
+            "max_tensor_parallel = 8",
+            "max_tensor_parallel = 8\ncross_site_mode = \"pipeline\"",
+        );
+    std::fs::write(&job, text).unwrap();
+    let (status, _, err) = longhaul(&["sync", "plan", "--job", job.to_str().unwrap()]);
+    assert_eq!(status, 1, "{err}");
+    assert!(err.contains("cross_site_mode = \"pipeline\""), "{err}");
+    // An unknown mode is an invalid file, named with its line.
+    let text = std::fs::read_to_string(&job)
+        .unwrap()
+        .replace("\"pipeline\"", "\"ring\"");
+    std::fs::write(&job, text).unwrap();
+    let (status, _, err) = longhaul(&["sync", "plan", "--job", job.to_str().unwrap()]);
+    assert_eq!(status, 2, "{err}");
+    assert!(err.contains("cross_site_mode"), "{err}");
+}
+
+#[test]
 fn an_infeasible_plan_says_why() {
     let (status, _, err) = longhaul(&[
         "plan",

@@ -241,7 +241,7 @@ impl Cluster {
         Ok(match self.system {
             System::Longhaul => Writer::Longhaul {
                 client: CoordinatorClient::new(channel),
-                job: payload.job.clone(),
+                job: Box::new(payload.job.clone()),
             },
             System::Etcd => Writer::Etcd {
                 client: EtcdClient::new(channel),
@@ -339,7 +339,7 @@ impl Cluster {
 pub enum Writer {
     Longhaul {
         client: CoordinatorClient<Channel>,
-        job: pb::JobSpec,
+        job: Box<pb::JobSpec>,
     },
     Etcd {
         client: EtcdClient,
@@ -353,7 +353,7 @@ impl Writer {
     pub async fn write(&mut self, name: &str, timeout: Duration) -> Result<(), Status> {
         match self {
             Self::Longhaul { client, job } => {
-                let mut spec = job.clone();
+                let mut spec = pb::JobSpec::clone(job);
                 spec.name = name.to_string();
                 let mut request = tonic::Request::new(pb::SubmitJobRequest {
                     spec: Some(spec),

@@ -8,6 +8,7 @@ pub mod emulate;
 pub mod plan;
 pub mod rehearse;
 mod remote;
+pub mod sync;
 mod table;
 pub mod topology;
 
@@ -48,6 +49,10 @@ pub enum Command {
     Scenario(ScenarioCommand),
     /// Place a job on a topology (no coordinator needed) and explain the plan.
     Plan(plan::PlanArgs),
+    /// How a DiLoCo job's sites synchronise: plan it from files, or show a
+    /// stored job's schedule.
+    #[command(subcommand)]
+    Sync(sync::SyncCommand),
     /// Query and manage a running coordinator cluster.
     #[command(subcommand)]
     Cluster(remote::ClusterCommand),
@@ -168,6 +173,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Job(JobCommand::Check(args)) => check_job(&args, out),
         Command::Scenario(ScenarioCommand::Check(args)) => check_scenario(&args, out),
         Command::Plan(args) => plan::plan(&args, out),
+        Command::Sync(command) => sync::sync(command, out),
         Command::Cluster(command) => remote::cluster(command, out),
         Command::Sites(command) => remote::sites(command, out),
         Command::Links(command) => remote::links(command, out),

@@ -29,12 +29,17 @@ pub struct PlanArgs {
     pub output: Output,
 }
 
-pub fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
-    let topology = match &args.topology {
+/// The topology and job files of a what-if (the bundled examples when
+/// omitted), parsed and checked against each other.
+pub fn load_inputs(
+    topology: Option<&PathBuf>,
+    job: Option<&PathBuf>,
+) -> Result<(Topology, JobSpec), Failure> {
+    let topology = match topology {
         Some(path) => load_topology(path)?,
         None => Topology::from_toml(DEFAULT_TOPOLOGY_NAME, DEFAULT_TOPOLOGY)?,
     };
-    let (job_name, job_text) = match &args.job {
+    let (job_name, job_text) = match job {
         Some(path) => (path.display().to_string(), read(path)?),
         None => (DEFAULT_JOB_NAME.to_string(), DEFAULT_JOB.to_string()),
     };
@@ -43,13 +48,24 @@ pub fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
     if !violations.is_empty() {
         return Err(longhaul_core::config::violations_in(&job_name, &job_text, violations).into());
     }
-    let plan = place(&topology, &job).map_err(|error| {
+    Ok((topology, job))
+}
+
+/// Places `job` on `topology`, or says why it cannot be placed.
+pub fn place_job(topology: &Topology, job: &JobSpec) -> Result<Plan, Failure> {
+    place(topology, job).map_err(|error| {
         anyhow::anyhow!(
             "job {:?} cannot be placed on {:?}: {error}",
             job.name,
             topology.name
         )
-    })?;
+        .into()
+    })
+}
+
+pub fn plan(args: &PlanArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    let (topology, job) = load_inputs(args.topology.as_ref(), args.job.as_ref())?;
+    let plan = place_job(&topology, &job)?;
     match args.output {
         Output::Json => super::print_json(&plan, out),
         Output::Text => {
@@ -124,7 +140,20 @@ pub fn render(plan: &Plan) -> String {
     }
     table.row(vec!["total".into(), human_seconds(s.total), "100%".into()]);
     out.push_str(&table.render(2));
-    if plan.outer_sync_seconds > 0.0 {
+    if let Some(sync) = &plan.sync {
+        let _ = writeln!(
+            out,
+            "  outer sync (the sync planner's; `longhaul sync plan` for all of it): every {} \
+             steps, {} fragment(s), overlap {} step(s), {}-bit; {} of each outer step exposed, \
+             predicted compute utilisation {:.2} %",
+            sync.inner_steps,
+            sync.fragments,
+            sync.overlap_steps,
+            sync.links.iter().map(|l| l.bits).max().unwrap_or(0),
+            human_seconds(plan.outer_sync_seconds),
+            sync.predicted_compute_utilisation * 100.0
+        );
+    } else if plan.outer_sync_seconds > 0.0 {
         let _ = writeln!(
             out,
             "  one outer sync takes {}",

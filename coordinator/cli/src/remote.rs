@@ -136,7 +136,7 @@ pub enum JobsCommand {
 
 /// Runs `f` against each endpoint until one answers with something other
 /// than UNAVAILABLE; returns the first answer.
-async fn call<T, F, Fut>(remote: &Remote, mut f: F) -> Result<T, Failure>
+pub(crate) async fn call<T, F, Fut>(remote: &Remote, mut f: F) -> Result<T, Failure>
 where
     F: FnMut(CoordinatorClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -181,7 +181,7 @@ where
     .into())
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -7,6 +7,9 @@
 //! removals of jobs they never had.
 
 use longhaul_core::placement::{CrossSiteMode, Plan};
+use longhaul_core::sync::CollectiveKind;
+
+use super::convert::{nanos, whole};
 use longhaul_core::state::{JobRecord, JobState};
 use longhaul_proto::v1 as pb;
 
@@ -21,21 +24,75 @@ pub fn plan_of(job: &JobRecord) -> Option<&Plan> {
 /// The outer-synchronisation schedule of a DiLoCo plan; `None` for a
 /// cross-site pipeline, which has no outer rounds.
 ///
-/// The schedule is what the plan decided: H inner steps between outer
-/// steps, the whole pseudo-gradient as one fragment, uncompressed
-/// (`codec_bits` 0). Streaming fragments, codecs and the rounds' progress
-/// belong to the sync planner, which this coordinator does not have yet.
+/// The schedule is the sync planner's, decided when the job was placed
+/// (`Plan::sync`). A plan stored before placement ran the planner carries
+/// only H: one fragment, uncompressed (`codec_bits` 0), `planned` false.
 pub fn sync_schedule(job_id: &str, plan: &Plan) -> Option<pb::SyncSchedule> {
-    match plan.mode {
-        CrossSiteMode::Pipeline => None,
-        CrossSiteMode::Diloco { inner_steps } => Some(pb::SyncSchedule {
+    let CrossSiteMode::Diloco { inner_steps } = plan.mode else {
+        return None;
+    };
+    let Some(sync) = &plan.sync else {
+        return Some(pb::SyncSchedule {
             job_id: job_id.to_string(),
             inner_steps,
             fragments: 1,
-            codec_bits: 0,
-            current_round: None,
-        }),
-    }
+            ..pb::SyncSchedule::default()
+        });
+    };
+    Some(pb::SyncSchedule {
+        job_id: job_id.to_string(),
+        inner_steps: sync.inner_steps,
+        fragments: sync.fragments,
+        codec_bits: sync.links.iter().map(|l| l.bits).max().unwrap_or(0),
+        current_round: None,
+        overlap_steps: sync.overlap_steps,
+        schedule: sync
+            .schedule
+            .iter()
+            .map(|f| pb::FragmentSchedule {
+                fragment: f.fragment,
+                first_parameter: f.first_parameter,
+                parameters: f.parameters,
+                sync_at_inner_step: f.sync_at_inner_step,
+                apply_at_inner_step: f.apply_at_inner_step,
+            })
+            .collect(),
+        collective: match sync.collective.kind {
+            CollectiveKind::ReduceScatterAllGather => "reduce-scatter-all-gather",
+            CollectiveKind::Ring => "ring",
+        }
+        .to_string(),
+        collective_order: sync.collective.order.clone(),
+        links: sync
+            .links
+            .iter()
+            .map(|l| pb::LinkSchedule {
+                site_a: l.between[0].clone(),
+                site_b: l.between[1].clone(),
+                bits: l.bits,
+                block_size: l.block_size,
+                error_feedback: l.error_feedback,
+                zstd: l.zstd,
+                bytes_per_outer_step: whole(l.bytes_per_outer_step),
+                reduction_vs_sync_dp: l.reduction_vs_sync_dp,
+                measured: l.measured,
+                reason: l.reason.clone(),
+            })
+            .collect(),
+        predicted_compute_utilisation: sync.predicted_compute_utilisation,
+        target_compute_utilisation: sync.target_compute_utilisation,
+        exposed_ns_per_outer_step: nanos(sync.exposed_seconds_per_outer_step),
+        outer_step_ns: nanos(sync.outer_step_seconds),
+        bytes_per_outer_step: whole(sync.bytes_per_outer_step),
+        reduction_vs_sync_dp: sync.reduction_vs_sync_dp,
+        reasons: sync
+            .reasons
+            .iter()
+            .map(|r| format!("{}: {} ({})", r.decision, r.choice, r.reason))
+            .collect(),
+        canonical_json: serde_json::to_string(sync).unwrap_or_default(),
+        planned: true,
+    })
 }
 
 /// `site`'s part of `job` as of `revision`: its ranks, or a removal when

@@ -101,10 +101,20 @@ pub fn member(member: &Member, learners: &[u64]) -> pb::Member {
     }
 }
 
+/// A non-negative figure as a whole number, rounded (saturating `as`: a
+/// negative or NaN figure becomes 0, an enormous one `u64::MAX`).
+pub fn whole(value: f64) -> u64 {
+    value.round().max(0.0) as u64
+}
+
+/// Seconds as whole nanoseconds, as [`whole`].
+pub fn nanos(seconds: f64) -> u64 {
+    whole(seconds * 1e9)
+}
+
 /// A plan as the API returns it; `canonical_json` replays exactly.
 pub fn plan_to_wire(plan: &longhaul_core::placement::Plan) -> Result<pb::Plan, Status> {
     use longhaul_core::placement::CrossSiteMode;
-    let nanos = |seconds: f64| (seconds * 1e9).round().max(0.0) as u64;
     let (mode, inner_steps) = match plan.mode {
         CrossSiteMode::Pipeline => ("synchronous", 0),
         CrossSiteMode::Diloco { inner_steps } => ("diloco", inner_steps),

@@ -8,9 +8,10 @@
 //! that need not; any other job is placed again, and the new outcome (a plan,
 //! or why it is infeasible) goes through raft as `SetPlacement`.
 
-use longhaul_core::placement::{Plan, place, validate_plan};
+use longhaul_core::cost::CostParams;
+use longhaul_core::placement::{Plan, place_measured, validate_plan};
 use longhaul_core::state::{
-    Change, ClusterState, Command, JobRecord, JobState, Placement, Request,
+    Change, ClusterState, Command, JobRecord, JobState, LinkRecord, Placement, Request,
 };
 
 use super::raft_loop::{RaftHandle, Role};
@@ -28,6 +29,7 @@ pub struct Replan {
 /// proposes them).
 pub fn replans(state: &ClusterState) -> Vec<Replan> {
     let topology = state.live_topology("registered-sites");
+    let links: Vec<LinkRecord> = state.links().cloned().collect();
     state
         .jobs()
         .filter(|job| {
@@ -36,28 +38,36 @@ pub fn replans(state: &ClusterState) -> Vec<Replan> {
                 JobState::Placed | JobState::Infeasible | JobState::Pending
             )
         })
-        .filter_map(|job| replan(job, &topology))
+        .filter_map(|job| replan(job, &topology, &links))
         .collect()
 }
 
 /// Places `spec` on the sites that are up: its allowed sites that are down
-/// are left out (and it is infeasible when all of them are).
+/// are left out (and it is infeasible when all of them are). The sync
+/// planner of DiLoCo candidates reads the links' latest probes from
+/// `links` (the state's records).
 pub fn place_live(
     topology: &longhaul_core::Topology,
+    links: &[LinkRecord],
     spec: &longhaul_core::JobSpec,
 ) -> Result<Plan, String> {
     let spec = spec.restricted_to(topology)?;
-    place(topology, &spec).map_err(|error| error.to_string())
+    place_measured(topology, &spec, &CostParams::default(), links)
+        .map_err(|error| error.to_string())
 }
 
-fn replan(job: &JobRecord, topology: &longhaul_core::Topology) -> Option<Replan> {
+fn replan(
+    job: &JobRecord,
+    topology: &longhaul_core::Topology,
+    links: &[LinkRecord],
+) -> Option<Replan> {
     if let Some(plan) = job.placement.plan()
         && let Ok(spec) = job.spec.restricted_to(topology)
         && validate_plan(topology, &spec, plan).is_ok()
     {
         return None;
     }
-    let (placement, reason) = match place_live(topology, &job.spec) {
+    let (placement, reason) = match place_live(topology, links, &job.spec) {
         Ok(plan) => {
             let placement = Placement::placed(plan);
             let reason = match &placement {

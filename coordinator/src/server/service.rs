@@ -190,9 +190,13 @@ impl CoordinatorService {
         &self,
         spec: &longhaul_core::JobSpec,
     ) -> Result<Result<longhaul_core::placement::Plan, String>, Status> {
-        let topology = self.raft.state().read().live_topology("registered-sites");
+        let (topology, links) = {
+            let state = self.raft.state().read();
+            let links: Vec<_> = state.links().cloned().collect();
+            (state.live_topology("registered-sites"), links)
+        };
         let spec = spec.clone();
-        tokio::task::spawn_blocking(move || super::replan::place_live(&topology, &spec))
+        tokio::task::spawn_blocking(move || super::replan::place_live(&topology, &links, &spec))
             .await
             .map_err(|e| Status::internal(format!("placement task failed: {e}")))
     }

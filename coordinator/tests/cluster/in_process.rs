@@ -302,6 +302,139 @@ async fn submitted_jobs_are_placed_on_the_registered_sites() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sync_schedule_is_the_planners_and_reads_the_probes() {
+    use longhaul_core::job::ModeConstraint;
+    use longhaul_core::state::{Command, LinkMeasurement, Request};
+    let dir = tempfile::tempdir().unwrap();
+    let config = replica_configs(dir.path(), 1).remove(0);
+    let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
+    leader_of(&replicas).await;
+    let raft = &replicas[0].as_ref().unwrap().raft;
+    let topology = longhaul_core::Topology::from_toml(
+        "two-campuses-500km.toml",
+        include_str!("../../../deploy/examples/two-campuses-500km.toml"),
+    )
+    .unwrap();
+    for site in &topology.sites {
+        raft.propose(Request::new(Command::RegisterSite {
+            site: site.clone(),
+            data_address: String::new(),
+            at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
+        }))
+        .await
+        .unwrap();
+    }
+    let link = topology.links[0].clone();
+    raft.propose(Request::new(Command::PutLink { link: link.clone() }))
+        .await
+        .unwrap();
+    let mut job = longhaul_core::JobSpec::from_toml(
+        "llama.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    )
+    .unwrap();
+    let mut c = client(config.listen).await;
+    let schedule = |job_id: &str| pb::GetSyncScheduleRequest {
+        job_id: job_id.into(),
+        allow_stale: false,
+    };
+
+    // Placed as a pipeline: no outer sync, a clear refusal.
+    let submit = |job: &longhaul_core::JobSpec| pb::SubmitJobRequest {
+        spec: Some(longhaul_coordinator::server::convert::job_to_wire(job)),
+        expected_revision: 0,
+    };
+    c.submit_job(submit(&job)).await.unwrap();
+    let refused = c
+        .get_sync_schedule(schedule("llama-70b"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(
+        refused.message().contains("pipeline"),
+        "{}",
+        refused.message()
+    );
+
+    // As DiLoCo: the schedule is the one placement costed the plan with.
+    job.name = "llama-70b-diloco".into();
+    job.constraints.cross_site_mode = Some(ModeConstraint::Diloco);
+    let stored = c
+        .submit_job(submit(&job))
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap();
+    let plan: longhaul_core::placement::Plan =
+        serde_json::from_str(&stored.plan.unwrap().canonical_json).unwrap();
+    let sync = plan
+        .sync
+        .clone()
+        .expect("a DiLoCo plan carries its schedule");
+    let got = c
+        .get_sync_schedule(schedule("llama-70b-diloco"))
+        .await
+        .unwrap()
+        .into_inner()
+        .schedule
+        .unwrap();
+    assert!(got.planned);
+    assert_eq!(got.inner_steps, sync.inner_steps);
+    assert_eq!(got.fragments, sync.fragments);
+    assert_eq!(got.overlap_steps, sync.overlap_steps);
+    assert_eq!(got.schedule.len(), sync.fragments as usize);
+    assert_eq!(got.links.len(), 1);
+    assert_eq!(got.codec_bits, sync.links[0].bits);
+    assert!(!got.links[0].measured);
+    assert_eq!(
+        serde_json::from_str::<longhaul_core::sync::SyncPlan>(&got.canonical_json).unwrap(),
+        sync
+    );
+    assert!(got.predicted_compute_utilisation > 0.0 && got.predicted_compute_utilisation <= 1.0);
+
+    // A probe that found the link 1,000 times slower than configured: a job
+    // placed after it is planned from the probe, with a larger H.
+    raft.propose(Request::new(Command::RecordLinkMeasurement {
+        site_a: link.between[0].clone(),
+        site_b: link.between[1].clone(),
+        measurement: LinkMeasurement {
+            rtt_ns: 6_000_000,
+            loss_rate: 0.0,
+            throughput_bps: link.link_rate.bits_per_second() / 1000,
+            measured_at_unix_ms: 1,
+        },
+    }))
+    .await
+    .unwrap();
+    job.name = "llama-70b-probed".into();
+    c.submit_job(submit(&job)).await.unwrap();
+    let probed = c
+        .get_sync_schedule(schedule("llama-70b-probed"))
+        .await
+        .unwrap()
+        .into_inner()
+        .schedule
+        .unwrap();
+    assert!(probed.links[0].measured);
+    // The slower link needs more hiding: a larger H, or more fragments
+    // (each exchange shorter) and overlap.
+    assert!(
+        (probed.inner_steps, probed.fragments, probed.overlap_steps)
+            > (got.inner_steps, got.fragments, got.overlap_steps),
+        "H/P/τ {}/{}/{} after the probe, {}/{}/{} before",
+        probed.inner_steps,
+        probed.fragments,
+        probed.overlap_steps,
+        got.inner_steps,
+        got.fragments,
+        got.overlap_steps
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_site_going_down_re_plans_its_jobs_and_unaffected_plans_stay() {
     use longhaul_core::state::{Command, Request};
     let dir = tempfile::tempdir().unwrap();

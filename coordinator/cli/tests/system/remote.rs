@@ -64,4 +64,83 @@ async fn the_cli_queries_and_writes_through_any_endpoint() {
     let (status, out, _) = longhaul(args(&["cluster", "status"])).await;
     assert_eq!(status, 0);
     assert!(out.starts_with("leader 1  term"), "{out}");
+
+    // With sites registered, a DiLoCo job has a schedule to show: the one
+    // `sync plan` predicts from the same files.
+    use longhaul_core::state::{Command, Request};
+    let topology_file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/examples/two-campuses-500km.toml"
+    );
+    let topology = longhaul_core::Topology::from_toml(
+        "t.toml",
+        &std::fs::read_to_string(topology_file).unwrap(),
+    )
+    .unwrap();
+    let raft = &replicas[0].as_ref().unwrap().raft;
+    for site in &topology.sites {
+        raft.propose(Request::new(Command::RegisterSite {
+            site: site.clone(),
+            data_address: String::new(),
+            at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
+        }))
+        .await
+        .unwrap();
+    }
+    raft.propose(Request::new(Command::PutLink {
+        link: topology.links[0].clone(),
+    }))
+    .await
+    .unwrap();
+    let diloco_job = dir.path().join("diloco.job.toml");
+    std::fs::write(
+        &diloco_job,
+        std::fs::read_to_string(&job)
+            .unwrap()
+            .replace("name = \"llama-70b\"", "name = \"llama-70b-diloco\"")
+            .replace(
+                "max_tensor_parallel = 8",
+                "max_tensor_parallel = 8\ncross_site_mode = \"diloco\"",
+            ),
+    )
+    .unwrap();
+    let diloco_job = diloco_job.display().to_string();
+    let (status, _, err) = longhaul(args(&["jobs", "submit", &diloco_job])).await;
+    assert_eq!(status, 0, "{err}");
+    let (status, out, err) = longhaul(args(&["sync", "show", "llama-70b-diloco"])).await;
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.starts_with("sync schedule of job \"llama-70b-diloco\" at revision"),
+        "{out}"
+    );
+    assert!(out.contains("north – south"), "{out}");
+    let (status, shown, err) = longhaul(args(&[
+        "sync",
+        "show",
+        "llama-70b-diloco",
+        "--output",
+        "json",
+    ]))
+    .await;
+    assert_eq!(status, 0, "{err}");
+    let (status, planned, err) = longhaul(vec![
+        "sync".into(),
+        "plan".into(),
+        "--topology".into(),
+        topology_file.into(),
+        "--job".into(),
+        diloco_job.clone(),
+        "--output".into(),
+        "json".into(),
+    ])
+    .await;
+    assert_eq!(status, 0, "{err}");
+    let shown: longhaul_core::sync::SyncPlan = serde_json::from_str(&shown).unwrap();
+    let planned: longhaul_core::sync::SyncPlan = serde_json::from_str(&planned).unwrap();
+    assert_eq!(shown, planned);
+    let (status, _, err) = longhaul(args(&["sync", "show", "no-such-job"])).await;
+    assert_eq!(status, 1);
+    assert!(err.contains("NotFound") && err.contains("job_id"), "{err}");
 }
