@@ -28,18 +28,46 @@ pub struct Replan {
 /// The placements to change after a liveness transition (pure: the caller
 /// proposes them).
 pub fn replans(state: &ClusterState) -> Vec<Replan> {
-    let topology = state.live_topology("registered-sites");
-    let links: Vec<LinkRecord> = state.links().cloned().collect();
-    state
-        .jobs()
-        .filter(|job| {
-            matches!(
-                job.state,
-                JobState::Placed | JobState::Infeasible | JobState::Pending
-            )
-        })
-        .filter_map(|job| replan(job, &topology, &links))
-        .collect()
+    ReplanInputs::of(state).replans()
+}
+
+/// What re-planning reads of the state, copied out of it, so placement
+/// (which can take seconds) runs without holding the state's lock: apply
+/// waits for that lock, and a held read would stall the whole log.
+#[derive(Debug, Clone)]
+pub struct ReplanInputs {
+    topology: longhaul_core::Topology,
+    links: Vec<LinkRecord>,
+    jobs: Vec<JobRecord>,
+}
+
+impl ReplanInputs {
+    /// The sites that are up, every link record and the jobs that may need
+    /// placing (placed, infeasible or pending).
+    pub fn of(state: &ClusterState) -> Self {
+        Self {
+            topology: state.live_topology("registered-sites"),
+            links: state.links().cloned().collect(),
+            jobs: state
+                .jobs()
+                .filter(|job| {
+                    matches!(
+                        job.state,
+                        JobState::Placed | JobState::Infeasible | JobState::Pending
+                    )
+                })
+                .cloned()
+                .collect(),
+        }
+    }
+
+    /// The placements to change.
+    pub fn replans(&self) -> Vec<Replan> {
+        self.jobs
+            .iter()
+            .filter_map(|job| replan(job, &self.topology, &self.links))
+            .collect()
+    }
 }
 
 /// Places `spec` on the sites that are up: its allowed sites that are down
@@ -144,8 +172,8 @@ pub fn spawn(raft: RaftHandle) {
             if raft.status().role != Role::Leader {
                 continue;
             }
-            let state = raft.state().clone();
-            let changes = match tokio::task::spawn_blocking(move || replans(&state.read())).await {
+            let inputs = ReplanInputs::of(&raft.state().read());
+            let changes = match tokio::task::spawn_blocking(move || inputs.replans()).await {
                 Ok(changes) => changes,
                 Err(error) => {
                     tracing::error!(%error, "re-planning task failed");
