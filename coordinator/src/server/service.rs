@@ -716,7 +716,11 @@ fn watch_event(event: &Event) -> pb::WatchEvent {
         Change::Site { record } => Some(E::Site(convert::site_status(record))),
         Change::Link { record } => Some(E::Link(convert::link_status(record))),
         Change::Job { record } => Some(E::Job(convert::job(record))),
-        Change::Member { .. } | Change::MemberRemoved { .. } | Change::Noop => None,
+        Change::Member { .. }
+        | Change::MemberRemoved { .. }
+        | Change::Round { .. }
+        | Change::RoundRemoved { .. }
+        | Change::Noop => None,
     };
     pb::WatchEvent {
         revision: event.revision,

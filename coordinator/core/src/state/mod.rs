@@ -9,6 +9,7 @@
 
 mod admission;
 mod command;
+pub mod rounds;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -16,6 +17,10 @@ pub use admission::check_bounds;
 pub use command::{
     ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
+};
+pub use rounds::{
+    CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, Participant,
+    ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +47,9 @@ pub struct ClusterState {
     links: BTreeMap<(String, String), LinkRecord>,
     jobs: BTreeMap<String, JobRecord>,
     members: BTreeMap<u64, Member>,
+    /// Each job's kept outer rounds, by round (absent in older snapshots).
+    #[serde(default)]
+    rounds: BTreeMap<String, BTreeMap<u64, RoundRecord>>,
     history: VecDeque<Event>,
     history_limit: usize,
 }
@@ -68,6 +76,7 @@ impl ClusterState {
             links: BTreeMap::new(),
             jobs: BTreeMap::new(),
             members: BTreeMap::new(),
+            rounds: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
         }
@@ -130,7 +139,17 @@ impl ClusterState {
             .members
             .values()
             .map(|m| Change::Member { member: m.clone() });
-        sites.chain(links).chain(jobs).chain(members).collect()
+        let rounds = self.rounds.values().flat_map(|rounds| {
+            rounds.values().map(|r| Change::Round {
+                record: Box::new(r.clone()),
+            })
+        });
+        sites
+            .chain(links)
+            .chain(jobs)
+            .chain(members)
+            .chain(rounds)
+            .collect()
     }
 
     /// The registered sites and configured links as a topology, for placement.
@@ -289,7 +308,7 @@ impl ClusterState {
                         ),
                     ));
                 }
-                vec![Change::Site {
+                let mut changes = vec![Change::Site {
                     record: SiteRecord {
                         liveness: Liveness::Down,
                         liveness_revision: revision,
@@ -297,7 +316,10 @@ impl ClusterState {
                         changed_at_unix_ms: *at_unix_ms,
                         ..record.clone()
                     },
-                }]
+                }];
+                // A round never waits on a site that is down.
+                changes.extend(self.exclude_down_site(site_id, reason, *at_unix_ms, revision));
+                changes
             }
             Command::UpdateInventory {
                 site_id,
@@ -452,13 +474,16 @@ impl ClusterState {
             }
             Command::CancelJob { job_id } => {
                 let job = self.live_job(job_id)?;
-                vec![Change::Job {
+                let mut changes = vec![Change::Job {
                     record: JobRecord {
                         state: JobState::Cancelled,
                         revision,
                         ..job.clone()
                     },
-                }]
+                }];
+                // The command carries no time: the abort records 0.
+                changes.extend(self.abort_for_cancel(job_id, 0, revision));
+                changes
             }
             Command::PutMember { member } => {
                 if member.id == 0 {
@@ -482,6 +507,87 @@ impl ClusterState {
                     member_id: *member_id,
                 }]
             }
+            Command::OpenRound {
+                job_id,
+                round,
+                participants,
+                catch_up,
+                fragments,
+                codec_bits,
+                deadline_unix_ms,
+                at_unix_ms,
+            } => self.check_open_round(
+                &rounds::OpenRound {
+                    job_id,
+                    round: *round,
+                    participants,
+                    catch_up,
+                    fragments: *fragments,
+                    codec_bits: *codec_bits,
+                    deadline_unix_ms: *deadline_unix_ms,
+                    at_unix_ms: *at_unix_ms,
+                },
+                revision,
+            )?,
+            Command::ReportContributed {
+                job_id,
+                round,
+                site_id,
+                fragment,
+                at_unix_ms,
+            } => self.check_contributed(
+                &rounds::Report {
+                    job_id,
+                    round: *round,
+                    site_id,
+                    fragment: *fragment,
+                    at_unix_ms: *at_unix_ms,
+                },
+                revision,
+            )?,
+            Command::ReportApplied {
+                job_id,
+                round,
+                site_id,
+                fragment,
+                hash,
+                at_unix_ms,
+            } => self.check_applied(
+                &rounds::Report {
+                    job_id,
+                    round: *round,
+                    site_id,
+                    fragment: *fragment,
+                    at_unix_ms: *at_unix_ms,
+                },
+                hash,
+                revision,
+            )?,
+            Command::ExcludeParticipant {
+                job_id,
+                round,
+                site_id,
+                reason,
+                message,
+                at_unix_ms,
+            } => self.check_exclude(
+                &rounds::Report {
+                    job_id,
+                    round: *round,
+                    site_id,
+                    fragment: 0,
+                    at_unix_ms: *at_unix_ms,
+                },
+                *reason,
+                message,
+                revision,
+            )?,
+            Command::AbortRound {
+                job_id,
+                round,
+                reason,
+                at_unix_ms,
+            } => self.check_abort_round(job_id, *round, reason, *at_unix_ms, revision)?,
             Command::Noop { .. } => vec![Change::Noop],
         })
     }
@@ -518,6 +624,20 @@ impl ClusterState {
             }
             Change::MemberRemoved { member_id } => {
                 self.members.remove(&member_id);
+            }
+            Change::Round { record } => {
+                self.rounds
+                    .entry(record.job_id.clone())
+                    .or_default()
+                    .insert(record.round, *record);
+            }
+            Change::RoundRemoved { job_id, round } => {
+                if let Some(rounds) = self.rounds.get_mut(&job_id) {
+                    rounds.remove(&round);
+                    if rounds.is_empty() {
+                        self.rounds.remove(&job_id);
+                    }
+                }
             }
             Change::Noop => {}
         }
@@ -601,5 +721,7 @@ fn state_of(placement: &Placement) -> JobState {
     }
 }
 
+#[cfg(test)]
+mod rounds_tests;
 #[cfg(test)]
 mod tests;
