@@ -1,5 +1,5 @@
 //! Commands that talk to a running coordinator over gRPC: `cluster`,
-//! `sites`, `links`, `jobs`.
+//! `sites`, `links`, `jobs` (and the helpers `rounds.rs` shares).
 //!
 //! `--endpoints` lists replicas; each command tries them in order until one
 //! answers, so any replica, leader or not, will do (followers forward
@@ -136,7 +136,7 @@ pub enum JobsCommand {
 
 /// Runs `f` against each endpoint until one answers with something other
 /// than UNAVAILABLE; returns the first answer.
-async fn call<T, F, Fut>(remote: &Remote, mut f: F) -> Result<T, Failure>
+pub(crate) async fn call<T, F, Fut>(remote: &Remote, mut f: F) -> Result<T, Failure>
 where
     F: FnMut(CoordinatorClient<Channel>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -181,7 +181,7 @@ where
     .into())
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -189,7 +189,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(Failure::from)
 }
 
-fn json(value: &impl serde::Serialize, out: &mut dyn Write) -> Result<(), Failure> {
+pub(crate) fn json(value: &impl serde::Serialize, out: &mut dyn Write) -> Result<(), Failure> {
     super::print_json(value, out)
 }
 
