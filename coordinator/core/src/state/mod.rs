@@ -44,6 +44,9 @@ pub struct Applied {
 pub struct ClusterState {
     revision: u64,
     sites: BTreeMap<String, SiteRecord>,
+    /// Keyed by the ordered pair of sites; written as a list, since JSON
+    /// map keys are strings (see [`links_as_list`]).
+    #[serde(with = "links_as_list")]
     links: BTreeMap<(String, String), LinkRecord>,
     jobs: BTreeMap<String, JobRecord>,
     members: BTreeMap<u64, Member>,
@@ -641,6 +644,48 @@ impl ClusterState {
             }
             Change::Noop => {}
         }
+    }
+}
+
+/// The links of a state as JSON: a list of records (each names its pair).
+/// A map with tuple keys cannot be JSON, so a state holding a link could
+/// not be snapshotted before; states written without links hold an empty
+/// map, which still reads.
+mod links_as_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{LinkRecord, pair};
+
+    pub fn serialize<S: Serializer>(
+        links: &BTreeMap<(String, String), LinkRecord>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(links.values())
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        List(Vec<LinkRecord>),
+        Map(BTreeMap<String, LinkRecord>),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<(String, String), LinkRecord>, D::Error> {
+        let records = match Repr::deserialize(deserializer)? {
+            Repr::List(records) => records,
+            Repr::Map(records) => records.into_values().collect(),
+        };
+        Ok(records
+            .into_iter()
+            .map(|record| {
+                let [a, b] = &record.configured.between;
+                (pair(a, b), record)
+            })
+            .collect())
     }
 }
 
