@@ -541,6 +541,91 @@ mod tests {
         );
     }
 
+    /// Rounds applied through the coordinator's state machine come back the
+    /// same from its table after a restart, and from a snapshot installed
+    /// on another replica.
+    #[test]
+    fn rounds_survive_a_restart_and_a_snapshot() {
+        use crate::consensus::StateMachine;
+        use crate::server::state_machine::CoordinatorStateMachine;
+
+        let mut reference = state();
+        let timing = RoundTiming {
+            fixed: Some(Duration::from_secs(5)),
+            ..RoundTiming::default()
+        };
+        let mut commands: Vec<Command> = Vec::new();
+        let mut scratch = reference.clone();
+        let opened = round_actions(&scratch, 1_000, &timing);
+        apply(&mut scratch, opened.clone());
+        commands.extend(opened);
+        let excluded = round_actions(&scratch, 9_000, &timing);
+        apply(&mut scratch, excluded.clone());
+        commands.extend(excluded);
+        let reopened = round_actions(&scratch, 9_001, &timing);
+        commands.extend(reopened);
+
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("a.redb")).unwrap();
+        let mut machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        // Rebuild the reference through the machine: every command of the
+        // setup and of the rounds applied in one transaction.
+        let setup = {
+            let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
+            let mut out = Vec::new();
+            for site in &topology.sites {
+                out.push(Command::RegisterSite {
+                    site: site.clone(),
+                    data_address: String::new(),
+                    at_unix_ms: 0,
+                    lease_id: 1,
+                    lease_ttl_ms: 0,
+                });
+            }
+            for link in &topology.links {
+                out.push(Command::PutLink { link: link.clone() });
+            }
+            out.push(Command::SubmitJob {
+                job_id: "dense".into(),
+                spec: reference.job("dense").unwrap().spec.clone(),
+                placement: reference.job("dense").unwrap().placement.clone(),
+            });
+            out
+        };
+        let txn = db.begin_write().unwrap();
+        for (i, command) in setup.iter().chain(&commands).enumerate() {
+            let data = serde_json::to_vec(&Request::new(command.clone())).unwrap();
+            let response = machine.apply(&txn, i as u64 + 1, &data).unwrap();
+            let response: ApplyResponse = serde_json::from_slice(&response).unwrap();
+            assert!(
+                matches!(response, ApplyResponse::Applied { .. }),
+                "{} refused: {response:?}",
+                command.name()
+            );
+        }
+        txn.commit().unwrap();
+        apply(&mut reference, commands);
+        assert_eq!(*machine.shared().read(), reference);
+        assert!(reference.round("dense", 2).is_some_and(|r| r.is_open()));
+
+        let loaded = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        assert_eq!(*loaded.shared().read(), reference, "after a restart");
+
+        let snapshot = machine.snapshot(&db.begin_read().unwrap()).unwrap();
+        let other = redb::Database::create(dir.path().join("b.redb")).unwrap();
+        let mut installed = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
+        let txn = other.begin_write().unwrap();
+        installed.restore(&txn, &snapshot).unwrap();
+        txn.commit().unwrap();
+        assert_eq!(*installed.shared().read(), reference, "after a snapshot");
+        let reloaded = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
+        assert_eq!(
+            *reloaded.shared().read(),
+            reference,
+            "a snapshot's state after a restart"
+        );
+    }
+
     #[test]
     fn a_deadline_follows_the_prediction_with_slack_and_a_floor() {
         let timing = RoundTiming::default();
