@@ -208,6 +208,9 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
     let mut status = raft.watch_status();
     tokio::spawn(async move {
         let mut retry_at: Option<tokio::time::Instant> = None;
+        // The status changes with every applied entry; only a change of
+        // leadership is a reason for a pass.
+        let mut leading = (Role::Follower, false);
         loop {
             let wake_at = {
                 let state = raft.state().read();
@@ -245,6 +248,14 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
                     if changed.is_err() {
                         return;
                     }
+                    let now = {
+                        let current = status.borrow_and_update();
+                        (current.role, current.leader_ready)
+                    };
+                    if now == leading {
+                        continue;
+                    }
+                    leading = now;
                 }
                 () = timer => retry_at = None,
             }
