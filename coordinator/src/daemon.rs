@@ -96,6 +96,11 @@ pub struct Args {
     /// 1.6 s at the default tick]
     #[arg(long, value_parser = parse_duration)]
     lease_ttl: Option<Duration>,
+    /// A fixed outer-round deadline, e.g. `5s`, instead of twice the sync
+    /// planner's predicted outer step (at least 30 s): for rehearsals and
+    /// tests, where the rounds' reports come from stand-ins.
+    #[arg(long, value_parser = parse_duration)]
+    round_deadline: Option<Duration>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9700).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -121,6 +126,7 @@ struct FileConfig {
     election_ticks: Option<usize>,
     snapshot_interval_entries: Option<u64>,
     lease_ttl: Option<longhaul_core::units::Duration>,
+    round_deadline: Option<longhaul_core::units::Duration>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -263,6 +269,12 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         cluster_id: args.cluster_id.or(file.cluster_id).unwrap_or(1),
         node,
         message_filter: None,
+        round_timing: crate::server::rounds::RoundTiming {
+            fixed: args
+                .round_deadline
+                .or(file.round_deadline.map(Duration::from)),
+            ..Default::default()
+        },
     })
 }
 

@@ -45,6 +45,7 @@ pub fn replica_configs(dir: &Path, n: u64) -> Vec<ReplicaConfig> {
                 tls: None,
                 lease_ttl: Duration::from_secs(3),
                 message_filter: None,
+                round_timing: Default::default(),
             }
         })
         .collect()

@@ -8,6 +8,7 @@ pub mod emulate;
 pub mod plan;
 pub mod rehearse;
 mod remote;
+mod rounds;
 pub mod sync;
 mod table;
 pub mod topology;
@@ -65,6 +66,9 @@ pub enum Command {
     /// Jobs stored in a running coordinator.
     #[command(subcommand)]
     Jobs(remote::JobsCommand),
+    /// Outer rounds of a job in a running coordinator.
+    #[command(subcommand)]
+    Rounds(rounds::RoundsCommand),
     /// Rehearse a distance scenario: real coordinator replicas and agents
     /// on this machine, behind emulated WAN links; the job placed, the fault
     /// timeline played, and a report of what happened.
@@ -178,6 +182,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Sites(command) => remote::sites(command, out),
         Command::Links(command) => remote::links(command, out),
         Command::Jobs(command) => remote::jobs(command, out),
+        Command::Rounds(command) => rounds::rounds(command, out),
         Command::Rehearse(args) => rehearse::rehearse(&args, out),
         Command::Internal(command) => rehearse::internal(command),
         Command::Emulate(args) => emulate::emulate(&args, out),

@@ -149,7 +149,7 @@ pub fn render(plan: &Plan) -> String {
             sync.inner_steps,
             sync.fragments,
             sync.overlap_steps,
-            sync.links.iter().map(|l| l.bits).max().unwrap_or(0),
+            sync.bits(),
             human_seconds(plan.outer_sync_seconds),
             sync.predicted_compute_utilisation * 100.0
         );

@@ -1,5 +1,5 @@
 //! Commands that talk to a running coordinator over gRPC: `cluster`,
-//! `sites`, `links`, `jobs`.
+//! `sites`, `links`, `jobs` (and the helpers `rounds.rs` shares).
 //!
 //! `--endpoints` lists replicas; each command tries them in order until one
 //! answers, so any replica, leader or not, will do (followers forward
@@ -189,7 +189,7 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, Failure> {
         .map_err(Failure::from)
 }
 
-fn json(value: &impl serde::Serialize, out: &mut dyn Write) -> Result<(), Failure> {
+pub(crate) fn json(value: &impl serde::Serialize, out: &mut dyn Write) -> Result<(), Failure> {
     super::print_json(value, out)
 }
 

@@ -34,6 +34,12 @@ pub const MAX_GROUPS_PER_BUILDING: usize = 4096;
 pub const MAX_INVENTORY_CHANGES: usize = 1024;
 /// The opaque payload of a no-op command (benchmarks carry values in it).
 pub const MAX_NOOP_PAYLOAD: usize = 1 << 20;
+/// Fragments of one outer round (the sync planner picks at most a few
+/// hundred; each costs two small commands per site).
+pub const MAX_ROUND_FRAGMENTS: u32 = 4096;
+/// A reduced fragment's hash as a site reports it (hex of a 256-bit digest
+/// is 64 characters).
+pub const MAX_HASH_LEN: usize = 128;
 /// Kinds named in one watch request.
 pub const MAX_WATCH_KINDS: usize = 16;
 /// The largest request message the operator and agent APIs decode. The

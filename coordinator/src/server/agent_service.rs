@@ -33,6 +33,7 @@ pub struct AgentServiceImpl {
 
 type AssignmentStream =
     std::pin::Pin<Box<dyn Stream<Item = Result<pb::Assignment, Status>> + Send>>;
+type RoundStream = std::pin::Pin<Box<dyn Stream<Item = Result<pb::RoundEvent, Status>> + Send>>;
 
 impl AgentServiceImpl {
     pub fn new(coordinator: CoordinatorService, leases: Leases) -> Self {
@@ -63,6 +64,18 @@ pub fn check_identity<T>(request: &Request<T>, site: &str) -> Result<(), Status>
 fn required_site(site_id: &str) -> Result<(), Status> {
     if site_id.is_empty() {
         return Err(invalid("site_id", "is required"));
+    }
+    Ok(())
+}
+
+/// Checks the fields every round report carries.
+fn round_report_fields(site_id: &str, job_id: &str, round: u64) -> Result<(), Status> {
+    required_site(site_id)?;
+    if job_id.is_empty() {
+        return Err(invalid("job_id", "is required"));
+    }
+    if round == 0 {
+        return Err(invalid("round", "is required (rounds count from 1)"));
     }
     Ok(())
 }
@@ -124,6 +137,42 @@ fn current_assignments(state: &ClusterState, site: &str) -> Vec<pb::Assignment> 
         .collect();
     out.sort_by_key(|a| a.revision);
     out
+}
+
+impl AgentServiceImpl {
+    /// Stores a round report, or answers a report already stored (the same
+    /// report sent again, after an unknown outcome) as it was answered.
+    async fn report_round(
+        &self,
+        command: Command,
+        job_id: &str,
+        round: u64,
+        wait: std::time::Duration,
+    ) -> Result<pb::RoundReportResponse, Status> {
+        let revision = match self
+            .coordinator
+            .write(StateRequest::new(command), wait)
+            .await
+        {
+            Ok(revision) => revision,
+            // Only an identical report is refused as already existing.
+            Err(status) if status.code() == tonic::Code::AlreadyExists => {
+                self.coordinator.raft().state().read().revision()
+            }
+            Err(status) => return Err(status),
+        };
+        let round = self
+            .coordinator
+            .raft()
+            .state()
+            .read()
+            .round(job_id, round)
+            .map(super::rounds::round_to_wire);
+        Ok(pb::RoundReportResponse {
+            header: Some(self.coordinator.header_at(revision)),
+            round,
+        })
+    }
 }
 
 #[tonic::async_trait]
@@ -351,5 +400,113 @@ impl AgentService for AgentServiceImpl {
         Ok(Response::new(pb::LinkProbeAck {
             header: Some(self.coordinator.header_at(revision)),
         }))
+    }
+
+    async fn report_contributed(
+        &self,
+        request: Request<pb::ReportContributedRequest>,
+    ) -> Result<Response<pb::RoundReportResponse>, Status> {
+        let body = request.get_ref();
+        round_report_fields(&body.site_id, &body.job_id, body.round)?;
+        check_identity(&request, &body.site_id)?;
+        forward!(self, request, report_contributed);
+        let wait = wait_for(&request, DEFAULT_WAIT);
+        let body = request.into_inner();
+        let command = Command::ReportContributed {
+            job_id: body.job_id.clone(),
+            round: body.round,
+            site_id: body.site_id,
+            fragment: body.fragment,
+            at_unix_ms: now_unix_ms(),
+        };
+        let response = self
+            .report_round(command, &body.job_id, body.round, wait)
+            .await?;
+        Ok(Response::new(response))
+    }
+
+    async fn report_applied(
+        &self,
+        request: Request<pb::ReportAppliedRequest>,
+    ) -> Result<Response<pb::RoundReportResponse>, Status> {
+        let body = request.get_ref();
+        round_report_fields(&body.site_id, &body.job_id, body.round)?;
+        if body.hash.is_empty() {
+            return Err(invalid("hash", "is required"));
+        }
+        check_identity(&request, &body.site_id)?;
+        forward!(self, request, report_applied);
+        let wait = wait_for(&request, DEFAULT_WAIT);
+        let body = request.into_inner();
+        let command = Command::ReportApplied {
+            job_id: body.job_id.clone(),
+            round: body.round,
+            site_id: body.site_id,
+            fragment: body.fragment,
+            hash: body.hash,
+            at_unix_ms: now_unix_ms(),
+        };
+        let response = self
+            .report_round(command, &body.job_id, body.round, wait)
+            .await?;
+        Ok(Response::new(response))
+    }
+
+    type WatchRoundsStream = RoundStream;
+
+    async fn watch_rounds(
+        &self,
+        request: Request<pb::WatchRoundsRequest>,
+    ) -> Result<Response<Self::WatchRoundsStream>, Status> {
+        let body = request.get_ref();
+        required_site(&body.site_id)?;
+        check_identity(&request, &body.site_id)?;
+        let body = request.into_inner();
+        let site = body.site_id;
+        let raft = self.coordinator.raft().clone();
+        // Subscribe before reading, so nothing falls between.
+        let live = raft.subscribe();
+        let (backlog, last) = {
+            let state = raft.state().read();
+            if body.after_revision == 0 {
+                let open = state
+                    .open_rounds()
+                    .filter(|r| r.participant(&site).is_some())
+                    .map(|r| pb::RoundEvent {
+                        revision: r.revision,
+                        round: Some(super::rounds::round_to_wire(r)),
+                        sync_point: false,
+                    })
+                    .collect::<Vec<_>>();
+                (open, state.revision())
+            } else {
+                let events = state
+                    .events_after(body.after_revision)
+                    .map_err(|e| Status::out_of_range(format!("field `after_revision`: {e}")))?;
+                let backlog = events
+                    .iter()
+                    .filter_map(|e| super::rounds::round_event_for(e, &site))
+                    .collect();
+                (backlog, state.revision().max(body.after_revision))
+            }
+        };
+        let state = raft.state().clone();
+        let sync_point = pb::RoundEvent {
+            revision: last,
+            round: None,
+            sync_point: true,
+        };
+        let stream = async_stream(move |tx| async move {
+            for event in backlog.into_iter().chain([sync_point]) {
+                if tx.send(Ok(event)).await.is_err() {
+                    return;
+                }
+            }
+            follow_live(live, state, last, &tx, |event| {
+                super::rounds::round_event_for(event, &site)
+            })
+            .await;
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 }

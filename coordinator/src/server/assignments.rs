@@ -43,7 +43,7 @@ pub fn sync_schedule(job_id: &str, plan: &Plan) -> Option<pb::SyncSchedule> {
         job_id: job_id.to_string(),
         inner_steps: sync.inner_steps,
         fragments: sync.fragments,
-        codec_bits: sync.links.iter().map(|l| l.bits).max().unwrap_or(0),
+        codec_bits: sync.bits(),
         current_round: None,
         overlap_steps: sync.overlap_steps,
         schedule: sync

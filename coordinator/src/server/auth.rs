@@ -64,7 +64,7 @@ pub fn access(path: &str) -> Option<Access> {
             "AddMember" | "RemoveMember" | "TransferLeader" | "PutLink" | "SubmitJob"
             | "CancelJob" => Access::Operator,
             "GetCluster" | "ListSites" | "GetSite" | "ListLinks" | "GetJob" | "ListJobs"
-            | "Plan" | "GetSyncSchedule" | "Watch" => Access::AnyRole,
+            | "Plan" | "GetSyncSchedule" | "ListRounds" | "Watch" => Access::AnyRole,
             _ => return None,
         },
         "grpc.health.v1.Health"

@@ -11,6 +11,7 @@ pub mod forward;
 pub mod leases;
 pub mod raft_loop;
 pub mod replan;
+pub mod rounds;
 pub mod service;
 pub mod state_machine;
 pub mod tls;
@@ -66,6 +67,8 @@ pub struct ReplicaConfig {
     /// faults (the test kit's `Faults`); `None`, the daemon's only value,
     /// leaves the transport as it is.
     pub message_filter: Option<std::sync::Arc<dyn transport::MessageFilter>>,
+    /// How the leader sets outer rounds' deadlines.
+    pub round_timing: rounds::RoundTiming,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -199,6 +202,7 @@ impl Replica {
             .map_err(|e| ServerError::Config(format!("cannot start the consensus thread: {e}")))?;
         keep_peer_book_current(&raft, &peers);
         replan::spawn(raft.clone());
+        rounds::spawn(raft.clone(), config.round_timing);
 
         let (health_reporter, health_service) = tonic_health::server::health_reporter();
         report_health(&raft, health_reporter);

@@ -5,8 +5,11 @@
 //! store) it re-examines each live job against the sites that are up:
 //! a placed job whose plan still holds (every site it uses is up and the
 //! plan passes the hard-constraint checker) keeps its plan, so nothing moves
-//! that need not; any other job is placed again, and the new outcome (a plan,
-//! or why it is infeasible) goes through raft as `SetPlacement`.
+//! that need not, unless it is a DiLoCo plan that leaves out a site that is
+//! up and allowed and placing it again takes that site in (a site back
+//! after the job was re-placed without it rejoins the outer rounds); any
+//! other job is placed again, and the new outcome (a plan, or why it is
+//! infeasible) goes through raft as `SetPlacement`.
 
 use longhaul_core::cost::CostParams;
 use longhaul_core::placement::{Plan, place_measured, validate_plan};
@@ -84,6 +87,24 @@ pub fn place_live(
         .map_err(|error| error.to_string())
 }
 
+/// Whether a DiLoCo plan leaves out a site that is up and that the job
+/// allows: a site that came back after the job was re-placed without it.
+/// Placing the job again tells whether it is worth using (placement is
+/// deterministic, so a site left out by choice is left out again).
+fn leaves_out_a_site_that_is_up(
+    job: &JobRecord,
+    plan: &Plan,
+    topology: &longhaul_core::Topology,
+) -> bool {
+    let allowed = &job.spec.constraints.allowed_sites;
+    matches!(
+        plan.mode,
+        longhaul_core::placement::CrossSiteMode::Diloco { .. }
+    ) && topology.sites.iter().any(|site| {
+        (allowed.is_empty() || allowed.contains(&site.id)) && !plan.site_order.contains(&site.id)
+    })
+}
+
 fn replan(
     job: &JobRecord,
     topology: &longhaul_core::Topology,
@@ -93,7 +114,26 @@ fn replan(
         && let Ok(spec) = job.spec.restricted_to(topology)
         && validate_plan(topology, &spec, plan).is_ok()
     {
-        return None;
+        if !leaves_out_a_site_that_is_up(job, plan, topology) {
+            return None;
+        }
+        // A plan that still holds is replaced only by another plan, the one
+        // placement picks with the site back (a site it takes in takes part
+        // from the next outer round, after catching up).
+        let grown = place_live(topology, links, &job.spec).ok()?;
+        let placement = Placement::placed(grown);
+        let reason = match placement.plan() {
+            Some(grown) if grown != plan => format!(
+                "a site came back: placed on {}",
+                grown.site_order.join(", ")
+            ),
+            _ => return None,
+        };
+        return Some(Replan {
+            job_id: job.id.clone(),
+            placement,
+            reason,
+        });
     }
     let (placement, reason) = match place_live(topology, links, &job.spec) {
         Ok(plan) => {
@@ -273,6 +313,95 @@ mod tests {
             plan.site_order.iter().all(|s| s != "virginia"),
             "{:?}",
             plan.site_order
+        );
+    }
+
+    /// Three sites an ocean apart (the outer-round tests' fixture), where
+    /// the 400B job trains DiLoCo replicas on all three or any two.
+    fn three_continents() -> longhaul_core::state::ClusterState {
+        let topology = Topology::from_toml(
+            "three-continents.toml",
+            include_str!("../../tests/cluster/fixtures/three-continents.toml"),
+        )
+        .unwrap();
+        let mut state = longhaul_core::state::ClusterState::default();
+        for site in &topology.sites {
+            state.apply(&register(site.clone())).unwrap();
+        }
+        for link in &topology.links {
+            state
+                .apply(&Request::new(Command::PutLink { link: link.clone() }))
+                .unwrap();
+        }
+        let mut spec = JobSpec::from_toml("j.toml", JOB).unwrap();
+        spec.constraints.allowed_sites = topology.sites.iter().map(|s| s.id.clone()).collect();
+        state
+            .apply(&Request::new(Command::SubmitJob {
+                job_id: spec.name.clone(),
+                spec,
+                placement: Placement::Pending,
+            }))
+            .unwrap();
+        state
+    }
+
+    fn register(site: longhaul_core::topology::Site) -> Request {
+        Request::new(Command::RegisterSite {
+            site,
+            data_address: String::new(),
+            at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
+        })
+    }
+
+    #[test]
+    fn a_diloco_job_re_placed_without_a_site_takes_it_back_when_it_returns() {
+        let mut state = three_continents();
+        let apply = |state: &mut longhaul_core::state::ClusterState, change: super::Replan| {
+            state
+                .apply(&Request::new(Command::SetPlacement {
+                    job_id: change.job_id,
+                    placement: change.placement,
+                }))
+                .unwrap();
+        };
+        let first = replans(&state).remove(0);
+        let sites = first.placement.plan().unwrap().site_order.clone();
+        assert_eq!(sites.len(), 3, "{sites:?}");
+        apply(&mut state, first);
+        let victim = sites[0].clone();
+        down(&mut state, &victim);
+        let without = replans(&state).remove(0);
+        let plan = without.placement.plan().unwrap();
+        assert!(!plan.site_order.contains(&victim), "{:?}", plan.site_order);
+        assert!(
+            matches!(
+                plan.mode,
+                longhaul_core::placement::CrossSiteMode::Diloco { .. }
+            ),
+            "{:?}",
+            plan.mode
+        );
+        apply(&mut state, without);
+        assert!(
+            replans(&state).is_empty(),
+            "the plan holds while the site is down"
+        );
+        let site = state.site(&victim).unwrap().site.clone();
+        state.apply(&register(site)).unwrap();
+        let back = replans(&state);
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(back[0].placement.plan().unwrap().site_order, sites);
+        assert!(
+            back[0].reason.contains("a site came back"),
+            "{}",
+            back[0].reason
+        );
+        apply(&mut state, back.into_iter().next().unwrap());
+        assert!(
+            replans(&state).is_empty(),
+            "placed as before: nothing more to do"
         );
     }
 

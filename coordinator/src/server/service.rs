@@ -593,17 +593,48 @@ impl Coordinator for CoordinatorService {
                         body.job_id, job.state
                     ))
                 })?;
-                super::assignments::sync_schedule(&job.id, plan).ok_or_else(|| {
+                let mut schedule = super::assignments::sync_schedule(&job.id, plan).ok_or_else(|| {
                     Status::failed_precondition(format!(
                         "field `job_id`: job {:?} runs as one cross-site pipeline: it has no outer synchronisation",
                         body.job_id
                     ))
-                })
+                })?;
+                schedule.current_round = super::rounds::current_round(state, &job.id);
+                Ok(schedule)
             })
             .await?;
         Ok(Response::new(pb::GetSyncScheduleResponse {
             header: Some(header),
             schedule: Some(schedule),
+        }))
+    }
+
+    async fn list_rounds(
+        &self,
+        request: Request<pb::ListRoundsRequest>,
+    ) -> Result<Response<pb::ListRoundsResponse>, Status> {
+        let wait = wait_for(&request, self.wait);
+        let body = request.get_ref();
+        if body.job_id.is_empty() {
+            return Err(invalid("job_id", "is required"));
+        }
+        let (rounds, header) = self
+            .read(body.allow_stale, wait, |state| {
+                if state.job(&body.job_id).is_none() {
+                    return Err(Status::not_found(format!(
+                        "field `job_id`: unknown job {}",
+                        limits::quote(&body.job_id)
+                    )));
+                }
+                Ok(state
+                    .rounds(&body.job_id)
+                    .map(super::rounds::round_to_wire)
+                    .collect())
+            })
+            .await?;
+        Ok(Response::new(pb::ListRoundsResponse {
+            header: Some(header),
+            rounds,
         }))
     }
 
@@ -626,11 +657,14 @@ impl Coordinator for CoordinatorService {
             ));
         }
         for (i, kind) in kinds.iter().enumerate() {
-            if !matches!(kind.as_str(), "site" | "link" | "job" | "member" | "noop") {
+            if !matches!(
+                kind.as_str(),
+                "site" | "link" | "job" | "member" | "round" | "noop"
+            ) {
                 return Err(invalid(
                     &format!("kinds[{i}]"),
                     format!(
-                        "unknown kind {}: expected site, link, job, member or noop",
+                        "unknown kind {}: expected site, link, job, member, round or noop",
                         limits::quote(kind)
                     ),
                 ));
@@ -720,7 +754,11 @@ fn watch_event(event: &Event) -> pb::WatchEvent {
         Change::Site { record } => Some(E::Site(convert::site_status(record))),
         Change::Link { record } => Some(E::Link(convert::link_status(record))),
         Change::Job { record } => Some(E::Job(convert::job(record))),
-        Change::Member { .. } | Change::MemberRemoved { .. } | Change::Noop => None,
+        Change::Round { record } => Some(E::Round(super::rounds::round_to_wire(record))),
+        Change::Member { .. }
+        | Change::MemberRemoved { .. }
+        | Change::RoundRemoved { .. }
+        | Change::Noop => None,
     };
     pb::WatchEvent {
         revision: event.revision,

@@ -5,7 +5,8 @@
 //! Table layout (keys are UTF-8):
 //! - `meta/revision` → the revision, 8 bytes little-endian;
 //! - `entity/<key>` → the latest [`Change`] of an entity (JSON), e.g.
-//!   `entity/site/north`;
+//!   `entity/site/north`, `entity/round/<job>/<round, 20 digits>` (removed
+//!   when the round falls out of the rounds kept for its job);
 //! - `history/<revision, 20 digits>/<n>` → the n-th [`Event`] of a revision
 //!   (JSON), for watches that resume after a restart.
 
@@ -181,7 +182,7 @@ impl StateMachine for CoordinatorStateMachine {
                     table.insert(REVISION_KEY, applied.revision.to_le_bytes().as_slice())?;
                     for (n, event) in applied.events.iter().enumerate() {
                         match (&event.change, event.change.key()) {
-                            (Change::MemberRemoved { .. }, Some(key)) => {
+                            (change, Some(key)) if change.is_removal() => {
                                 table.remove(format!("{ENTITY_PREFIX}{key}").as_bytes())?;
                             }
                             (change, Some(key)) => {

@@ -9,6 +9,7 @@ mod admission;
 mod faults;
 mod in_process;
 mod processes;
+mod rounds;
 mod scenarios;
 mod tls;
 mod util;

@@ -13,17 +13,17 @@ use tonic::transport::Channel;
 use crate::util::{KillOnDrop, client, eventually, free_addr, small_job};
 
 /// One replica process; killed (SIGKILL) when dropped.
-struct Process {
-    id: u64,
-    addr: SocketAddr,
+pub(crate) struct Process {
+    pub(crate) id: u64,
+    pub(crate) addr: SocketAddr,
     data_dir: PathBuf,
     cluster: String,
-    child: Option<KillOnDrop>,
-    extra_args: Vec<String>,
+    pub(crate) child: Option<KillOnDrop>,
+    pub(crate) extra_args: Vec<String>,
 }
 
 impl Process {
-    fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         let mut command = Command::new(env!("CARGO_BIN_EXE_coordinator"));
         command
             .args(["--id", &self.id.to_string()])
@@ -41,12 +41,12 @@ impl Process {
     }
 
     /// SIGKILL: no shutdown path runs.
-    fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         self.child = None;
     }
 }
 
-fn cluster(dir: &Path, n: u64) -> Vec<Process> {
+pub(crate) fn cluster(dir: &Path, n: u64) -> Vec<Process> {
     let addrs: Vec<SocketAddr> = (0..n).map(|_| free_addr()).collect();
     let spec: Vec<String> = addrs
         .iter()
@@ -68,7 +68,7 @@ fn cluster(dir: &Path, n: u64) -> Vec<Process> {
         .collect()
 }
 
-async fn leader(processes: &[Process]) -> u64 {
+pub(crate) async fn leader(processes: &[Process]) -> u64 {
     eventually(
         Duration::from_secs(30),
         "a leader among running replicas",

@@ -144,3 +144,125 @@ async fn the_cli_queries_and_writes_through_any_endpoint() {
     assert_eq!(status, 1);
     assert!(err.contains("NotFound") && err.contains("job_id"), "{err}");
 }
+
+/// `longhaul rounds list` against a replica whose DiLoCo job's rounds find
+/// nobody reporting: each is aborted once every participant was excluded,
+/// and the list shows who was and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_list_shows_a_jobs_rounds_and_their_exclusions() {
+    use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire, site_to_wire};
+    use longhaul_proto::v1 as pb;
+
+    let _serial = crate::ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = replica_configs(dir.path(), 1).remove(0);
+    config.round_timing.fixed = Some(std::time::Duration::from_secs(1));
+    let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
+    leader_of(&replicas).await;
+    let endpoint = format!("http://{}", config.listen);
+    let topology = longhaul_core::Topology::from_toml(
+        "three-continents.toml",
+        include_str!("../../../tests/cluster/fixtures/three-continents.toml"),
+    )
+    .unwrap();
+    let mut agents =
+        longhaul_proto::v1::agent_service_client::AgentServiceClient::connect(endpoint.clone())
+            .await
+            .unwrap();
+    for site in &topology.sites {
+        agents
+            .register(pb::RegisterRequest {
+                site_id: site.id.clone(),
+                inventory: Some(site_to_wire(site)),
+                data_address: String::new(),
+            })
+            .await
+            .unwrap();
+    }
+    let mut coordinator =
+        longhaul_proto::v1::coordinator_client::CoordinatorClient::connect(endpoint.clone())
+            .await
+            .unwrap();
+    for link in &topology.links {
+        coordinator
+            .put_link(pb::PutLinkRequest {
+                link: Some(link_to_wire(link)),
+                expected_revision: 0,
+            })
+            .await
+            .unwrap();
+    }
+    let spec = longhaul_core::JobSpec::from_toml(
+        "dense-400b.job.toml",
+        include_str!("../../../../deploy/examples/dense-400b.job.toml"),
+    )
+    .map(|mut spec| {
+        spec.constraints.allowed_sites = topology.sites.iter().map(|s| s.id.clone()).collect();
+        spec
+    })
+    .unwrap();
+    let mut request = tonic::Request::new(pb::SubmitJobRequest {
+        spec: Some(job_to_wire(&spec)),
+        expected_revision: 0,
+    });
+    request.set_timeout(std::time::Duration::from_secs(30));
+    coordinator.submit_job(request).await.unwrap();
+    longhaul_testkit::eventually(
+        std::time::Duration::from_secs(30),
+        "round 1 to be over",
+        || async {
+            let rounds = coordinator
+                .clone()
+                .list_rounds(pb::ListRoundsRequest {
+                    job_id: "dense-400b".into(),
+                    allow_stale: false,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .rounds;
+            rounds
+                .first()
+                .is_some_and(|r| r.state() == pb::RoundState::Aborted)
+                .then_some(())
+        },
+    )
+    .await;
+    let args = |rest: &[&str]| -> Vec<String> {
+        rest.iter()
+            .map(|s| s.to_string())
+            .chain(["--endpoints".to_string(), endpoint.clone()])
+            .collect()
+    };
+    let (status, out, err) = longhaul(args(&["rounds", "list", "dense-400b"])).await;
+    assert_eq!(status, 0, "{err}");
+    assert!(
+        out.contains("rounds of job \"dense-400b\" at revision"),
+        "{out}"
+    );
+    assert!(
+        out.contains("round 1: every participant was excluded"),
+        "{out}"
+    );
+    let first = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(first.contains("aborted"), "{first}");
+    assert!(first.contains("paris ("), "{first}");
+    let (status, out, err) =
+        longhaul(args(&["rounds", "list", "dense-400b", "--output", "json"])).await;
+    assert_eq!(status, 0, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let round = &listed["rounds"][0];
+    assert_eq!(round["round"], 1);
+    assert_eq!(round["state"], "aborted");
+    assert_eq!(
+        round["excluded"].as_array().map(Vec::len),
+        Some(3),
+        "{round}"
+    );
+    let (status, _, err) = longhaul(args(&["rounds", "list", "nope"])).await;
+    assert_eq!(status, 1);
+    assert!(err.contains("NotFound: field `job_id`"), "{err}");
+}

@@ -142,6 +142,81 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             }
         }
         Command::RemoveMember { .. } => {}
+        Command::OpenRound {
+            job_id,
+            participants,
+            catch_up,
+            fragments,
+            ..
+        } => {
+            id(root.key("job_id"), job_id, &mut out);
+            let path = root.key("participants");
+            check_entries(
+                &path,
+                participants.len(),
+                limits::MAX_SITES,
+                "sites",
+                &mut out,
+            );
+            for (i, site) in participants.iter().enumerate() {
+                id(path.index(i), site, &mut out);
+            }
+            let path = root.key("catch_up");
+            check_entries(&path, catch_up.len(), limits::MAX_SITES, "sites", &mut out);
+            for (i, c) in catch_up.iter().enumerate() {
+                id(path.index(i).key("site"), &c.site, &mut out);
+                id(path.index(i).key("from_site"), &c.from_site, &mut out);
+            }
+            if *fragments > limits::MAX_ROUND_FRAGMENTS {
+                out.push(Violation::new(
+                    root.key("fragments"),
+                    format!(
+                        "is {fragments}, more than the {} allowed",
+                        limits::MAX_ROUND_FRAGMENTS
+                    ),
+                ));
+            }
+        }
+        Command::ReportContributed {
+            job_id, site_id, ..
+        } => {
+            id(root.key("job_id"), job_id, &mut out);
+            id(root.key("site_id"), site_id, &mut out);
+        }
+        Command::ReportApplied {
+            job_id,
+            site_id,
+            hash,
+            ..
+        } => {
+            id(root.key("job_id"), job_id, &mut out);
+            id(root.key("site_id"), site_id, &mut out);
+            check_len(&root.key("hash"), hash, limits::MAX_HASH_LEN, &mut out);
+        }
+        Command::ExcludeParticipant {
+            job_id,
+            site_id,
+            message,
+            ..
+        } => {
+            id(root.key("job_id"), job_id, &mut out);
+            id(root.key("site_id"), site_id, &mut out);
+            check_len(
+                &root.key("message"),
+                message,
+                limits::MAX_REASON_LEN,
+                &mut out,
+            );
+        }
+        Command::AbortRound { job_id, reason, .. } => {
+            id(root.key("job_id"), job_id, &mut out);
+            check_len(
+                &root.key("reason"),
+                reason,
+                limits::MAX_REASON_LEN,
+                &mut out,
+            );
+        }
         Command::Noop { payload } => {
             check_len(
                 &root.key("payload"),

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::rounds::{CatchUp, ExclusionReason, RoundRecord};
 use crate::job::JobSpec;
 use crate::placement::Plan;
 use crate::topology::{DomainGroup, Site, WanLink};
@@ -103,6 +104,54 @@ pub enum Command {
     RemoveMember {
         member_id: u64,
     },
+    /// The leader opens round `round` of a DiLoCo job (see `rounds.rs`).
+    OpenRound {
+        job_id: String,
+        round: u64,
+        /// The job's replica sites that are up, in the plan's order.
+        participants: Vec<String>,
+        /// For each participant that must catch up first.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        catch_up: Vec<CatchUp>,
+        fragments: u32,
+        /// Bits per value of the pseudo-gradient codec (0: uncompressed).
+        codec_bits: u32,
+        deadline_unix_ms: u64,
+        at_unix_ms: u64,
+    },
+    /// A participant's pseudo-gradient for a fragment is out.
+    ReportContributed {
+        job_id: String,
+        round: u64,
+        site_id: String,
+        fragment: u32,
+        at_unix_ms: u64,
+    },
+    /// A participant applied the reduced fragment, whose hash it reports.
+    ReportApplied {
+        job_id: String,
+        round: u64,
+        site_id: String,
+        fragment: u32,
+        hash: String,
+        at_unix_ms: u64,
+    },
+    /// The leader excludes a participant from an open round.
+    ExcludeParticipant {
+        job_id: String,
+        round: u64,
+        site_id: String,
+        reason: ExclusionReason,
+        message: String,
+        at_unix_ms: u64,
+    },
+    /// The leader gives up an open round (its job left DiLoCo placement).
+    AbortRound {
+        job_id: String,
+        round: u64,
+        reason: String,
+        at_unix_ms: u64,
+    },
     /// Does nothing but bump the revision; used to test the pipeline and to
     /// carry opaque payloads in benchmarks.
     Noop {
@@ -125,6 +174,11 @@ impl Command {
             Self::CancelJob { .. } => "cancel_job",
             Self::PutMember { .. } => "put_member",
             Self::RemoveMember { .. } => "remove_member",
+            Self::OpenRound { .. } => "open_round",
+            Self::ReportContributed { .. } => "report_contributed",
+            Self::ReportApplied { .. } => "report_applied",
+            Self::ExcludeParticipant { .. } => "exclude_participant",
+            Self::AbortRound { .. } => "abort_round",
             Self::Noop { .. } => "noop",
         }
     }
@@ -325,28 +379,49 @@ pub struct Event {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "entity", rename_all = "snake_case")]
 pub enum Change {
-    Site { record: SiteRecord },
-    Link { record: LinkRecord },
-    Job { record: JobRecord },
-    Member { member: Member },
-    MemberRemoved { member_id: u64 },
+    Site {
+        record: SiteRecord,
+    },
+    Link {
+        record: LinkRecord,
+    },
+    Job {
+        record: JobRecord,
+    },
+    Member {
+        member: Member,
+    },
+    MemberRemoved {
+        member_id: u64,
+    },
+    /// A round's new state (boxed: it is the largest change by far).
+    Round {
+        record: Box<RoundRecord>,
+    },
+    /// A round that fell out of the rounds kept for its job.
+    RoundRemoved {
+        job_id: String,
+        round: u64,
+    },
     Noop,
 }
 
 impl Change {
-    /// The watch kind this change belongs to (`site`, `link`, `job`, `member`, `noop`).
+    /// The watch kind this change belongs to (`site`, `link`, `job`, `member`, `round`, `noop`).
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Site { .. } => "site",
             Self::Link { .. } => "link",
             Self::Job { .. } => "job",
             Self::Member { .. } | Self::MemberRemoved { .. } => "member",
+            Self::Round { .. } | Self::RoundRemoved { .. } => "round",
             Self::Noop => "noop",
         }
     }
 
     /// The key under which the entity is stored: `site/ID`, `link/A/B`,
-    /// `job/ID`, `member/ID`; `None` for changes that store nothing.
+    /// `job/ID`, `member/ID`, `round/JOB/ROUND` (20 digits, so keys sort
+    /// by round); `None` for changes that store nothing.
     pub fn key(&self) -> Option<String> {
         match self {
             Self::Site { record } => Some(format!("site/{}", record.site.id)),
@@ -358,8 +433,15 @@ impl Change {
             Self::Job { record } => Some(format!("job/{}", record.id)),
             Self::Member { member } => Some(format!("member/{}", member.id)),
             Self::MemberRemoved { member_id } => Some(format!("member/{member_id}")),
+            Self::Round { record } => Some(format!("round/{}/{:020}", record.job_id, record.round)),
+            Self::RoundRemoved { job_id, round } => Some(format!("round/{job_id}/{round:020}")),
             Self::Noop => None,
         }
+    }
+
+    /// Whether the change removes the entity under its key.
+    pub fn is_removal(&self) -> bool {
+        matches!(self, Self::MemberRemoved { .. } | Self::RoundRemoved { .. })
     }
 }
 

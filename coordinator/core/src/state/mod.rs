@@ -9,6 +9,7 @@
 
 mod admission;
 mod command;
+pub mod rounds;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -16,6 +17,10 @@ pub use admission::check_bounds;
 pub use command::{
     ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
+};
+pub use rounds::{
+    CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, Participant,
+    ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord,
 };
 use serde::{Deserialize, Serialize};
 
@@ -39,9 +44,15 @@ pub struct Applied {
 pub struct ClusterState {
     revision: u64,
     sites: BTreeMap<String, SiteRecord>,
+    /// Keyed by the ordered pair of sites; written as a list, since JSON
+    /// map keys are strings (see [`links_as_list`]).
+    #[serde(with = "links_as_list")]
     links: BTreeMap<(String, String), LinkRecord>,
     jobs: BTreeMap<String, JobRecord>,
     members: BTreeMap<u64, Member>,
+    /// Each job's kept outer rounds, by round (absent in older snapshots).
+    #[serde(default)]
+    rounds: BTreeMap<String, BTreeMap<u64, RoundRecord>>,
     history: VecDeque<Event>,
     history_limit: usize,
 }
@@ -68,6 +79,7 @@ impl ClusterState {
             links: BTreeMap::new(),
             jobs: BTreeMap::new(),
             members: BTreeMap::new(),
+            rounds: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
         }
@@ -130,7 +142,17 @@ impl ClusterState {
             .members
             .values()
             .map(|m| Change::Member { member: m.clone() });
-        sites.chain(links).chain(jobs).chain(members).collect()
+        let rounds = self.rounds.values().flat_map(|rounds| {
+            rounds.values().map(|r| Change::Round {
+                record: Box::new(r.clone()),
+            })
+        });
+        sites
+            .chain(links)
+            .chain(jobs)
+            .chain(members)
+            .chain(rounds)
+            .collect()
     }
 
     /// The registered sites and configured links as a topology, for placement.
@@ -289,7 +311,7 @@ impl ClusterState {
                         ),
                     ));
                 }
-                vec![Change::Site {
+                let mut changes = vec![Change::Site {
                     record: SiteRecord {
                         liveness: Liveness::Down,
                         liveness_revision: revision,
@@ -297,7 +319,10 @@ impl ClusterState {
                         changed_at_unix_ms: *at_unix_ms,
                         ..record.clone()
                     },
-                }]
+                }];
+                // A round never waits on a site that is down.
+                changes.extend(self.exclude_down_site(site_id, reason, *at_unix_ms, revision));
+                changes
             }
             Command::UpdateInventory {
                 site_id,
@@ -452,13 +477,16 @@ impl ClusterState {
             }
             Command::CancelJob { job_id } => {
                 let job = self.live_job(job_id)?;
-                vec![Change::Job {
+                let mut changes = vec![Change::Job {
                     record: JobRecord {
                         state: JobState::Cancelled,
                         revision,
                         ..job.clone()
                     },
-                }]
+                }];
+                // The command carries no time: the abort records 0.
+                changes.extend(self.abort_for_cancel(job_id, 0, revision));
+                changes
             }
             Command::PutMember { member } => {
                 if member.id == 0 {
@@ -482,6 +510,87 @@ impl ClusterState {
                     member_id: *member_id,
                 }]
             }
+            Command::OpenRound {
+                job_id,
+                round,
+                participants,
+                catch_up,
+                fragments,
+                codec_bits,
+                deadline_unix_ms,
+                at_unix_ms,
+            } => self.check_open_round(
+                &rounds::OpenRound {
+                    job_id,
+                    round: *round,
+                    participants,
+                    catch_up,
+                    fragments: *fragments,
+                    codec_bits: *codec_bits,
+                    deadline_unix_ms: *deadline_unix_ms,
+                    at_unix_ms: *at_unix_ms,
+                },
+                revision,
+            )?,
+            Command::ReportContributed {
+                job_id,
+                round,
+                site_id,
+                fragment,
+                at_unix_ms,
+            } => self.check_contributed(
+                &rounds::Report {
+                    job_id,
+                    round: *round,
+                    site_id,
+                    fragment: *fragment,
+                    at_unix_ms: *at_unix_ms,
+                },
+                revision,
+            )?,
+            Command::ReportApplied {
+                job_id,
+                round,
+                site_id,
+                fragment,
+                hash,
+                at_unix_ms,
+            } => self.check_applied(
+                &rounds::Report {
+                    job_id,
+                    round: *round,
+                    site_id,
+                    fragment: *fragment,
+                    at_unix_ms: *at_unix_ms,
+                },
+                hash,
+                revision,
+            )?,
+            Command::ExcludeParticipant {
+                job_id,
+                round,
+                site_id,
+                reason,
+                message,
+                at_unix_ms,
+            } => self.check_exclude(
+                &rounds::Report {
+                    job_id,
+                    round: *round,
+                    site_id,
+                    fragment: 0,
+                    at_unix_ms: *at_unix_ms,
+                },
+                *reason,
+                message,
+                revision,
+            )?,
+            Command::AbortRound {
+                job_id,
+                round,
+                reason,
+                at_unix_ms,
+            } => self.check_abort_round(job_id, *round, reason, *at_unix_ms, revision)?,
             Command::Noop { .. } => vec![Change::Noop],
         })
     }
@@ -519,8 +628,64 @@ impl ClusterState {
             Change::MemberRemoved { member_id } => {
                 self.members.remove(&member_id);
             }
+            Change::Round { record } => {
+                self.rounds
+                    .entry(record.job_id.clone())
+                    .or_default()
+                    .insert(record.round, *record);
+            }
+            Change::RoundRemoved { job_id, round } => {
+                if let Some(rounds) = self.rounds.get_mut(&job_id) {
+                    rounds.remove(&round);
+                    if rounds.is_empty() {
+                        self.rounds.remove(&job_id);
+                    }
+                }
+            }
             Change::Noop => {}
         }
+    }
+}
+
+/// The links of a state as JSON: a list of records (each names its pair).
+/// A map with tuple keys cannot be JSON, so a state holding a link could
+/// not be snapshotted before; states written without links hold an empty
+/// map, which still reads.
+mod links_as_list {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::{LinkRecord, pair};
+
+    pub fn serialize<S: Serializer>(
+        links: &BTreeMap<(String, String), LinkRecord>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(links.values())
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        List(Vec<LinkRecord>),
+        Map(BTreeMap<String, LinkRecord>),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<BTreeMap<(String, String), LinkRecord>, D::Error> {
+        let records = match Repr::deserialize(deserializer)? {
+            Repr::List(records) => records,
+            Repr::Map(records) => records.into_values().collect(),
+        };
+        Ok(records
+            .into_iter()
+            .map(|record| {
+                let [a, b] = &record.configured.between;
+                (pair(a, b), record)
+            })
+            .collect())
     }
 }
 
@@ -601,5 +766,7 @@ fn state_of(placement: &Placement) -> JobState {
     }
 }
 
+#[cfg(test)]
+mod rounds_tests;
 #[cfg(test)]
 mod tests;

@@ -671,3 +671,20 @@ fn admission_bounds_every_string_and_list_and_quotes_a_short_prefix() {
             .is_ok()
     );
 }
+
+/// A state holding a link serialises (snapshots are the state as JSON),
+/// and a state written with an empty link map still reads.
+#[test]
+fn a_state_with_links_round_trips_through_json() {
+    let state = registered();
+    assert_eq!(state.links().count(), 1);
+    let json = serde_json::to_string(&state).unwrap();
+    assert_eq!(serde_json::from_str::<ClusterState>(&json).unwrap(), state);
+    let empty = serde_json::to_value(ClusterState::default()).unwrap();
+    let mut old = empty.clone();
+    old["links"] = serde_json::json!({});
+    assert_eq!(
+        serde_json::from_value::<ClusterState>(old).unwrap(),
+        ClusterState::default()
+    );
+}

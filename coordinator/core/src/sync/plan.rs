@@ -122,6 +122,12 @@ pub struct SyncPlan {
 }
 
 impl SyncPlan {
+    /// Bits per element of the codec (the planner picks one for every
+    /// link); 0 when no link is used.
+    pub fn bits(&self) -> u32 {
+        self.links.iter().map(|l| l.bits).max().unwrap_or(0)
+    }
+
     /// The reason recorded for `decision`, if any.
     pub fn reason(&self, decision: &str) -> Option<&Reason> {
         self.reasons.iter().find(|r| r.decision == decision)

@@ -1,0 +1,669 @@
+//! Outer rounds on a running replica: the leader's round driver, rounds as
+//! messages, and the rounds' metrics. The protocol itself is the core's
+//! (`longhaul_core::state::rounds`).
+//!
+//! The driver runs on every replica; only a leader that has applied an
+//! entry of its term acts. It wakes on every applied round, job or site
+//! change, when this replica becomes leader, at the earliest deadline of an
+//! open round, and to retry what it could not store. Each pass
+//! ([`round_actions`], pure) decides, for every job placed as DiLoCo
+//! replicas:
+//!
+//! - no round open: open the next one, with the job's replica sites that
+//!   are up, the catch-up of each site that missed the last committed
+//!   round, the planner's fragments and codec, and a deadline
+//!   ([`RoundTiming::deadline`]);
+//! - a round open: exclude the participants it waits for once its deadline
+//!   passed, and those the job was re-placed without.
+//!
+//! and aborts the open round of a job no longer placed as DiLoCo replicas.
+//! A new leader resumes the open round (its deadline is in the replicated
+//! record) instead of opening another: the round number is in the
+//! command, so an `OpenRound` proposed again by an earlier leader is
+//! refused at apply, never a second round.
+
+use std::time::Duration;
+
+use longhaul_core::cost::CostParams;
+use longhaul_core::placement::CrossSiteMode;
+use longhaul_core::state::{
+    Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, Liveness,
+    Request, RoundOutcome, RoundRecord,
+};
+use longhaul_core::sync::schedule_of;
+use longhaul_proto::v1 as pb;
+
+use super::raft_loop::{RaftHandle, Role};
+use super::service::now_unix_ms;
+use super::state_machine::ApplyResponse;
+
+/// How a round's deadline follows from the planner's prediction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoundTiming {
+    /// The deadline is this many predicted outer steps (H inner steps plus
+    /// the exposed exchange) after the opening: a participant gets twice the
+    /// time the plan expects before it is excluded as a straggler.
+    pub slack: f64,
+    /// The deadline is never sooner than this after the opening (a restart
+    /// of a site's training processes, a leader change, a slow first step).
+    pub floor: Duration,
+    /// A fixed deadline instead of the prediction, for rehearsals and
+    /// tests (`coordinator --round-deadline`).
+    pub fixed: Option<Duration>,
+}
+
+impl Default for RoundTiming {
+    fn default() -> Self {
+        Self {
+            slack: 2.0,
+            floor: Duration::from_secs(30),
+            fixed: None,
+        }
+    }
+}
+
+impl RoundTiming {
+    /// The time from opening to deadline for a round predicted to take
+    /// `outer_step_seconds` (`None`: no prediction, the floor).
+    pub fn deadline(&self, outer_step_seconds: Option<f64>) -> Duration {
+        if let Some(fixed) = self.fixed {
+            return fixed;
+        }
+        let predicted = outer_step_seconds
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(Duration::ZERO, |s| {
+                Duration::try_from_secs_f64(s * self.slack).unwrap_or(Duration::MAX)
+            });
+        // A year at most, so that unix milliseconds never overflow.
+        predicted
+            .max(self.floor)
+            .min(Duration::from_secs(365 * 24 * 3600))
+    }
+}
+
+/// What the sync schedule says about one round of a placed DiLoCo job:
+/// fragments, codec bits and the predicted outer step; one uncompressed
+/// fragment and no prediction when there is none. The schedule is the one
+/// placement costed the plan with and `GetSyncSchedule` serves
+/// ([`longhaul_core::sync::schedule_of`]), so a round and the schedule
+/// never disagree; only a plan stored before placement ran the planner is
+/// planned here.
+fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Option<f64>) {
+    let Some(job) = state.job(job_id) else {
+        return (1, 0, None);
+    };
+    let Some(plan) = job.placement.plan() else {
+        return (1, 0, None);
+    };
+    let links: Vec<_> = if plan.sync.is_some() {
+        Vec::new()
+    } else {
+        state.links().cloned().collect()
+    };
+    match schedule_of(plan, &job.spec, &links, &CostParams::default()) {
+        Ok(sync) => (
+            sync.fragments.max(1),
+            sync.bits(),
+            Some(sync.outer_step_seconds),
+        ),
+        Err(error) => {
+            tracing::debug!(job = job_id, %error, "no sync schedule for the job; one fragment, uncompressed");
+            (1, 0, None)
+        }
+    }
+}
+
+/// The round commands the leader proposes for the state at `now_unix_ms`
+/// (pure: the caller proposes them). Every command returned is admitted
+/// against `state`; the exclusions of one round are each admitted alone
+/// (excluding one may commit the round, and the others are then refused
+/// at apply, changing nothing).
+pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTiming) -> Vec<Command> {
+    let mut commands = Vec::new();
+    for job in state.jobs() {
+        let diloco_sites = match (job.state, job.placement.plan()) {
+            (JobState::Placed, Some(plan)) if matches!(plan.mode, CrossSiteMode::Diloco { .. }) => {
+                Some(&plan.site_order)
+            }
+            _ => None,
+        };
+        let open = state.open_round(&job.id);
+        match (diloco_sites, open) {
+            (None, Some(round)) => commands.push(Command::AbortRound {
+                job_id: job.id.clone(),
+                round: round.round,
+                reason: format!("job {:?} is no longer placed as DiLoCo replicas", job.id),
+                at_unix_ms: now_unix_ms,
+            }),
+            (None, None) => {}
+            (Some(sites), Some(round)) => {
+                for p in round.counted() {
+                    let (reason, message) = if !sites.contains(&p.site) {
+                        (
+                            ExclusionReason::LeftPlan,
+                            "the job was re-placed without this site".to_string(),
+                        )
+                    } else if now_unix_ms >= round.deadline_unix_ms
+                        && round.waiting_on().contains(&p.site.as_str())
+                    {
+                        (
+                            ExclusionReason::DeadlineMissed,
+                            format!(
+                                "had not applied every fragment by the deadline {} (now {now_unix_ms})",
+                                round.deadline_unix_ms
+                            ),
+                        )
+                    } else {
+                        continue;
+                    };
+                    commands.push(Command::ExcludeParticipant {
+                        job_id: job.id.clone(),
+                        round: round.round,
+                        site_id: p.site.clone(),
+                        reason,
+                        message,
+                        at_unix_ms: now_unix_ms,
+                    });
+                }
+            }
+            (Some(sites), None) => {
+                let participants: Vec<String> = sites
+                    .iter()
+                    .filter(|s| state.site(s).is_some_and(|r| r.liveness == Liveness::Up))
+                    .cloned()
+                    .collect();
+                if participants.is_empty() {
+                    continue;
+                }
+                let (fragments, codec_bits, outer_step) = planned(state, &job.id);
+                let deadline = timing.deadline(outer_step).as_millis() as u64;
+                let fragments = fragments.min(longhaul_core::limits::MAX_ROUND_FRAGMENTS);
+                commands.push(Command::OpenRound {
+                    job_id: job.id.clone(),
+                    round: state.latest_round(&job.id).map_or(1, |r| r.round + 1),
+                    catch_up: state.catch_up_for(&job.id, &participants),
+                    participants,
+                    fragments,
+                    codec_bits,
+                    deadline_unix_ms: now_unix_ms.saturating_add(deadline.max(1)),
+                    at_unix_ms: now_unix_ms,
+                });
+            }
+        }
+    }
+    commands.retain(
+        |command| match state.admit(&Request::new(command.clone())) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(command = command.name(), %error, "round driver: not admitted");
+                false
+            }
+        },
+    );
+    commands
+}
+
+/// The earliest deadline of an open round, in unix milliseconds.
+fn next_deadline(state: &ClusterState) -> Option<u64> {
+    state.open_rounds().map(|r| r.deadline_unix_ms).min()
+}
+
+/// Starts the round driver on this replica (see the module docs).
+pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
+    let mut events = raft.subscribe();
+    let mut status = raft.watch_status();
+    tokio::spawn(async move {
+        let mut retry_at: Option<tokio::time::Instant> = None;
+        // The earliest deadline a pass has already acted on: it is not armed
+        // again (the pass's exclusions are in, or were refused because the
+        // round moved on), so a deadline in the past never spins the loop.
+        let mut acted_on: Option<u64> = None;
+        // The status changes with every applied entry; only a change of
+        // leadership is a reason for a pass.
+        let mut leading = (Role::Follower, false);
+        loop {
+            let wake_at = {
+                let current = raft.status();
+                let ready_leader = current.role == Role::Leader && current.leader_ready;
+                // Only a ready leader acts on deadlines; a pending retry
+                // (after a proposal failed) waits its second out first.
+                let deadline = next_deadline(&raft.state().read())
+                    .filter(|&at| ready_leader && Some(at) != acted_on)
+                    .map(|at| {
+                        let now = now_unix_ms();
+                        tokio::time::Instant::now()
+                            + Duration::from_millis(at.saturating_sub(now).saturating_add(1))
+                    });
+                retry_at.or(deadline)
+            };
+            let timer = async {
+                match wake_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                event = events.recv() => match event {
+                    Ok(event) => {
+                        record_metrics(&event);
+                        if !matches!(
+                            event.change,
+                            Change::Round { .. } | Change::Job { .. } | Change::Site { .. }
+                        ) {
+                            continue;
+                        }
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let now = {
+                        let current = status.borrow_and_update();
+                        (current.role, current.leader_ready)
+                    };
+                    if now == leading {
+                        continue;
+                    }
+                    leading = now;
+                }
+                () = timer => retry_at = None,
+            }
+            let current = raft.status();
+            if current.role != Role::Leader || !current.leader_ready {
+                continue;
+            }
+            let now = now_unix_ms();
+            let commands = {
+                let state = raft.state().read();
+                acted_on = next_deadline(&state).filter(|&at| at <= now);
+                round_actions(&state, now, &timing)
+            };
+            for command in commands {
+                let name = command.name();
+                match raft.propose(Request::new(command)).await {
+                    Ok(ApplyResponse::Applied { .. }) => {}
+                    // Another change got there first (an exclusion that
+                    // committed the round, a site marked down meanwhile).
+                    Ok(ApplyResponse::Refused { error }) => {
+                        tracing::debug!(command = name, %error, "round command refused");
+                    }
+                    Err(error) => {
+                        tracing::warn!(command = name, %error, "round command not stored; retrying in a second");
+                        retry_at = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                        break;
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Each replica counts the round transitions it applies.
+fn record_metrics(event: &Event) {
+    let Change::Round { record } = &event.change else {
+        return;
+    };
+    if record.opened_revision == event.revision {
+        metrics::counter!("longhaul_rounds_opened_total").increment(1);
+    }
+    for p in &record.participants {
+        if let Some(exclusion) = &p.excluded
+            && exclusion.revision == event.revision
+        {
+            metrics::counter!("longhaul_round_exclusions_total", "reason" => exclusion.reason.as_str())
+                .increment(1);
+        }
+    }
+    let (outcome, revision) = match &record.outcome {
+        RoundOutcome::Open => return,
+        RoundOutcome::Committed { revision, .. } => ("committed", *revision),
+        RoundOutcome::Aborted { revision, .. } => ("aborted", *revision),
+    };
+    if revision != event.revision {
+        return;
+    }
+    metrics::counter!("longhaul_rounds_ended_total", "outcome" => outcome).increment(1);
+    if let Some(ended) = record
+        .ended_at_unix_ms()
+        .filter(|&at| at >= record.opened_at_unix_ms)
+    {
+        let seconds = (ended - record.opened_at_unix_ms) as f64 / 1000.0;
+        metrics::histogram!("longhaul_round_duration_seconds", "outcome" => outcome)
+            .record(seconds);
+    }
+}
+
+/// A round as the API returns it.
+pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
+    let (state, reason) = match &record.outcome {
+        RoundOutcome::Open => (pb::RoundState::Open, String::new()),
+        RoundOutcome::Committed { .. } => (pb::RoundState::Committed, String::new()),
+        RoundOutcome::Aborted { reason, .. } => (pb::RoundState::Aborted, reason.clone()),
+    };
+    pb::OuterRound {
+        round_id: record.round,
+        participants: record.participants.iter().map(|p| p.site.clone()).collect(),
+        deadline_unix_ms: record.deadline_unix_ms,
+        job_id: record.job_id.clone(),
+        state: state as i32,
+        reason,
+        fragments: record.fragments.len() as u32,
+        codec_bits: record.codec_bits,
+        opened_at_unix_ms: record.opened_at_unix_ms,
+        ended_at_unix_ms: record.ended_at_unix_ms().unwrap_or(0),
+        opened_revision: record.opened_revision,
+        revision: record.revision,
+        participant_states: record
+            .participants
+            .iter()
+            .map(|p| pb::RoundParticipant {
+                site_id: p.site.clone(),
+                catch_up_from_round: p.catch_up.as_ref().map_or(0, |c| c.from_round),
+                catch_up_from_site: p
+                    .catch_up
+                    .as_ref()
+                    .map_or_else(String::new, |c| c.from_site.clone()),
+                contributed: p.contributed.clone(),
+                applied: p
+                    .applied
+                    .iter()
+                    .map(|a| pb::FragmentHash {
+                        fragment: a.fragment,
+                        hash: a.hash.clone(),
+                    })
+                    .collect(),
+                excluded: p.excluded.is_some(),
+                exclusion_reason: p
+                    .excluded
+                    .as_ref()
+                    .map_or_else(String::new, |e| e.reason.as_str().to_string()),
+                exclusion_message: p
+                    .excluded
+                    .as_ref()
+                    .map_or_else(String::new, |e| e.message.clone()),
+                excluded_at_revision: p.excluded.as_ref().map_or(0, |e| e.revision),
+            })
+            .collect(),
+        fragment_states: record
+            .fragments
+            .iter()
+            .enumerate()
+            .map(|(f, state)| {
+                let (name, hash, disagreement) = match state {
+                    FragmentState::Open => ("open", String::new(), Vec::new()),
+                    FragmentState::Committed { hash, .. } => {
+                        ("committed", hash.clone(), Vec::new())
+                    }
+                    FragmentState::Aborted { disagreement, .. } => (
+                        "aborted",
+                        String::new(),
+                        disagreement
+                            .iter()
+                            .map(|g| pb::HashGroup {
+                                hash: g.hash.clone(),
+                                site_ids: g.sites.clone(),
+                            })
+                            .collect(),
+                    ),
+                };
+                pb::RoundFragment {
+                    fragment: f as u32,
+                    state: name.to_string(),
+                    hash,
+                    disagreement,
+                }
+            })
+            .collect(),
+        waiting_on: record
+            .waiting_on()
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
+    }
+}
+
+/// The round `GetSyncSchedule` reports as current: the job's open round,
+/// else its latest.
+pub fn current_round(state: &ClusterState, job_id: &str) -> Option<pb::OuterRound> {
+    state.latest_round(job_id).map(round_to_wire)
+}
+
+/// The round event for `site` that the change at `event` implies: a round
+/// it takes part in.
+pub fn round_event_for(event: &Event, site: &str) -> Option<pb::RoundEvent> {
+    match &event.change {
+        Change::Round { record } if record.participant(site).is_some() => Some(pb::RoundEvent {
+            revision: event.revision,
+            round: Some(round_to_wire(record)),
+            sync_point: false,
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use longhaul_core::state::{Command, Placement, Request};
+    use longhaul_core::{JobSpec, Topology};
+
+    use super::*;
+
+    const TOPOLOGY: &str = include_str!("../../../deploy/examples/three-sites-two-continents.toml");
+    const JOB: &str = include_str!("../../../deploy/examples/dense-400b.job.toml");
+
+    fn state() -> ClusterState {
+        let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
+        let mut state = ClusterState::default();
+        for site in &topology.sites {
+            state
+                .apply(&Request::new(Command::RegisterSite {
+                    site: site.clone(),
+                    data_address: String::new(),
+                    at_unix_ms: 0,
+                    lease_id: 1,
+                    lease_ttl_ms: 0,
+                }))
+                .unwrap();
+        }
+        for link in &topology.links {
+            state
+                .apply(&Request::new(Command::PutLink { link: link.clone() }))
+                .unwrap();
+        }
+        let spec = JobSpec::from_toml("j.toml", JOB).unwrap();
+        let plan = longhaul_core::placement::place(&topology, &spec).unwrap();
+        state
+            .apply(&Request::new(Command::SubmitJob {
+                job_id: "dense".into(),
+                spec,
+                placement: Placement::placed(plan),
+            }))
+            .unwrap();
+        state
+    }
+
+    fn apply(state: &mut ClusterState, commands: Vec<Command>) {
+        for command in commands {
+            state.apply(&Request::new(command)).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_driver_opens_a_round_resumes_it_and_excludes_stragglers_at_the_deadline() {
+        let mut state = state();
+        let timing = RoundTiming {
+            fixed: Some(Duration::from_secs(5)),
+            ..RoundTiming::default()
+        };
+        let opened = round_actions(&state, 1_000, &timing);
+        assert_eq!(opened.len(), 1, "{opened:?}");
+        let Command::OpenRound {
+            round,
+            participants,
+            deadline_unix_ms,
+            fragments,
+            ..
+        } = &opened[0]
+        else {
+            panic!("{opened:?}");
+        };
+        assert_eq!((*round, *deadline_unix_ms), (1, 6_000));
+        assert!(participants.len() >= 2, "{participants:?}");
+        assert!(*fragments >= 1);
+        let participants = participants.clone();
+        apply(&mut state, opened);
+        // A leader (this one, or the next) resumes the open round: nothing
+        // to do before the deadline.
+        assert!(round_actions(&state, 5_999, &timing).is_empty());
+        let first = &participants[0];
+        for f in 0..state.open_round("dense").unwrap().fragments.len() as u32 {
+            apply(
+                &mut state,
+                vec![
+                    Command::ReportContributed {
+                        job_id: "dense".into(),
+                        round: 1,
+                        site_id: first.clone(),
+                        fragment: f,
+                        at_unix_ms: 2_000,
+                    },
+                    Command::ReportApplied {
+                        job_id: "dense".into(),
+                        round: 1,
+                        site_id: first.clone(),
+                        fragment: f,
+                        hash: "h".into(),
+                        at_unix_ms: 2_000,
+                    },
+                ],
+            );
+        }
+        let excluded = round_actions(&state, 6_000, &timing);
+        assert_eq!(excluded.len(), participants.len() - 1, "{excluded:?}");
+        assert!(excluded.iter().all(|c| matches!(
+            c,
+            Command::ExcludeParticipant { reason: ExclusionReason::DeadlineMissed, site_id, .. } if site_id != first
+        )));
+        apply(&mut state, excluded);
+        assert!(state.round("dense", 1).unwrap().is_committed());
+        // The next round opens at once, and the excluded sites, up, are in it
+        // with a catch-up from the site that applied round 1.
+        let next = round_actions(&state, 6_001, &timing);
+        let Command::OpenRound {
+            round, catch_up, ..
+        } = &next[0]
+        else {
+            panic!("{next:?}");
+        };
+        assert_eq!(*round, 2);
+        assert_eq!(catch_up.len(), participants.len() - 1);
+        assert!(
+            catch_up
+                .iter()
+                .all(|c| c.from_round == 1 && &c.from_site == first)
+        );
+    }
+
+    /// Rounds applied through the coordinator's state machine come back the
+    /// same from its table after a restart, and from a snapshot installed
+    /// on another replica.
+    #[test]
+    fn rounds_survive_a_restart_and_a_snapshot() {
+        use crate::consensus::StateMachine;
+        use crate::server::state_machine::CoordinatorStateMachine;
+
+        let mut reference = state();
+        let timing = RoundTiming {
+            fixed: Some(Duration::from_secs(5)),
+            ..RoundTiming::default()
+        };
+        let mut commands: Vec<Command> = Vec::new();
+        let mut scratch = reference.clone();
+        let opened = round_actions(&scratch, 1_000, &timing);
+        apply(&mut scratch, opened.clone());
+        commands.extend(opened);
+        let excluded = round_actions(&scratch, 9_000, &timing);
+        apply(&mut scratch, excluded.clone());
+        commands.extend(excluded);
+        let reopened = round_actions(&scratch, 9_001, &timing);
+        commands.extend(reopened);
+
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("a.redb")).unwrap();
+        let mut machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        // Rebuild the reference through the machine: every command of the
+        // setup and of the rounds applied in one transaction.
+        let setup = {
+            let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
+            let mut out = Vec::new();
+            for site in &topology.sites {
+                out.push(Command::RegisterSite {
+                    site: site.clone(),
+                    data_address: String::new(),
+                    at_unix_ms: 0,
+                    lease_id: 1,
+                    lease_ttl_ms: 0,
+                });
+            }
+            for link in &topology.links {
+                out.push(Command::PutLink { link: link.clone() });
+            }
+            out.push(Command::SubmitJob {
+                job_id: "dense".into(),
+                spec: reference.job("dense").unwrap().spec.clone(),
+                placement: reference.job("dense").unwrap().placement.clone(),
+            });
+            out
+        };
+        let txn = db.begin_write().unwrap();
+        for (i, command) in setup.iter().chain(&commands).enumerate() {
+            let data = serde_json::to_vec(&Request::new(command.clone())).unwrap();
+            let response = machine.apply(&txn, i as u64 + 1, &data).unwrap();
+            let response: ApplyResponse = serde_json::from_slice(&response).unwrap();
+            assert!(
+                matches!(response, ApplyResponse::Applied { .. }),
+                "{} refused: {response:?}",
+                command.name()
+            );
+        }
+        txn.commit().unwrap();
+        apply(&mut reference, commands);
+        assert_eq!(*machine.shared().read(), reference);
+        assert!(reference.round("dense", 2).is_some_and(|r| r.is_open()));
+
+        let loaded = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        assert_eq!(*loaded.shared().read(), reference, "after a restart");
+
+        let snapshot = machine.snapshot(&db.begin_read().unwrap()).unwrap();
+        let other = redb::Database::create(dir.path().join("b.redb")).unwrap();
+        let mut installed = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
+        let txn = other.begin_write().unwrap();
+        installed.restore(&txn, &snapshot).unwrap();
+        txn.commit().unwrap();
+        assert_eq!(*installed.shared().read(), reference, "after a snapshot");
+        let reloaded = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
+        assert_eq!(
+            *reloaded.shared().read(),
+            reference,
+            "a snapshot's state after a restart"
+        );
+    }
+
+    #[test]
+    fn a_deadline_follows_the_prediction_with_slack_and_a_floor() {
+        let timing = RoundTiming::default();
+        assert_eq!(timing.deadline(Some(600.0)), Duration::from_secs(1200));
+        assert_eq!(timing.deadline(Some(1.0)), Duration::from_secs(30));
+        assert_eq!(timing.deadline(None), Duration::from_secs(30));
+        assert_eq!(timing.deadline(Some(f64::NAN)), Duration::from_secs(30));
+        assert_eq!(
+            timing.deadline(Some(1e30)),
+            Duration::from_secs(365 * 24 * 3600)
+        );
+    }
+}

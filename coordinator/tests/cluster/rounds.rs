@@ -1,0 +1,774 @@
+//! Outer rounds over real gRPC: agent stand-ins that register, renew and
+//! report each round's fragments (contributed, then applied with a hash),
+//! against in-process replicas (the API's validation, the round watch) and
+//! against real `coordinator` processes (a site killed mid-round and back,
+//! the leader killed mid-round).
+//!
+//! The job is the bundled 400B one on three sites an ocean apart
+//! (`fixtures/three-continents.toml`): DiLoCo replicas on all three, and on
+//! any two.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use longhaul_coordinator::server::Replica;
+use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire, site_to_wire};
+use longhaul_proto::v1 as pb;
+use longhaul_proto::v1::agent_service_client::AgentServiceClient;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::processes::{cluster, leader};
+use crate::util::{client, eventually, leader_of, replica_configs};
+
+const TOPOLOGY: &str = include_str!("fixtures/three-continents.toml");
+const JOB: &str = include_str!("../../../deploy/examples/dense-400b.job.toml");
+const JOB_ID: &str = "dense-400b";
+const SITES: [&str; 3] = ["paris", "virginia", "tokyo"];
+
+fn topology() -> longhaul_core::Topology {
+    longhaul_core::Topology::from_toml("three-continents.toml", TOPOLOGY).unwrap()
+}
+
+/// What every stand-in reports as the hash of a reduced fragment: they all
+/// agree.
+fn hash(round: u64, fragment: u32) -> String {
+    format!("{JOB_ID}/{round}/{fragment}")
+}
+
+fn agent(addr: SocketAddr) -> AgentServiceClient<Channel> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .connect_lazy();
+    AgentServiceClient::new(channel)
+}
+
+fn timed<T>(body: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(body);
+    request.set_timeout(timeout);
+    request
+}
+
+/// A site agent's part in the rounds, without the agent: registers and
+/// renews its lease while `renewing`, and while `reporting` sends the next
+/// reports of the job's open round it counts in. Any replica will do; a
+/// failed call moves on to the next.
+struct StandIn {
+    site: &'static str,
+    renewing: Arc<AtomicBool>,
+    reporting: Arc<AtomicBool>,
+    tasks: [tokio::task::JoinHandle<()>; 2],
+}
+
+impl StandIn {
+    fn spawn(site: &'static str, addrs: Vec<SocketAddr>, ttl: Duration, reporting: bool) -> Self {
+        let renewing = Arc::new(AtomicBool::new(true));
+        let reporting = Arc::new(AtomicBool::new(reporting));
+        // Renewals on their own task, as the agent has them: a slow report
+        // never delays one.
+        let tasks = [
+            tokio::spawn(renew(site, addrs.clone(), ttl, renewing.clone())),
+            tokio::spawn(reports(site, addrs, reporting.clone())),
+        ];
+        Self {
+            site,
+            renewing,
+            reporting,
+            tasks,
+        }
+    }
+
+    /// As a SIGKILL of the agent looks from the coordinator: no renewal, no
+    /// report.
+    fn die(&self) {
+        self.renewing.store(false, Ordering::SeqCst);
+        self.reporting.store(false, Ordering::SeqCst);
+    }
+
+    fn revive(&self) {
+        self.renewing.store(true, Ordering::SeqCst);
+        self.reporting.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Registers, then renews every fifth of the TTL, while `renewing`.
+async fn renew(
+    site: &'static str,
+    addrs: Vec<SocketAddr>,
+    ttl: Duration,
+    renewing: Arc<AtomicBool>,
+) {
+    let inventory = topology().site(site).map(site_to_wire);
+    let call = ttl / 5;
+    let mut lease = None;
+    let mut next = 0usize;
+    loop {
+        let c = &mut agent(addrs[next % addrs.len()]);
+        if !renewing.load(Ordering::SeqCst) {
+            lease = None;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let Some(lease_id) = lease else {
+            let request = pb::RegisterRequest {
+                site_id: site.into(),
+                inventory: inventory.clone(),
+                data_address: String::new(),
+            };
+            match c.register(timed(request, Duration::from_secs(2))).await {
+                Ok(response) => lease = Some(response.into_inner().lease_id),
+                Err(_) => {
+                    next += 1;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            continue;
+        };
+        tokio::time::sleep(ttl / 5).await;
+        if !renewing.load(Ordering::SeqCst) {
+            continue;
+        }
+        let request = pb::KeepAliveRequest {
+            site_id: site.into(),
+            lease_id,
+        };
+        match c.keep_alive(timed(request, call)).await {
+            Ok(_) => {}
+            Err(status) if matches!(status.code(), Code::NotFound | Code::FailedPrecondition) => {
+                lease = None;
+            }
+            Err(_) => next += 1,
+        }
+    }
+}
+
+/// Sends the site's reports of the open round every 40 ms, while `reporting`.
+async fn reports(site: &'static str, addrs: Vec<SocketAddr>, reporting: Arc<AtomicBool>) {
+    let mut next = 0usize;
+    loop {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        if reporting.load(Ordering::SeqCst)
+            && report(site, addrs[next % addrs.len()], Duration::from_secs(2))
+                .await
+                .is_err()
+        {
+            next += 1;
+        }
+    }
+}
+
+/// Sends every report the site owes the job's open round.
+async fn report(site: &str, addr: SocketAddr, call: Duration) -> Result<(), tonic::Status> {
+    let mut coordinator = client(addr).await;
+    let rounds = coordinator
+        .list_rounds(timed(
+            pb::ListRoundsRequest {
+                job_id: JOB_ID.into(),
+                allow_stale: true,
+            },
+            call,
+        ))
+        .await?
+        .into_inner()
+        .rounds;
+    let Some(round) = rounds.last().filter(|r| r.state() == pb::RoundState::Open) else {
+        return Ok(());
+    };
+    let Some(me) = round
+        .participant_states
+        .iter()
+        .find(|p| p.site_id == site && !p.excluded)
+    else {
+        return Ok(());
+    };
+    let mut c = agent(addr);
+    for fragment in 0..round.fragments {
+        if !me.contributed.contains(&fragment) {
+            let request = pb::ReportContributedRequest {
+                site_id: site.into(),
+                job_id: JOB_ID.into(),
+                round: round.round_id,
+                fragment,
+            };
+            c.report_contributed(timed(request, call)).await?;
+        }
+        if !me.applied.iter().any(|a| a.fragment == fragment) {
+            let request = pb::ReportAppliedRequest {
+                site_id: site.into(),
+                job_id: JOB_ID.into(),
+                round: round.round_id,
+                fragment,
+                hash: hash(round.round_id, fragment),
+            };
+            c.report_applied(timed(request, call)).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Configures the links and submits the job once every site is up;
+/// returns the plan's replica sites.
+async fn place_job(addrs: &[SocketAddr]) -> Vec<String> {
+    eventually(
+        Duration::from_secs(30),
+        "the three sites to register",
+        || async {
+            let sites = client(addrs[0])
+                .await
+                .list_sites(pb::ListSitesRequest { allow_stale: true })
+                .await
+                .ok()?
+                .into_inner()
+                .sites;
+            let up = sites
+                .iter()
+                .filter(|s| s.state() == pb::SiteState::Up)
+                .count();
+            (up == SITES.len()).then_some(())
+        },
+    )
+    .await;
+    let topology = topology();
+    for link in &topology.links {
+        eventually(
+            Duration::from_secs(30),
+            "a link to be configured",
+            || async {
+                let request = pb::PutLinkRequest {
+                    link: Some(link_to_wire(link)),
+                    expected_revision: 0,
+                };
+                client(addrs[0])
+                    .await
+                    .put_link(timed(request, Duration::from_secs(2)))
+                    .await
+                    .ok()
+            },
+        )
+        .await;
+    }
+    let mut spec = longhaul_core::JobSpec::from_toml("dense-400b.job.toml", JOB).unwrap();
+    spec.constraints.allowed_sites = SITES.iter().map(|s| s.to_string()).collect();
+    let job = eventually(Duration::from_secs(60), "the job to be placed", || async {
+        let request = pb::SubmitJobRequest {
+            spec: Some(job_to_wire(&spec)),
+            expected_revision: 0,
+        };
+        // Placement of a 400B job takes a while in a debug build.
+        match client(addrs[0])
+            .await
+            .submit_job(timed(request, Duration::from_secs(20)))
+            .await
+        {
+            Ok(response) => response.into_inner().job,
+            Err(status) if status.code() == Code::AlreadyExists => {
+                client(addrs[0])
+                    .await
+                    .get_job(pb::GetJobRequest {
+                        job_id: JOB_ID.into(),
+                        allow_stale: false,
+                    })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .job
+            }
+            Err(_) => None,
+        }
+    })
+    .await;
+    let plan = job.plan.expect("the job is placed");
+    assert_eq!(plan.cross_site_mode, "diloco", "{plan:?}");
+    let mut sites: Vec<String> = plan.stages.iter().map(|s| s.site_id.clone()).collect();
+    sites.sort();
+    sites.dedup();
+    assert_eq!(
+        sites.len(),
+        3,
+        "the job spreads over the three sites: {sites:?}"
+    );
+    sites
+}
+
+async fn rounds(addr: SocketAddr, allow_stale: bool) -> Option<Vec<pb::OuterRound>> {
+    let request = pb::ListRoundsRequest {
+        job_id: JOB_ID.into(),
+        allow_stale,
+    };
+    Some(
+        client(addr)
+            .await
+            .list_rounds(timed(request, Duration::from_secs(2)))
+            .await
+            .ok()?
+            .into_inner()
+            .rounds,
+    )
+}
+
+/// The first of `addrs` that answers a linearizable read of the rounds.
+async fn any_rounds(addrs: &[SocketAddr]) -> Option<Vec<pb::OuterRound>> {
+    for addr in addrs {
+        if let Some(rounds) = rounds(*addr, false).await {
+            return Some(rounds);
+        }
+    }
+    None
+}
+
+/// The next round on the watch (a default one for a sync point), within 30 s.
+async fn next_round(watch: &mut tonic::Streaming<pb::RoundEvent>) -> pb::OuterRound {
+    let event = tokio::time::timeout(Duration::from_secs(30), watch.message())
+        .await
+        .expect("a round event within 30 s")
+        .unwrap()
+        .expect("the round watch goes on");
+    event.round.unwrap_or_default()
+}
+
+fn participant<'a>(round: &'a pb::OuterRound, site: &str) -> Option<&'a pb::RoundParticipant> {
+    round.participant_states.iter().find(|p| p.site_id == site)
+}
+
+/// The API refuses bad reports naming the field and storing nothing,
+/// answers a repeated report as the first, and agents learn of the round's
+/// opening and commit from the round watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut configs = replica_configs(dir.path(), 3);
+    for config in &mut configs {
+        // Long enough that the checks below run in one round.
+        config.round_timing.fixed = Some(Duration::from_secs(30));
+    }
+    let mut replicas = Vec::new();
+    for config in &configs {
+        replicas.push(Some(Replica::start(config.clone()).await.unwrap()));
+    }
+    leader_of(&replicas).await;
+    let addrs: Vec<SocketAddr> = configs.iter().map(|c| c.listen).collect();
+    let ttl = configs[0].lease_ttl;
+    let stand_ins: Vec<StandIn> = SITES
+        .iter()
+        .map(|site| StandIn::spawn(site, addrs.clone(), ttl, false))
+        .collect();
+    place_job(&addrs).await;
+
+    let mut watch = agent(addrs[1])
+        .watch_rounds(pb::WatchRoundsRequest {
+            site_id: "paris".into(),
+            after_revision: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut opened = next_round(&mut watch).await;
+    while opened.round_id == 0 {
+        opened = next_round(&mut watch).await;
+    }
+    assert_eq!(opened.round_id, 1);
+    assert_eq!(opened.state(), pb::RoundState::Open);
+    assert_eq!(opened.participants.len(), 3, "{opened:?}");
+    assert!(opened.fragments >= 1);
+
+    let revision = || async {
+        client(addrs[0])
+            .await
+            .list_rounds(pb::ListRoundsRequest {
+                job_id: JOB_ID.into(),
+                allow_stale: false,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .header
+            .unwrap()
+            .revision
+    };
+    let before = revision().await;
+    let contributed =
+        |job: &str, round: u64, site: &str, fragment: u32| pb::ReportContributedRequest {
+            site_id: site.into(),
+            job_id: job.into(),
+            round,
+            fragment,
+        };
+    let applied = |site: &str, fragment: u32, hash: &str| pb::ReportAppliedRequest {
+        site_id: site.into(),
+        job_id: JOB_ID.into(),
+        round: 1,
+        fragment,
+        hash: hash.into(),
+    };
+    let refused = |status: tonic::Status, code: Code, field: &str| {
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(
+            status.message().contains(&format!("field `{field}`")),
+            "{status:?}"
+        );
+    };
+    // Through a follower and the leader alike.
+    for addr in &addrs {
+        let mut c = agent(*addr);
+        refused(
+            c.report_contributed(contributed("nope", 1, "paris", 0))
+                .await
+                .unwrap_err(),
+            Code::NotFound,
+            "job_id",
+        );
+        refused(
+            c.report_contributed(contributed(JOB_ID, 9, "paris", 0))
+                .await
+                .unwrap_err(),
+            Code::NotFound,
+            "round",
+        );
+        refused(
+            c.report_contributed(contributed(JOB_ID, 1, "paris", opened.fragments))
+                .await
+                .unwrap_err(),
+            Code::NotFound,
+            "fragment",
+        );
+        refused(
+            c.report_contributed(contributed(JOB_ID, 1, "atlantis", 0))
+                .await
+                .unwrap_err(),
+            Code::FailedPrecondition,
+            "site_id",
+        );
+        refused(
+            c.report_applied(applied("paris", 0, &hash(1, 0)))
+                .await
+                .unwrap_err(),
+            Code::FailedPrecondition,
+            "fragment",
+        );
+        refused(
+            c.report_applied(applied("paris", 0, "")).await.unwrap_err(),
+            Code::InvalidArgument,
+            "hash",
+        );
+    }
+    assert_eq!(revision().await, before, "a refused report stored nothing");
+
+    let mut c = agent(addrs[2]);
+    c.report_contributed(contributed(JOB_ID, 1, "paris", 0))
+        .await
+        .unwrap();
+    let first = c
+        .report_applied(applied("paris", 0, &hash(1, 0)))
+        .await
+        .unwrap()
+        .into_inner();
+    let me = participant(first.round.as_ref().unwrap(), "paris")
+        .unwrap()
+        .clone();
+    assert_eq!(me.applied.len(), 1);
+    let stored = revision().await;
+    // The same report again is answered as the first; another hash is refused.
+    let again = c
+        .report_applied(applied("paris", 0, &hash(1, 0)))
+        .await
+        .unwrap();
+    assert_eq!(again.into_inner().round, first.round);
+    refused(
+        c.report_applied(applied("paris", 0, "another"))
+            .await
+            .unwrap_err(),
+        Code::FailedPrecondition,
+        "hash",
+    );
+    assert_eq!(revision().await, stored, "a second report stored nothing");
+
+    // The stand-ins report the rest: the round commits, and the watch says so.
+    for stand_in in &stand_ins {
+        stand_in.reporting.store(true, Ordering::SeqCst);
+    }
+    let committed = loop {
+        let round = next_round(&mut watch).await;
+        if round.round_id == 1 && round.state() == pb::RoundState::Committed {
+            break round;
+        }
+        assert!(round.round_id == 1 || round.round_id == 0, "{round:?}");
+    };
+    assert!(committed.waiting_on.is_empty());
+    assert!(
+        committed
+            .fragment_states
+            .iter()
+            .enumerate()
+            .all(|(f, s)| s.state == "committed" && s.hash == hash(1, f as u32))
+    );
+    // The next one opens; the sync schedule names the current round.
+    let schedule = eventually(
+        Duration::from_secs(30),
+        "round 2 in the sync schedule",
+        || async {
+            let schedule = client(addrs[0])
+                .await
+                .get_sync_schedule(pb::GetSyncScheduleRequest {
+                    job_id: JOB_ID.into(),
+                    allow_stale: false,
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .schedule?;
+            schedule
+                .current_round
+                .as_ref()
+                .is_some_and(|r| r.round_id >= 2)
+                .then_some(schedule)
+        },
+    )
+    .await;
+    assert_eq!(schedule.job_id, JOB_ID);
+    drop(stand_ins);
+    for replica in replicas.into_iter().flatten() {
+        replica.stop().await;
+    }
+}
+
+/// Real replica processes and three stand-ins: rounds commit; a site that
+/// dies mid-round is excluded and the round commits without it within its
+/// deadline plus one lease TTL; the site comes back and takes part in a
+/// later round after catching up; the leader killed mid-round, the round
+/// still commits, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
+    const DEADLINE: Duration = Duration::from_secs(6);
+    const TTL: Duration = Duration::from_secs(3);
+    let dir = tempfile::tempdir().unwrap();
+    let mut processes = cluster(dir.path(), 3);
+    for p in &mut processes {
+        p.extra_args = vec![
+            "--round-deadline".into(),
+            "6s".into(),
+            "--lease-ttl".into(),
+            "3s".into(),
+        ];
+        p.start();
+    }
+    leader(&processes).await;
+    let addrs: Vec<SocketAddr> = processes.iter().map(|p| p.addr).collect();
+    let stand_ins: Vec<StandIn> = SITES
+        .iter()
+        .map(|site| StandIn::spawn(site, addrs.clone(), TTL, true))
+        .collect();
+    place_job(&addrs).await;
+
+    // Rounds open and commit.
+    eventually(Duration::from_secs(60), "two committed rounds", || async {
+        let rounds = any_rounds(&addrs).await?;
+        (rounds
+            .iter()
+            .filter(|r| r.state() == pb::RoundState::Committed)
+            .count()
+            >= 2)
+            .then_some(())
+    })
+    .await;
+
+    // paris stops reporting; once a round waits only on paris, it dies.
+    let victim = &stand_ins[0];
+    victim.reporting.store(false, Ordering::SeqCst);
+    let stuck = eventually(
+        Duration::from_secs(60),
+        "a round waiting on paris alone",
+        || async {
+            let rounds = any_rounds(&addrs).await?;
+            let open = rounds
+                .last()
+                .filter(|r| r.state() == pb::RoundState::Open)?;
+            (open.waiting_on == vec![victim.site.to_string()]).then(|| open.clone())
+        },
+    )
+    .await;
+    victim.die();
+    let ended = eventually(
+        DEADLINE + TTL + Duration::from_secs(20),
+        "the round to commit without paris",
+        || async {
+            let rounds = any_rounds(&addrs).await?;
+            rounds
+                .into_iter()
+                .find(|r| r.round_id == stuck.round_id && r.state() != pb::RoundState::Open)
+        },
+    )
+    .await;
+    assert_eq!(ended.state(), pb::RoundState::Committed, "{ended:?}");
+    let excluded = participant(&ended, victim.site).unwrap();
+    assert!(excluded.excluded, "{ended:?}");
+    eprintln!(
+        "round {} committed {} ms after opening without paris ({}; deadline {} ms, lease TTL {} ms)",
+        ended.round_id,
+        ended.ended_at_unix_ms - ended.opened_at_unix_ms,
+        excluded.exclusion_reason,
+        DEADLINE.as_millis(),
+        TTL.as_millis()
+    );
+    assert!(
+        ended.ended_at_unix_ms <= ended.deadline_unix_ms + TTL.as_millis() as u64,
+        "committed at {} ms, after its deadline {} + one TTL",
+        ended.ended_at_unix_ms,
+        ended.deadline_unix_ms
+    );
+    for p in ended
+        .participant_states
+        .iter()
+        .filter(|p| p.site_id != victim.site)
+    {
+        assert!(!p.excluded, "{p:?}");
+    }
+
+    // paris comes back: the job is placed on it again, and it takes part in a
+    // later round, told to catch up from a committed round at a site that
+    // applied it.
+    victim.revive();
+    let rejoined = eventually(
+        Duration::from_secs(90),
+        "a round committed with paris back",
+        || async {
+            let rounds = any_rounds(&addrs).await?;
+            rounds.into_iter().find(|r| {
+                r.round_id > ended.round_id
+                    && r.state() == pb::RoundState::Committed
+                    && participant(r, victim.site).is_some_and(|p| !p.excluded)
+            })
+        },
+    )
+    .await;
+    let catch_up = participant(&rejoined, victim.site).unwrap();
+    assert!(
+        catch_up.catch_up_from_round >= ended.round_id,
+        "{rejoined:?}"
+    );
+    assert_ne!(catch_up.catch_up_from_site, victim.site);
+
+    // The leader dies mid-round (tokyo holds the round open); the round
+    // still commits, exactly once.
+    let holder = &stand_ins[2];
+    holder.reporting.store(false, Ordering::SeqCst);
+    let open = eventually(
+        Duration::from_secs(60),
+        "a round waiting on tokyo",
+        || async {
+            let rounds = any_rounds(&addrs).await?;
+            let open = rounds
+                .last()
+                .filter(|r| r.state() == pb::RoundState::Open)?;
+            open.waiting_on
+                .contains(&holder.site.to_string())
+                .then(|| open.clone())
+        },
+    )
+    .await;
+    let old = leader(&processes).await;
+    processes[old as usize - 1].kill();
+    holder.reporting.store(true, Ordering::SeqCst);
+    let survivors: Vec<SocketAddr> = processes
+        .iter()
+        .filter(|p| p.child.is_some())
+        .map(|p| p.addr)
+        .collect();
+    let committed = eventually(
+        Duration::from_secs(60),
+        "the round to commit after the leader kill",
+        || async {
+            let rounds = any_rounds(&survivors).await?;
+            rounds
+                .into_iter()
+                .find(|r| r.round_id == open.round_id && r.state() != pb::RoundState::Open)
+        },
+    )
+    .await;
+    assert_eq!(
+        committed.state(),
+        pb::RoundState::Committed,
+        "{committed:?}"
+    );
+    assert!(
+        committed.participant_states.iter().all(|p| !p.excluded),
+        "{committed:?}"
+    );
+    // Once: one transition to committed in the whole history, and round
+    // numbers without a gap or a repeat.
+    let revision = client(survivors[0])
+        .await
+        .get_cluster(pb::GetClusterRequest { allow_stale: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .header
+        .unwrap()
+        .revision;
+    let mut watch = client(survivors[0])
+        .await
+        .watch(pb::WatchRequest {
+            after_revision: 0,
+            kinds: vec!["round".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut commits = 0;
+    let mut opened = Vec::new();
+    let mut last = 0;
+    while last < revision {
+        let Ok(Ok(Some(event))) =
+            tokio::time::timeout(Duration::from_secs(2), watch.message()).await
+        else {
+            break;
+        };
+        last = event.revision;
+        let Some(pb::watch_event::Event::Round(round)) = event.event else {
+            continue;
+        };
+        if round.opened_revision == event.revision {
+            opened.push(round.round_id);
+        }
+        if round.round_id == open.round_id && round.state() == pb::RoundState::Committed {
+            commits += 1;
+        }
+    }
+    assert_eq!(
+        commits, 1,
+        "round {} committed {commits} times",
+        open.round_id
+    );
+    assert_eq!(
+        opened,
+        (1..=opened.len() as u64).collect::<Vec<_>>(),
+        "rounds opened once each, in order"
+    );
+
+    // The killed replica restarts from its store with the same rounds.
+    processes[old as usize - 1].start();
+    let restarted = processes[old as usize - 1].addr;
+    eventually(
+        Duration::from_secs(30),
+        "the restarted replica to have the rounds",
+        || async {
+            let rounds = rounds(restarted, true).await?;
+            rounds
+                .iter()
+                .any(|r| r.round_id == open.round_id && r.state() == pb::RoundState::Committed)
+                .then_some(())
+        },
+    )
+    .await;
+    drop(stand_ins);
+}
