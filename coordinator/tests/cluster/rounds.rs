@@ -60,23 +60,35 @@ struct StandIn {
     site: &'static str,
     renewing: Arc<AtomicBool>,
     reporting: Arc<AtomicBool>,
+    /// How long each report that committed a round took to be answered:
+    /// through the leader's raft commit of the report and its apply.
+    commit_latencies: Latencies,
     tasks: [tokio::task::JoinHandle<()>; 2],
 }
+
+type Latencies = Arc<std::sync::Mutex<Vec<Duration>>>;
 
 impl StandIn {
     fn spawn(site: &'static str, addrs: Vec<SocketAddr>, ttl: Duration, reporting: bool) -> Self {
         let renewing = Arc::new(AtomicBool::new(true));
         let reporting = Arc::new(AtomicBool::new(reporting));
+        let commit_latencies = Latencies::default();
         // Renewals on their own task, as the agent has them: a slow report
         // never delays one.
         let tasks = [
             tokio::spawn(renew(site, addrs.clone(), ttl, renewing.clone())),
-            tokio::spawn(reports(site, addrs, reporting.clone())),
+            tokio::spawn(reports(
+                site,
+                addrs,
+                reporting.clone(),
+                commit_latencies.clone(),
+            )),
         ];
         Self {
             site,
             renewing,
             reporting,
+            commit_latencies,
             tasks,
         }
     }
@@ -154,14 +166,24 @@ async fn renew(
 }
 
 /// Sends the site's reports of the open round every 40 ms, while `reporting`.
-async fn reports(site: &'static str, addrs: Vec<SocketAddr>, reporting: Arc<AtomicBool>) {
+async fn reports(
+    site: &'static str,
+    addrs: Vec<SocketAddr>,
+    reporting: Arc<AtomicBool>,
+    latencies: Latencies,
+) {
     let mut next = 0usize;
     loop {
         tokio::time::sleep(Duration::from_millis(40)).await;
         if reporting.load(Ordering::SeqCst)
-            && report(site, addrs[next % addrs.len()], Duration::from_secs(2))
-                .await
-                .is_err()
+            && report(
+                site,
+                addrs[next % addrs.len()],
+                Duration::from_secs(2),
+                &latencies,
+            )
+            .await
+            .is_err()
         {
             next += 1;
         }
@@ -169,7 +191,12 @@ async fn reports(site: &'static str, addrs: Vec<SocketAddr>, reporting: Arc<Atom
 }
 
 /// Sends every report the site owes the job's open round.
-async fn report(site: &str, addr: SocketAddr, call: Duration) -> Result<(), tonic::Status> {
+async fn report(
+    site: &str,
+    addr: SocketAddr,
+    call: Duration,
+    latencies: &Latencies,
+) -> Result<(), tonic::Status> {
     let mut coordinator = client(addr).await;
     let rounds = coordinator
         .list_rounds(timed(
@@ -211,7 +238,15 @@ async fn report(site: &str, addr: SocketAddr, call: Duration) -> Result<(), toni
                 fragment,
                 hash: hash(round.round_id, fragment),
             };
-            c.report_applied(timed(request, call)).await?;
+            let sent = std::time::Instant::now();
+            let response = c.report_applied(timed(request, call)).await?.into_inner();
+            if response
+                .round
+                .is_some_and(|r| r.state() == pb::RoundState::Committed)
+            {
+                let took = sent.elapsed();
+                latencies.lock().unwrap().push(took);
+            }
         }
     }
     Ok(())
@@ -657,6 +692,24 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
         "{rejoined:?}"
     );
     assert_ne!(catch_up.catch_up_from_site, victim.site);
+
+    // The commit latency of a round as its last reporter sees it (3
+    // replicas on loopback, on whatever load the machine has): printed,
+    // not asserted.
+    let mut latencies: Vec<Duration> = stand_ins
+        .iter()
+        .flat_map(|s| s.commit_latencies.lock().unwrap().clone())
+        .collect();
+    latencies.sort();
+    if !latencies.is_empty() {
+        let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q).round() as usize];
+        eprintln!(
+            "round commit latency (the committing report's round trip), {} rounds: p50 {:.1} ms, p99 {:.1} ms",
+            latencies.len(),
+            at(0.5).as_secs_f64() * 1e3,
+            at(0.99).as_secs_f64() * 1e3
+        );
+    }
 
     // The leader dies mid-round (tokyo holds the round open); the round
     // still commits, exactly once.
