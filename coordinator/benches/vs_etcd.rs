@@ -35,9 +35,11 @@
 //! (default: the `coordinator` cargo built, e.g. to compare a saved older
 //! build). Not run in CI.
 //!
-//! After each phase it prints, per member, what a committed entry cost from
-//! the members' own metrics (fsyncs, deferred commits, Ready passes; etcd's
-//! WAL fsyncs and backend commits), to show where the time goes.
+//! After each phase it prints the CPU time the three members used per write
+//! (from `/proc`, so for both systems alike; less at the mercy of other load
+//! than throughput), and, per member, what a committed entry cost from the
+//! members' own metrics (fsyncs, deferred commits, Ready passes; etcd's WAL
+//! fsyncs and backend commits), to show where the time goes.
 
 #[path = "vs_etcd/cluster.rs"]
 mod cluster;
@@ -164,6 +166,8 @@ struct PhaseResult {
     /// Commit latencies in µs, sorted.
     latencies: Vec<u32>,
     loadavg: String,
+    /// CPU ms all members used per write.
+    cpu_ms_per_write: f64,
 }
 
 impl PhaseResult {
@@ -379,6 +383,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
             for cluster in [&mut longhaul, &mut etcd] {
                 let pool = leader_pool(cluster, &payload, clients).await?;
                 let before = cluster.scrape().await;
+                let cpu_before = cluster.cpu_seconds();
                 let result = run_phase(
                     &pool,
                     clients,
@@ -388,13 +393,23 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
                 )
                 .await;
                 cluster.check_alive()?;
+                // Over warm-up and window alike, so per write of both at the window's rate.
+                let cpu = cluster.cpu_seconds() - cpu_before;
+                let phase_writes =
+                    result.throughput() * (settings.warmup + settings.seconds) as f64;
+                let cpu_ms_per_write = 1000.0 * cpu / phase_writes;
+                let result = PhaseResult {
+                    cpu_ms_per_write,
+                    ..result
+                };
                 println!(
-                    "  {:>8} {clients:>4} clients: {:>8.0} writes/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}  (load {})",
+                    "  {:>8} {clients:>4} clients: {:>8.0} writes/s  p50 {:>7.2} ms  p99 {:>7.2} ms  errors {}  cpu {:.3} ms/write (3 members)  (load {})",
                     cluster.system.name(),
                     result.throughput(),
                     result.percentile_ms(0.50),
                     result.percentile_ms(0.99),
                     result.errors,
+                    cpu_ms_per_write,
                     result.loadavg
                 );
                 let after = cluster.scrape().await;
@@ -437,7 +452,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     // The table.
     println!();
     println!(
-        "{:>7} | {:>12} {:>12} {:>6} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6} | {:>7} | {:>14}",
+        "{:>7} | {:>12} {:>12} {:>6} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6} | {:>7} | {:>18} | {:>14}",
         "clients",
         "longhaul w/s",
         "etcd w/s",
@@ -449,11 +464,12 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         "etcd p99",
         "ratio",
         "errors",
+        "cpu ms/w (lh/etcd)",
         "load (lh/etcd)"
     );
     for (clients, lh, et) in &results {
         println!(
-            "{:>7} | {:>12.0} {:>12.0} {:>6} | {:>9.2} {:>9.2} {:>6} | {:>9.2} {:>9.2} {:>6} | {:>3}/{:<3} | {} / {}",
+            "{:>7} | {:>12.0} {:>12.0} {:>6} | {:>9.2} {:>9.2} {:>6} | {:>9.2} {:>9.2} {:>6} | {:>3}/{:<3} | {:>8.3} / {:<7.3} | {} / {}",
             clients,
             lh.throughput(),
             et.throughput(),
@@ -466,6 +482,8 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
             ratio(lh.percentile_ms(0.99), et.percentile_ms(0.99)),
             lh.errors,
             et.errors,
+            lh.cpu_ms_per_write,
+            et.cpu_ms_per_write,
             lh.loadavg.split(' ').next().unwrap_or("?"),
             et.loadavg.split(' ').next().unwrap_or("?"),
         );

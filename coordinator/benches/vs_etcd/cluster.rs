@@ -219,6 +219,27 @@ impl Cluster {
         Ok(())
     }
 
+    /// CPU seconds (user + system) all members have used so far, from `/proc/<pid>/stat`
+    /// (0 for a member that is gone). Less at the mercy of other load on the machine than
+    /// throughput: what a write costs, not how soon it was scheduled.
+    pub fn cpu_seconds(&self) -> f64 {
+        // Clock ticks per second: 100 on every Linux this runs on (`getconf CLK_TCK`).
+        const TICKS: f64 = 100.0;
+        let ticks = |pid: u32| -> Option<u64> {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The command name, in parentheses, may hold spaces: fields count after it.
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        };
+        self.members
+            .iter()
+            .filter_map(|member| member.id().and_then(ticks))
+            .sum::<u64>() as f64
+            / TICKS
+    }
+
     /// Every member's metrics (empty for a member that does not answer).
     pub async fn scrape(&self) -> Vec<Samples> {
         let mut all = Vec::new();

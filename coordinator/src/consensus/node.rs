@@ -496,17 +496,20 @@ impl<S: StateMachine> Node<S> {
     ///    (a snapshot, new entries, or a new term or vote); a new commit index alone is not
     ///    written, as Raft keeps it in volatile state (the leader tells it again), so a Ready
     ///    that only moves the commit index and applies costs no fsync;
-    /// 5. apply committed entries: state-machine changes, the new applied index and any new conf
+    /// 5. send the persisted messages (votes, append responses): they promise log entries, term
+    ///    and vote, which are on disk once step 4 returned. They go before the apply, so that a
+    ///    follower's acknowledgement (and with it the leader's commit) does not wait for the
+    ///    entries this Ready lets it apply;
+    /// 6. apply committed entries: state-machine changes, the new applied index and any new conf
     ///    state, in one transaction of the state store, committed without an fsync (see
     ///    [`DiskStorage`]: it becomes durable with the state store's next fsync). Raft only hands
     ///    out committed entries that an earlier Ready made durable in the log, so a crash rolls
     ///    the state store back to an older applied index whose state agrees with it, and the
     ///    restarted replica applies the rest of the log again;
-    /// 6. take the persisted messages (votes, append responses): they promise log entries, term
-    ///    and vote, which are on disk once step 4 returned;
     /// 7. report read states;
-    /// 8. `advance`, then handle the light ready the same way: the new commit index and the
-    ///    entries it lets us apply, its messages, then `advance_apply`.
+    /// 8. `advance`, then handle the light ready the same way: its messages first (everything
+    ///    they promise is persisted by now), then the new commit index and the entries it lets
+    ///    us apply, then `advance_apply`.
     ///
     /// Snapshots (when a peer needs one) and log compaction run after the loop. Compaction first
     /// fsyncs the state store, so the log never loses an entry that durable state does not hold
@@ -521,10 +524,11 @@ impl<S: StateMachine> Node<S> {
         Ok(out)
     }
 
-    /// [`Node::handle_ready`], handing the leader's messages (step 2) to
-    /// `send_now` before anything is persisted, so followers write the new
-    /// entries while the leader does (Raft thesis §10.2.1). The remaining
-    /// messages still come back in the output, to be sent afterwards.
+    /// [`Node::handle_ready`], handing messages to `send_now` as soon as they may go: the
+    /// leader's (step 2) before anything is persisted, so followers write the new entries while
+    /// the leader does (Raft thesis §10.2.1); the persisted ones (step 5) and the light ready's
+    /// (step 8) once the log commit returned, before any entry is applied. `Output::messages`
+    /// is then empty; callers still send what it holds, after the rest.
     pub fn handle_ready_sending(
         &mut self,
         send_now: &mut dyn FnMut(Vec<Message>),
@@ -558,13 +562,16 @@ impl<S: StateMachine> Node<S> {
                 self.raw.mut_store().commit(batch)?;
             }
             // 5.
+            let persisted_messages = ready.take_persisted_messages();
+            if !persisted_messages.is_empty() {
+                send_now(persisted_messages);
+            }
+            // 6.
             if !committed.is_empty() {
                 let mut batch = self.raw.store().begin()?;
                 self.apply_entries(&mut batch, committed, &mut out)?;
                 self.commit_applied(batch)?;
             }
-            // 6.
-            out.messages.extend(ready.take_persisted_messages());
             // 7.
             for read in ready.take_read_states() {
                 out.events.push(Event::ReadIndexReady {
@@ -574,7 +581,10 @@ impl<S: StateMachine> Node<S> {
             }
             // 8.
             let mut light = self.raw.advance(ready);
-            out.messages.extend(light.take_messages());
+            let light_messages = light.take_messages();
+            if !light_messages.is_empty() {
+                send_now(light_messages);
+            }
             let committed = light.take_committed_entries();
             if light.commit_index().is_some() || !committed.is_empty() {
                 let mut batch = self.raw.store().begin()?;

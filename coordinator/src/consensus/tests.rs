@@ -502,3 +502,104 @@ fn automatic_compaction_bounds_the_log_and_a_replica_behind_it_gets_a_snapshot()
         "the lagging replica should have needed a snapshot"
     );
 }
+
+/// A follower's acknowledgement of new entries goes out (through `send_now`) as soon as they
+/// are fsynced, not after the entries the same Ready lets it apply: the leader's commit, and
+/// with it every write's latency, does not wait for a follower's apply.
+#[test]
+fn a_follower_acknowledges_new_entries_before_it_applies_committed_ones() {
+    use raft::eraftpb::MessageType;
+
+    use super::kv::KvCommand;
+
+    let mut cluster = Cluster::new(3, seed_or(31));
+    let leader = cluster.wait_for_leader(&[1, 2, 3]);
+    cluster.drive();
+    let follower = cluster
+        .ids()
+        .into_iter()
+        .find(|id| *id != leader)
+        .unwrap_or(0);
+    let put = |key: &str| {
+        KvCommand::Put {
+            key: key.into(),
+            value: b"v".to_vec(),
+        }
+        .encode()
+    };
+    let to_follower = |messages: Vec<raft::eraftpb::Message>| -> Vec<raft::eraftpb::Message> {
+        messages.into_iter().filter(|m| m.to == follower).collect()
+    };
+
+    // Entry `a` reaches the follower and is committed by its acknowledgement.
+    cluster
+        .node_mut(leader)
+        .propose(b"a".to_vec(), put("a"))
+        .expect("propose a");
+    let appends = to_follower(
+        cluster
+            .node_mut(leader)
+            .handle_ready()
+            .expect("ready")
+            .messages,
+    );
+    for message in appends {
+        cluster.node_mut(follower).step(message).expect("step");
+    }
+    let acks = cluster
+        .node_mut(follower)
+        .handle_ready()
+        .expect("ready")
+        .messages;
+    for ack in acks {
+        cluster.node_mut(leader).step(ack).expect("step");
+    }
+    let commit = to_follower(
+        cluster
+            .node_mut(leader)
+            .handle_ready()
+            .expect("ready")
+            .messages,
+    );
+    // Entry `b` follows; the follower learns that `a` is committed in the same round.
+    cluster
+        .node_mut(leader)
+        .propose(b"b".to_vec(), put("b"))
+        .expect("propose b");
+    let appends = to_follower(
+        cluster
+            .node_mut(leader)
+            .handle_ready()
+            .expect("ready")
+            .messages,
+    );
+    for message in commit.into_iter().chain(appends) {
+        cluster.node_mut(follower).step(message).expect("step");
+    }
+
+    let mut sent_now = Vec::new();
+    let out = cluster
+        .node_mut(follower)
+        .handle_ready_sending(&mut |messages| sent_now.extend(messages))
+        .expect("ready");
+    let applied: Vec<&[u8]> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Applied { context, .. } => Some(context.as_slice()),
+            _ => None,
+        })
+        .collect();
+    assert!(applied.contains(&b"a".as_slice()), "{:?}", out.events);
+    let acknowledged = sent_now
+        .iter()
+        .filter(|m| m.get_msg_type() == MessageType::MsgAppendResponse && !m.reject)
+        .map(|m| m.index)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        acknowledged >= cluster.node(follower).storage().state().last_index,
+        "the acknowledgement of b went through send_now: {sent_now:?}"
+    );
+    assert!(out.messages.is_empty(), "{:?}", out.messages);
+}

@@ -473,6 +473,14 @@ async fn run(
     let mut state_flush: Option<tokio::task::JoinHandle<std::io::Result<()>>> = None;
     let mut leader_id = 0;
     let mut snapshots_installed = 0;
+    // Registered once: a handle records without the registry look-up each call would make.
+    let ready_seconds = metrics::histogram!("longhaul_ready_seconds");
+    let commit_latency = metrics::histogram!("longhaul_commit_latency_seconds");
+    let committed_total = metrics::counter!("longhaul_proposals_committed_total");
+    let term_gauge = metrics::gauge!("longhaul_raft_term");
+    let leader_gauge = metrics::gauge!("longhaul_raft_is_leader");
+    let applied_gauge = metrics::gauge!("longhaul_raft_applied_index");
+    let commit_gauge = metrics::gauge!("longhaul_raft_commit_index");
     loop {
         let mut batch = Vec::new();
         tokio::select! {
@@ -608,7 +616,7 @@ async fn run(
             let started = Instant::now();
             let output =
                 node.handle_ready_sending(&mut |messages| outbox.send(messages, handle))?;
-            metrics::histogram!("longhaul_ready_seconds").record(started.elapsed().as_secs_f64());
+            ready_seconds.record(started.elapsed().as_secs_f64());
             outbox.send(output.messages, handle);
             for event in output.events {
                 match event {
@@ -619,9 +627,8 @@ async fn run(
                             continue;
                         };
                         if let Some((proposed, reply)) = pending.proposals.remove(&seq) {
-                            metrics::histogram!("longhaul_commit_latency_seconds")
-                                .record(proposed.elapsed().as_secs_f64());
-                            metrics::counter!("longhaul_proposals_committed_total").increment(1);
+                            commit_latency.record(proposed.elapsed().as_secs_f64());
+                            committed_total.increment(1);
                             let _ = reply.send(Ok(response));
                         }
                     }
@@ -710,14 +717,10 @@ async fn run(
             leader_ready: role == Role::Leader && node.applied_in_current_term(),
             handing_over: node.is_handing_over(),
         };
-        metrics::gauge!("longhaul_raft_term").set(next.term as f64);
-        metrics::gauge!("longhaul_raft_is_leader").set(if role == Role::Leader {
-            1.0
-        } else {
-            0.0
-        });
-        metrics::gauge!("longhaul_raft_applied_index").set(applied as f64);
-        metrics::gauge!("longhaul_raft_commit_index").set(next.commit_index as f64);
+        term_gauge.set(next.term as f64);
+        leader_gauge.set(if role == Role::Leader { 1.0 } else { 0.0 });
+        applied_gauge.set(applied as f64);
+        commit_gauge.set(next.commit_index as f64);
         status.send_if_modified(|current| {
             if *current == next {
                 false

@@ -195,6 +195,11 @@ impl CoordinatorService {
             let links: Vec<_> = state.links().cloned().collect();
             (state.live_topology("registered-sites"), links)
         };
+        // With no site up there is nothing to search and the solver answers at once: not worth
+        // the blocking pool's hand-off, two thread wake-ups on every write's path.
+        if topology.sites.is_empty() {
+            return Ok(super::replan::place_live(&topology, &links, spec));
+        }
         let spec = spec.clone();
         tokio::task::spawn_blocking(move || super::replan::place_live(&topology, &links, &spec))
             .await

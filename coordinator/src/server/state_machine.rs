@@ -88,6 +88,22 @@ pub struct CoordinatorStateMachine {
     applied_events: AppliedEvents,
 }
 
+/// `serde_json::to_vec(&Event { revision, change })`, byte for byte, from the change's own
+/// encoding (`change_json`): the same bytes without encoding the change a second time.
+fn event_json(revision: u64, change_json: &[u8]) -> Vec<u8> {
+    const HEAD: &[u8] = b"{\"revision\":";
+    const MIDDLE: &[u8] = b",\"change\":";
+    let revision = revision.to_string();
+    let mut out =
+        Vec::with_capacity(HEAD.len() + revision.len() + MIDDLE.len() + change_json.len() + 1);
+    out.extend_from_slice(HEAD);
+    out.extend_from_slice(revision.as_bytes());
+    out.extend_from_slice(MIDDLE);
+    out.extend_from_slice(change_json);
+    out.push(b'}');
+    out
+}
+
 fn history_key(revision: u64, n: usize) -> String {
     format!("{HISTORY_PREFIX}{revision:020}/{n}")
 }
@@ -181,21 +197,24 @@ impl StateMachine for CoordinatorStateMachine {
                     let mut table = txn.open_table(STATE_MACHINE)?;
                     table.insert(REVISION_KEY, applied.revision.to_le_bytes().as_slice())?;
                     for (n, event) in applied.events.iter().enumerate() {
+                        // The change is encoded once: the entity's value, and inside the
+                        // history event.
+                        let change = serde_json::to_vec(&event.change)?;
                         match (&event.change, event.change.key()) {
                             (change, Some(key)) if change.is_removal() => {
                                 table.remove(format!("{ENTITY_PREFIX}{key}").as_bytes())?;
                             }
-                            (change, Some(key)) => {
+                            (_, Some(key)) => {
                                 let key = format!("{ENTITY_PREFIX}{key}");
-                                table.insert(
-                                    key.as_bytes(),
-                                    serde_json::to_vec(change)?.as_slice(),
-                                )?;
+                                table.insert(key.as_bytes(), change.as_slice())?;
                             }
                             (_, None) => {}
                         }
                         let key = history_key(event.revision, n);
-                        table.insert(key.as_bytes(), serde_json::to_vec(event)?.as_slice())?;
+                        table.insert(
+                            key.as_bytes(),
+                            event_json(event.revision, &change).as_slice(),
+                        )?;
                     }
                     for revision in applied.evicted {
                         let start = history_key(revision, 0);
@@ -293,6 +312,63 @@ mod tests {
         let typed = placement.remove("plan").unwrap();
         placement.insert("plan_json".into(), typed.to_string().into());
         (serde_json::to_vec(&value).unwrap(), plan)
+    }
+
+    /// The history's events are built from the entity's encoding; they must be exactly what
+    /// encoding the event gives, so that `load` (and older readers) decode them alike.
+    #[test]
+    fn a_history_event_built_from_its_change_is_the_event_encoded() {
+        let (_, plan) = legacy_job_entity();
+        let mut state = ClusterState::default();
+        let spec = JobSpec::from_toml(
+            "j.toml",
+            include_str!("../../../deploy/examples/llama-70b.job.toml"),
+        )
+        .unwrap();
+        let mut events = Vec::new();
+        for (job_id, placement) in [
+            ("placed", Placement::placed(plan)),
+            (
+                "infeasible",
+                Placement::Infeasible {
+                    reason: "no \"site\" is up\n".into(),
+                },
+            ),
+        ] {
+            let applied = state
+                .apply(&Request::new(Command::SubmitJob {
+                    job_id: job_id.into(),
+                    spec: spec.clone(),
+                    placement,
+                }))
+                .unwrap();
+            events.extend(applied.events);
+        }
+        events.extend(
+            state
+                .apply(&Request::new(Command::CancelJob {
+                    job_id: "placed".into(),
+                }))
+                .unwrap()
+                .events,
+        );
+        assert!(events.len() >= 3);
+        for event in events {
+            let change = serde_json::to_vec(&event.change).unwrap();
+            assert_eq!(
+                event_json(event.revision, &change),
+                serde_json::to_vec(&event).unwrap()
+            );
+        }
+        let large = Event {
+            revision: u64::MAX,
+            change: Change::MemberRemoved { member_id: 7 },
+        };
+        let change = serde_json::to_vec(&large.change).unwrap();
+        assert_eq!(
+            event_json(large.revision, &change),
+            serde_json::to_vec(&large).unwrap()
+        );
     }
 
     #[test]

@@ -261,13 +261,26 @@ async fn send_snapshot(
     cluster_id: u64,
     message: &Message,
 ) -> bool {
-    let data = message.get_snapshot().get_data().to_vec();
-    let mut header = message.clone();
-    header.mut_snapshot().clear_data();
-    let Ok(header) = header.write_to_bytes() else {
+    let Some(chunks) = snapshot_chunks(cluster_id, message) else {
         return false;
     };
-    let checksum = crc32fast::hash(&data);
+    match client.install_snapshot(tokio_stream::iter(chunks)).await {
+        Ok(_) => true,
+        Err(status) => {
+            tracing::warn!(peer = message.to, %status, "snapshot transfer failed");
+            false
+        }
+    }
+}
+
+/// The chunks a snapshot message travels in: the message without its data in the first,
+/// [`SNAPSHOT_CHUNK_BYTES`] of data in each, the CRC32 of all data in the last.
+fn snapshot_chunks(cluster_id: u64, message: &Message) -> Option<Vec<SnapshotChunk>> {
+    let data = message.get_snapshot().get_data();
+    let mut header = message.clone();
+    header.mut_snapshot().clear_data();
+    let header = header.write_to_bytes().ok()?;
+    let checksum = crc32fast::hash(data);
     let mut chunks = Vec::new();
     let mut offset = 0;
     loop {
@@ -288,16 +301,9 @@ async fn send_snapshot(
             checksum: if last { checksum } else { 0 },
         });
         if last {
-            break;
+            return Some(chunks);
         }
         offset = end;
-    }
-    match client.install_snapshot(tokio_stream::iter(chunks)).await {
-        Ok(_) => true,
-        Err(status) => {
-            tracing::warn!(peer = message.to, %status, "snapshot transfer failed");
-            false
-        }
     }
 }
 
@@ -343,57 +349,222 @@ pub fn decode_envelope(
     Ok(message)
 }
 
+/// The largest snapshot a replica assembles from a peer: 1 GiB of data. A snapshot is the
+/// replicated state as JSON; at the bounds of `longhaul_core::limits` (1024 sites, each
+/// registering at most a 4 MiB inventory) a legitimate one stays well below this, and the
+/// bound keeps a peer from making a replica buffer without end.
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
+/// The most chunks one snapshot stream may hold: what the sender makes of a snapshot of
+/// [`MAX_SNAPSHOT_BYTES`] (one per [`SNAPSHOT_CHUNK_BYTES`], one more for a cut at the end),
+/// doubled for a sender that cuts smaller chunks. Without it a peer could stream empty
+/// chunks for ever.
+pub const MAX_SNAPSHOT_CHUNKS: u64 = 2 * (MAX_SNAPSHOT_BYTES / SNAPSHOT_CHUNK_BYTES as u64 + 1);
+
+/// The bounds a [`SnapshotAssembly`] holds a peer's stream to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotLimits {
+    /// Bytes of snapshot data in all chunks together.
+    pub max_bytes: u64,
+    /// Chunks in one stream, the last included.
+    pub max_chunks: u64,
+}
+
+impl Default for SnapshotLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: MAX_SNAPSHOT_BYTES,
+            max_chunks: MAX_SNAPSHOT_CHUNKS,
+        }
+    }
+}
+
+/// Why a snapshot stream from a peer was refused, naming the chunk field at fault. Nothing of
+/// a refused stream reaches raft: the message is stepped only once its last chunk passed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotRefusal {
+    #[error("cluster_id: message for cluster {found}, this replica belongs to cluster {expected}")]
+    OtherCluster { expected: u64, found: u64 },
+    #[error("to: message for replica {found} arrived at replica {expected}")]
+    OtherReplica { expected: u64, found: u64 },
+    #[error("from: chunk {chunk} is from replica {found}, the stream's first from {expected}")]
+    SenderChanged {
+        chunk: u64,
+        expected: u64,
+        found: u64,
+    },
+    #[error("offset: chunk {chunk} expected at {expected}, found {found}")]
+    Offset {
+        chunk: u64,
+        expected: u64,
+        found: u64,
+    },
+    #[error("message: not a raft message: {0}")]
+    NotAMessage(String),
+    #[error("message.msg_type: a snapshot stream carries MsgSnapshot, found {0:?}")]
+    NotASnapshot(MessageType),
+    #[error("message.{field}: {found} does not match the chunk's {expected}")]
+    HeaderMismatch {
+        field: &'static str,
+        expected: u64,
+        found: u64,
+    },
+    #[error(
+        "message: only the first chunk carries the raft message, chunk {chunk} has {bytes} bytes"
+    )]
+    MessageAfterFirst { chunk: u64, bytes: usize },
+    #[error("checksum: only the last chunk carries the CRC32, chunk {chunk} has {found:#010x}")]
+    ChecksumBeforeLast { chunk: u64, found: u32 },
+    #[error("checksum: snapshot data does not match its CRC32")]
+    Checksum,
+    #[error(
+        "data: chunk {chunk} brings the snapshot to {total} bytes, more than the {max} allowed"
+    )]
+    TooLarge { chunk: u64, total: u64, max: u64 },
+    #[error("last: chunk {chunk} is not the last, and a snapshot holds at most {max} chunks")]
+    TooManyChunks { chunk: u64, max: u64 },
+    #[error("last: a chunk arrived after the stream had ended or been refused")]
+    AfterEnd,
+    #[error("last: the stream ended before the last chunk")]
+    CutShort,
+}
+
+impl From<SnapshotRefusal> for Status {
+    fn from(refusal: SnapshotRefusal) -> Self {
+        let message = refusal.to_string();
+        match refusal {
+            SnapshotRefusal::OtherCluster { .. } => Status::permission_denied(message),
+            SnapshotRefusal::Checksum => Status::data_loss(message),
+            SnapshotRefusal::TooLarge { .. } | SnapshotRefusal::TooManyChunks { .. } => {
+                Status::resource_exhausted(message)
+            }
+            _ => Status::invalid_argument(message),
+        }
+    }
+}
+
 /// The chunks of one `InstallSnapshot` stream arriving at replica `id` of cluster
-/// `cluster_id`, put back together: in order (each chunk's offset is where the data so far
-/// ends), the raft message in the first, the CRC32 of the whole data in the last. Pure (the
-/// chunks are a peer's), so that it can be fuzzed.
+/// `cluster_id`, put back together: all from one sender, in order (each chunk's offset is
+/// where the data so far ends), the raft message (a `MsgSnapshot` from that sender to this
+/// replica) in the first and only there, the CRC32 of the whole data in the last and only
+/// there, within [`SnapshotLimits`]. The first refusal ends the assembly and frees what it
+/// held. Pure (the chunks are a peer's), so that it can be fuzzed.
 #[derive(Debug)]
 pub struct SnapshotAssembly {
     cluster_id: u64,
     id: u64,
+    limits: SnapshotLimits,
     header: Option<Message>,
     data: Vec<u8>,
+    /// Chunks taken so far.
+    chunks: u64,
+    /// The last chunk came, or a chunk was refused.
+    ended: bool,
 }
 
 impl SnapshotAssembly {
     pub fn new(cluster_id: u64, id: u64) -> Self {
+        Self::with_limits(cluster_id, id, SnapshotLimits::default())
+    }
+
+    /// An assembly held to `limits` instead of the defaults (tests use small ones).
+    pub fn with_limits(cluster_id: u64, id: u64, limits: SnapshotLimits) -> Self {
         Self {
             cluster_id,
             id,
+            limits,
             header: None,
             data: Vec::new(),
+            chunks: 0,
+            ended: false,
         }
     }
 
     /// Takes the next chunk; once the last one has arrived, the snapshot message to step, its
     /// data in it.
-    pub fn push(&mut self, chunk: SnapshotChunk) -> Result<Option<Message>, Status> {
-        check_addressed(self.cluster_id, self.id, chunk.cluster_id, chunk.to)?;
-        if chunk.offset != self.data.len() as u64 {
-            return Err(Status::invalid_argument(format!(
-                "offset: expected {}, found {}",
-                self.data.len(),
-                chunk.offset
-            )));
+    pub fn push(&mut self, chunk: SnapshotChunk) -> Result<Option<Message>, SnapshotRefusal> {
+        if self.ended {
+            return Err(SnapshotRefusal::AfterEnd);
         }
-        if self.header.is_none() {
-            let message = Message::parse_from_bytes(&chunk.message).map_err(|e| {
-                Status::invalid_argument(format!("message: not a raft message: {e}"))
-            })?;
-            self.header = Some(message);
+        let result = self.take(chunk);
+        if !matches!(result, Ok(None)) {
+            self.ended = true;
+            self.header = None;
+            self.data = Vec::new();
+        }
+        result
+    }
+
+    fn take(&mut self, chunk: SnapshotChunk) -> Result<Option<Message>, SnapshotRefusal> {
+        let index = self.chunks;
+        self.chunks += 1;
+        if chunk.cluster_id != self.cluster_id {
+            return Err(SnapshotRefusal::OtherCluster {
+                expected: self.cluster_id,
+                found: chunk.cluster_id,
+            });
+        }
+        if chunk.to != self.id {
+            return Err(SnapshotRefusal::OtherReplica {
+                expected: self.id,
+                found: chunk.to,
+            });
+        }
+        let expected_offset = self.data.len() as u64;
+        if chunk.offset != expected_offset {
+            return Err(SnapshotRefusal::Offset {
+                chunk: index,
+                expected: expected_offset,
+                found: chunk.offset,
+            });
+        }
+        match &self.header {
+            None => self.header = Some(self.first_message(&chunk)?),
+            Some(header) => {
+                if chunk.from != header.from {
+                    return Err(SnapshotRefusal::SenderChanged {
+                        chunk: index,
+                        expected: header.from,
+                        found: chunk.from,
+                    });
+                }
+                if !chunk.message.is_empty() {
+                    return Err(SnapshotRefusal::MessageAfterFirst {
+                        chunk: index,
+                        bytes: chunk.message.len(),
+                    });
+                }
+            }
+        }
+        if !chunk.last && chunk.checksum != 0 {
+            return Err(SnapshotRefusal::ChecksumBeforeLast {
+                chunk: index,
+                found: chunk.checksum,
+            });
+        }
+        let total = expected_offset.saturating_add(chunk.data.len() as u64);
+        if total > self.limits.max_bytes {
+            return Err(SnapshotRefusal::TooLarge {
+                chunk: index,
+                total,
+                max: self.limits.max_bytes,
+            });
+        }
+        if !chunk.last && self.chunks >= self.limits.max_chunks {
+            return Err(SnapshotRefusal::TooManyChunks {
+                chunk: index,
+                max: self.limits.max_chunks,
+            });
         }
         self.data.extend_from_slice(&chunk.data);
         if !chunk.last {
             return Ok(None);
         }
         if crc32fast::hash(&self.data) != chunk.checksum {
-            return Err(Status::data_loss(
-                "checksum: snapshot data does not match its CRC32",
-            ));
+            return Err(SnapshotRefusal::Checksum);
         }
         let Some(mut message) = self.header.take() else {
-            return Err(Status::invalid_argument(
-                "message: missing in the first chunk",
+            return Err(SnapshotRefusal::NotAMessage(
+                "missing in the first chunk".into(),
             ));
         };
         message
@@ -402,9 +573,34 @@ impl SnapshotAssembly {
         Ok(Some(message))
     }
 
+    /// The raft message of the first chunk: a `MsgSnapshot` from the chunk's sender to this
+    /// replica.
+    fn first_message(&self, chunk: &SnapshotChunk) -> Result<Message, SnapshotRefusal> {
+        let message = Message::parse_from_bytes(&chunk.message)
+            .map_err(|e| SnapshotRefusal::NotAMessage(e.to_string()))?;
+        if message.get_msg_type() != MessageType::MsgSnapshot {
+            return Err(SnapshotRefusal::NotASnapshot(message.get_msg_type()));
+        }
+        if message.from != chunk.from {
+            return Err(SnapshotRefusal::HeaderMismatch {
+                field: "from",
+                expected: chunk.from,
+                found: message.from,
+            });
+        }
+        if message.to != self.id {
+            return Err(SnapshotRefusal::HeaderMismatch {
+                field: "to",
+                expected: self.id,
+                found: message.to,
+            });
+        }
+        Ok(message)
+    }
+
     /// What a stream that ended before its last chunk is refused with.
-    pub fn cut_short() -> Status {
-        Status::invalid_argument("last: the stream ended before the last chunk")
+    pub fn cut_short() -> SnapshotRefusal {
+        SnapshotRefusal::CutShort
     }
 }
 
@@ -440,7 +636,7 @@ impl RaftTransport for TransportService {
                 return Ok(Response::new(RaftAck {}));
             }
         }
-        Err(SnapshotAssembly::cut_short())
+        Err(SnapshotAssembly::cut_short().into())
     }
 }
 

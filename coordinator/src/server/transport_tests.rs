@@ -169,7 +169,266 @@ fn assemble(chunks: Vec<SnapshotChunk>) -> Result<Message, Status> {
             return Ok(message);
         }
     }
-    Err(SnapshotAssembly::cut_short())
+    Err(SnapshotAssembly::cut_short().into())
+}
+
+/// A snapshot message from replica 1 to this one with `len` bytes of data.
+fn snapshot_of(len: usize) -> Message {
+    let mut message = Message {
+        from: 1,
+        to: ID,
+        term: 3,
+        index: 10,
+        ..Message::default()
+    };
+    message.set_msg_type(MessageType::MsgSnapshot);
+    let mut snapshot = Snapshot::default();
+    snapshot.mut_metadata().index = 10;
+    snapshot.mut_metadata().term = 3;
+    snapshot.data = (0..len).map(|i| i as u8).collect::<Vec<u8>>().into();
+    message.set_snapshot(snapshot);
+    message
+}
+
+/// Feeds `chunks` to an assembly held to `limits`: the message, or the first refusal and
+/// the index of the chunk refused.
+fn assemble_within(
+    limits: SnapshotLimits,
+    chunks: Vec<SnapshotChunk>,
+) -> Result<Message, (usize, SnapshotRefusal)> {
+    let mut assembly = SnapshotAssembly::with_limits(CLUSTER, ID, limits);
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        match assembly.push(chunk) {
+            Ok(Some(message)) => return Ok(message),
+            Ok(None) => {}
+            Err(refusal) => return Err((i, refusal)),
+        }
+    }
+    Err((usize::MAX, SnapshotAssembly::cut_short()))
+}
+
+const SMALL: SnapshotLimits = SnapshotLimits {
+    max_bytes: 100,
+    max_chunks: 4,
+};
+
+#[test]
+fn the_default_bounds_admit_the_largest_snapshot_the_sender_cuts() {
+    let chunks_of_largest = MAX_SNAPSHOT_BYTES.div_ceil(SNAPSHOT_CHUNK_BYTES as u64);
+    assert!(chunks_of_largest <= MAX_SNAPSHOT_CHUNKS);
+    assert_eq!(SnapshotLimits::default().max_bytes, MAX_SNAPSHOT_BYTES);
+    // What the sender really sends reassembles, here across three chunks.
+    let message = snapshot_of(2 * SNAPSHOT_CHUNK_BYTES + 5);
+    let chunks = snapshot_chunks(CLUSTER, &message).unwrap();
+    assert_eq!(chunks.len(), 3);
+    assert_eq!(assemble(chunks).unwrap(), message);
+    let empty = snapshot_of(0);
+    assert_eq!(
+        assemble(snapshot_chunks(CLUSTER, &empty).unwrap()).unwrap(),
+        empty
+    );
+}
+
+#[test]
+fn a_snapshot_larger_than_the_bound_is_refused_at_the_chunk_that_passes_it() {
+    let message = snapshot_of(101);
+    let (at, refusal) = assemble_within(SMALL, chunks(&message, &[40, 40, 21])).unwrap_err();
+    assert_eq!(at, 2);
+    assert_eq!(
+        refusal,
+        SnapshotRefusal::TooLarge {
+            chunk: 2,
+            total: 101,
+            max: 100
+        }
+    );
+    let status = Status::from(refusal);
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().starts_with("data: "),
+        "{}",
+        status.message()
+    );
+    // One huge chunk is refused before it is kept.
+    let (at, _) = assemble_within(SMALL, chunks(&message, &[101])).unwrap_err();
+    assert_eq!(at, 0);
+    // Exactly at the bound passes.
+    let fits = snapshot_of(100);
+    assert_eq!(
+        assemble_within(SMALL, chunks(&fits, &[40, 40, 20])).unwrap(),
+        fits
+    );
+}
+
+#[test]
+fn a_stream_of_more_chunks_than_the_bound_is_refused_even_when_they_are_empty() {
+    let message = snapshot_of(4);
+    assert_eq!(
+        assemble_within(SMALL, chunks(&message, &[1, 1, 1, 1])).unwrap(),
+        message
+    );
+    let (at, refusal) = assemble_within(SMALL, chunks(&message, &[1, 1, 1, 1, 0])).unwrap_err();
+    assert_eq!(
+        (at, refusal),
+        (3, SnapshotRefusal::TooManyChunks { chunk: 3, max: 4 })
+    );
+    // Empty chunks at one offset for ever end at the bound too.
+    let mut endless = chunks(&message, &[0, 0]);
+    let filler = endless[1].clone();
+    endless.truncate(1);
+    endless.extend(std::iter::repeat_n(filler, 1000).map(|mut c| {
+        c.last = false;
+        c.checksum = 0;
+        c.data.clear();
+        c
+    }));
+    let (at, refusal) = assemble_within(SMALL, endless).unwrap_err();
+    assert_eq!(at, 3);
+    assert!(matches!(refusal, SnapshotRefusal::TooManyChunks { .. }));
+    assert_eq!(Status::from(refusal).code(), Code::ResourceExhausted);
+}
+
+#[test]
+fn a_chunk_that_repeats_or_skips_an_offset_is_refused_naming_the_offset() {
+    let message = snapshot_of(30);
+    let mut repeated = chunks(&message, &[10, 10, 10]);
+    repeated.insert(2, repeated[1].clone());
+    let (at, refusal) = assemble_within(SMALL, repeated).unwrap_err();
+    assert_eq!(
+        (at, refusal.clone()),
+        (
+            2,
+            SnapshotRefusal::Offset {
+                chunk: 2,
+                expected: 20,
+                found: 10
+            }
+        )
+    );
+    assert!(Status::from(refusal).message().starts_with("offset: "));
+    let mut skipped = chunks(&message, &[10, 10, 10]);
+    skipped.remove(1);
+    let (at, refusal) = assemble_within(SMALL, skipped).unwrap_err();
+    assert_eq!(at, 1);
+    assert!(matches!(
+        refusal,
+        SnapshotRefusal::Offset {
+            expected: 10,
+            found: 20,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn the_header_must_be_a_snapshot_from_the_sender_to_this_replica_and_only_in_the_first_chunk() {
+    let message = snapshot_of(20);
+    let refused = |mutate: &dyn Fn(&mut Vec<SnapshotChunk>)| {
+        let mut stream = chunks(&message, &[10, 10]);
+        mutate(&mut stream);
+        let refusal = assemble_within(SMALL, stream).unwrap_err();
+        let status = Status::from(refusal.1.clone());
+        (refusal, status.code(), status.message().to_owned())
+    };
+    let header_of = |edit: &dyn Fn(&mut Message)| {
+        let mut header = message.clone();
+        header.mut_snapshot().clear_data();
+        edit(&mut header);
+        header.write_to_bytes().unwrap()
+    };
+
+    let not_snapshot = header_of(&|m| m.set_msg_type(MessageType::MsgAppend));
+    let (refusal, code, text) = refused(&|s| s[0].message = not_snapshot.clone());
+    assert_eq!(
+        refusal,
+        (0, SnapshotRefusal::NotASnapshot(MessageType::MsgAppend))
+    );
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(text.starts_with("message.msg_type: "), "{text}");
+
+    let other_sender = header_of(&|m| m.from = 3);
+    let (refusal, _, text) = refused(&|s| s[0].message = other_sender.clone());
+    assert_eq!(
+        refusal,
+        (
+            0,
+            SnapshotRefusal::HeaderMismatch {
+                field: "from",
+                expected: 1,
+                found: 3
+            }
+        )
+    );
+    assert!(text.starts_with("message.from: "), "{text}");
+
+    let elsewhere = header_of(&|m| m.to = ID + 1);
+    let (refusal, _, _) = refused(&|s| s[0].message = elsewhere.clone());
+    assert!(matches!(
+        refusal,
+        (0, SnapshotRefusal::HeaderMismatch { field: "to", .. })
+    ));
+
+    let (refusal, _, text) = refused(&|s| s[1].message = s[0].message.clone());
+    assert!(matches!(
+        refusal,
+        (1, SnapshotRefusal::MessageAfterFirst { chunk: 1, .. })
+    ));
+    assert!(text.starts_with("message: only the first chunk"), "{text}");
+
+    let (refusal, _, text) = refused(&|s| s[1].from = 9);
+    assert_eq!(
+        refusal,
+        (
+            1,
+            SnapshotRefusal::SenderChanged {
+                chunk: 1,
+                expected: 1,
+                found: 9
+            }
+        )
+    );
+    assert!(text.starts_with("from: "), "{text}");
+
+    let (refusal, _, text) = refused(&|s| s[0].checksum = 5);
+    assert!(matches!(
+        refusal,
+        (
+            0,
+            SnapshotRefusal::ChecksumBeforeLast { chunk: 0, found: 5 }
+        )
+    ));
+    assert!(text.starts_with("checksum: "), "{text}");
+}
+
+#[test]
+fn nothing_is_taken_after_the_last_chunk_or_a_refusal() {
+    let message = snapshot_of(20);
+    let stream = chunks(&message, &[10, 10]);
+    let mut assembly = SnapshotAssembly::new(CLUSTER, ID);
+    assert_eq!(assembly.push(stream[0].clone()).unwrap(), None);
+    assert_eq!(
+        assembly.push(stream[1].clone()).unwrap(),
+        Some(message.clone())
+    );
+    // A second stream's first chunk on the same call is not a new snapshot.
+    assert_eq!(
+        assembly.push(stream[0].clone()).unwrap_err(),
+        SnapshotRefusal::AfterEnd
+    );
+
+    let mut assembly = SnapshotAssembly::new(CLUSTER, ID);
+    assert_eq!(assembly.push(stream[0].clone()).unwrap(), None);
+    let mut bad = stream[1].clone();
+    bad.offset = 3;
+    assert!(matches!(
+        assembly.push(bad),
+        Err(SnapshotRefusal::Offset { .. })
+    ));
+    assert!(assembly.data.is_empty() && assembly.header.is_none());
+    assert_eq!(
+        assembly.push(stream[1].clone()).unwrap_err(),
+        SnapshotRefusal::AfterEnd
+    );
 }
 
 /// The inputs on which the fuzz target's first round-trip checks failed, though nothing was
