@@ -222,42 +222,62 @@ impl RoundRecord {
         }
     }
 
-    /// Commits or aborts what the counted participants' reports decide.
+    /// Commits or aborts what the counted participants' reports decide,
+    /// after a change that may touch every fragment (an exclusion).
     fn settle(&mut self, revision: u64, at_unix_ms: u64) {
         if !self.is_open() {
             return;
         }
         for f in 0..self.fragments.len() {
-            if self.fragments[f] != FragmentState::Open {
-                continue;
-            }
-            let key = f as u32;
-            let mut groups: Vec<HashGroup> = Vec::new();
-            let mut all_applied = true;
-            for p in self.participants.iter().filter(|p| p.excluded.is_none()) {
-                match p.applied_hash(key) {
-                    Some(hash) => match groups.iter_mut().find(|g| g.hash == hash) {
-                        Some(group) => group.sites.push(p.site.clone()),
-                        None => groups.push(HashGroup {
-                            hash: hash.to_string(),
-                            sites: vec![p.site.clone()],
-                        }),
-                    },
-                    None => all_applied = false,
-                }
-            }
-            if groups.len() > 1 {
-                self.fragments[f] = FragmentState::Aborted {
-                    disagreement: groups,
-                    revision,
-                };
-            } else if all_applied && let Some(group) = groups.pop() {
-                self.fragments[f] = FragmentState::Committed {
-                    hash: group.hash,
-                    revision,
-                };
+            self.settle_fragment(f, revision);
+        }
+        self.settle_outcome(revision, at_unix_ms);
+    }
+
+    /// As [`Self::settle`], after a report about `fragment` alone: the round
+    /// was settled before it, so no other fragment can change.
+    fn settle_reported(&mut self, fragment: usize, revision: u64, at_unix_ms: u64) {
+        if !self.is_open() {
+            return;
+        }
+        self.settle_fragment(fragment, revision);
+        self.settle_outcome(revision, at_unix_ms);
+    }
+
+    fn settle_fragment(&mut self, f: usize, revision: u64) {
+        if self.fragments[f] != FragmentState::Open {
+            return;
+        }
+        let key = f as u32;
+        let mut groups: Vec<HashGroup> = Vec::new();
+        let mut all_applied = true;
+        for p in self.participants.iter().filter(|p| p.excluded.is_none()) {
+            match p.applied_hash(key) {
+                Some(hash) => match groups.iter_mut().find(|g| g.hash == hash) {
+                    Some(group) => group.sites.push(p.site.clone()),
+                    None => groups.push(HashGroup {
+                        hash: hash.to_string(),
+                        sites: vec![p.site.clone()],
+                    }),
+                },
+                None => all_applied = false,
             }
         }
+        if groups.len() > 1 {
+            self.fragments[f] = FragmentState::Aborted {
+                disagreement: groups,
+                revision,
+            };
+        } else if all_applied && let Some(group) = groups.pop() {
+            self.fragments[f] = FragmentState::Committed {
+                hash: group.hash,
+                revision,
+            };
+        }
+    }
+
+    /// The round's outcome from its fragments' and participants' states.
+    fn settle_outcome(&mut self, revision: u64, at_unix_ms: u64) {
         let aborted = self
             .fragments
             .iter()
@@ -482,6 +502,19 @@ impl ClusterState {
         }
         if open.fragments == 0 {
             return Err(ApplyError::invalid("fragments", "must be at least 1"));
+        }
+        // Admission's bound, checked again before the allocation below: no
+        // logged command exceeds it (admission always refused one that
+        // did), so replay is unchanged.
+        if open.fragments > crate::limits::MAX_ROUND_FRAGMENTS {
+            return Err(ApplyError::invalid(
+                "fragments",
+                format!(
+                    "is {}, more than the {} allowed",
+                    open.fragments,
+                    crate::limits::MAX_ROUND_FRAGMENTS
+                ),
+            ));
         }
         if open.codec_bits > 32 {
             return Err(ApplyError::invalid(
@@ -773,7 +806,7 @@ impl ClusterState {
             },
         );
         record.revision = revision;
-        record.settle(revision, report.at_unix_ms);
+        record.settle_reported(report.fragment as usize, revision, report.at_unix_ms);
         Ok(vec![round_change(record)])
     }
 

@@ -287,28 +287,24 @@ fn bad_reports_are_refused_naming_the_field_and_change_nothing() {
         &open(1, &sites, Vec::new(), 1, 2),
         "participants[2]",
     );
-    // The bound on fragments is admission's (apply must stay the same in
-    // every release): such a command is never proposed.
-    let mut too_many = open(
+    // The bound on fragments is admission's, and apply's too (before it
+    // allocates a state per fragment), with the same answer.
+    let too_many = open(
         1,
         &sites[..1],
         Vec::new(),
         limits::MAX_ROUND_FRAGMENTS + 1,
         0,
     );
-    assert!(
-        matches!(fresh.admit(&too_many), Err(ApplyError::InvalidArgument { field, .. }) if field == "fragments")
-    );
+    refused(&mut fresh, &too_many, "fragments");
+    let mut early = open(1, &sites[..1], Vec::new(), 1, 0);
     if let Command::OpenRound {
-        fragments,
-        deadline_unix_ms,
-        ..
-    } = &mut too_many.command
+        deadline_unix_ms, ..
+    } = &mut early.command
     {
-        *fragments = 1;
         *deadline_unix_ms = 0;
     }
-    refused(&mut fresh, &too_many, "deadline_unix_ms");
+    refused(&mut fresh, &early, "deadline_unix_ms");
 }
 
 #[test]
