@@ -289,7 +289,13 @@ impl RoundRecord {
         if let Some((f, disagreement)) = aborted {
             let said: Vec<String> = disagreement
                 .iter()
-                .map(|g| format!("{} reported {}", g.sites.join(", "), g.hash))
+                .map(|g| {
+                    format!(
+                        "{} reported {}",
+                        g.sites.join(", "),
+                        crate::limits::quote(&g.hash)
+                    )
+                })
                 .collect();
             self.outcome = RoundOutcome::Aborted {
                 reason: format!(
@@ -762,8 +768,11 @@ impl ClusterState {
         let earlier = participant.applied_hash(report.fragment);
         let message = |earlier: &str| {
             format!(
-                "site {:?} already reported applying fragment {} of round {} with hash {earlier}",
-                report.site_id, report.fragment, report.round
+                "site {:?} already reported applying fragment {} of round {} with hash {}",
+                report.site_id,
+                report.fragment,
+                report.round,
+                crate::limits::quote(earlier)
             )
         };
         // As for a contribution: the same report again, whatever the round's
@@ -781,8 +790,9 @@ impl ClusterState {
             return Err(ApplyError::precondition(
                 "hash",
                 format!(
-                    "{}; a second report with another hash ({hash}) is refused",
-                    message(earlier)
+                    "{}; a second report with another hash ({}) is refused",
+                    message(earlier),
+                    crate::limits::quote(hash)
                 ),
             ));
         }

@@ -232,7 +232,7 @@ fn a_hash_disagreement_aborts_the_fragment_and_the_round_naming_who_said_what() 
         panic!("{:?}", round.outcome);
     };
     assert!(
-        reason.contains(&format!("{} reported aaa", sites[0])),
+        reason.contains(&format!("{} reported \"aaa\"", sites[0])),
         "{reason}"
     );
     // The third site's agreeing report cannot revive it.
@@ -260,9 +260,17 @@ fn bad_reports_are_refused_naming_the_field_and_change_nothing() {
     refused(&mut state, &contributed(1, &sites[0], 0), "fragment");
     refused(&mut state, &applied(1, &sites[0], 1, "h", 2), "fragment");
     let error = refused(&mut state, &applied(1, &sites[0], 0, "other", 2), "hash");
-    assert!(error.to_string().contains("with hash h;"), "{error}");
+    assert!(error.to_string().contains("with hash \"h\";"), "{error}");
     refused(&mut state, &applied(1, &sites[0], 0, "h", 2), "hash");
     refused(&mut state, &applied(1, &sites[1], 0, "", 2), "hash");
+    // A hash is printable ASCII (admission's bound; it is quoted in errors).
+    for hash in ["h\u{7}", "two words", "é"] {
+        let error = state.admit(&applied(1, &sites[1], 0, hash, 2)).unwrap_err();
+        assert!(
+            matches!(&error, ApplyError::InvalidArgument { field, .. } if field == "hash"),
+            "{error}"
+        );
+    }
     // A deadline exclusion before the deadline, or of a site that applied
     // everything open, is refused too.
     refused(
