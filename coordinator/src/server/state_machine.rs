@@ -8,7 +8,8 @@
 //!   `entity/site/north`, `entity/round/<job>/<round, 20 digits>` (removed
 //!   when the round falls out of the rounds kept for its job);
 //! - `history/<revision, 20 digits>/<n>` → the n-th [`Event`] of a revision
-//!   (JSON), for watches that resume after a restart.
+//!   (JSON), for watches that resume after a restart (`n` is not padded,
+//!   so loading orders the events by the numbers, not by the keys).
 
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
@@ -108,6 +109,17 @@ fn history_key(revision: u64, n: usize) -> String {
     format!("{HISTORY_PREFIX}{revision:020}/{n}")
 }
 
+/// The (revision, n) of a history key, as numbers.
+fn history_position(key: &[u8]) -> Result<(u64, u64), BoxError> {
+    let corrupt = || format!("corrupt history key {:?}", String::from_utf8_lossy(key));
+    let rest = std::str::from_utf8(&key[HISTORY_PREFIX.len()..]).map_err(|_| corrupt())?;
+    let (revision, n) = rest.split_once('/').ok_or_else(corrupt)?;
+    Ok((
+        revision.parse().map_err(|_| corrupt())?,
+        n.parse().map_err(|_| corrupt())?,
+    ))
+}
+
 impl CoordinatorStateMachine {
     /// Loads the state persisted in the store (empty on a fresh store).
     pub fn load(txn: &ReadTransaction) -> Result<Self, BoxError> {
@@ -128,18 +140,22 @@ impl CoordinatorStateMachine {
                     } else if key.starts_with(ENTITY_PREFIX.as_bytes()) {
                         entities.push(serde_json::from_slice::<Change>(value.value())?);
                     } else if key.starts_with(HISTORY_PREFIX.as_bytes()) {
-                        history.push(serde_json::from_slice::<Event>(value.value())?);
+                        let event = serde_json::from_slice::<Event>(value.value())?;
+                        history.push((history_position(key)?, event));
                     }
                 }
             }
             Err(redb::TableError::TableDoesNotExist(_)) => {}
             Err(error) => return Err(error.into()),
         }
+        // The keys' `n` is not zero-padded, so the table holds n = 10 before
+        // n = 2: order by the numbers, as the events were applied.
+        history.sort_by_key(|(position, _)| *position);
         Ok(Self {
             state: SharedState(Arc::new(RwLock::new(ClusterState::from_parts(
                 revision,
                 entities,
-                history,
+                history.into_iter().map(|(_, event)| event),
                 DEFAULT_HISTORY_LIMIT,
             )))),
             applied_events: AppliedEvents::default(),
@@ -398,6 +414,39 @@ mod tests {
         assert_eq!(job.state, JobState::Placed);
         assert_eq!(job.placement.plan(), Some(&plan));
         assert_eq!(state.revision(), 1);
+    }
+
+    #[test]
+    fn a_revision_of_more_than_ten_events_replays_in_order_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("state.redb")).unwrap();
+        let events: Vec<Event> = (0..12)
+            .map(|member_id| Event {
+                revision: 1,
+                change: Change::MemberRemoved { member_id },
+            })
+            .collect();
+        let txn = db.begin_write().unwrap();
+        {
+            // As `apply` writes them: the n-th event of the revision at n.
+            let mut table = txn.open_table(STATE_MACHINE).unwrap();
+            for (n, event) in events.iter().enumerate() {
+                let key = history_key(event.revision, n);
+                table
+                    .insert(
+                        key.as_bytes(),
+                        serde_json::to_vec(event).unwrap().as_slice(),
+                    )
+                    .unwrap();
+            }
+            table
+                .insert(REVISION_KEY, 1u64.to_le_bytes().as_slice())
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        let machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        let loaded: Vec<Event> = machine.shared().read().history().cloned().collect();
+        assert_eq!(loaded, events);
     }
 }
 

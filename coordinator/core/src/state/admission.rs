@@ -192,6 +192,17 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             id(root.key("job_id"), job_id, &mut out);
             id(root.key("site_id"), site_id, &mut out);
             check_len(&root.key("hash"), hash, limits::MAX_HASH_LEN, &mut out);
+            // It is quoted in errors and round records and compared byte for
+            // byte: printable ASCII without spaces (hex, base64).
+            if !hash.bytes().all(|b| b.is_ascii_graphic()) {
+                out.push(Violation::new(
+                    root.key("hash"),
+                    format!(
+                        "must be printable ASCII without spaces (e.g. hex), found {}",
+                        limits::quote(hash)
+                    ),
+                ));
+            }
         }
         Command::ExcludeParticipant {
             job_id,

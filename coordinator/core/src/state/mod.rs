@@ -454,7 +454,7 @@ impl ClusterState {
                         message: format!("job {job_id:?} already exists; cancel it first"),
                     });
                 }
-                vec![Change::Job {
+                let mut changes = vec![Change::Job {
                     record: JobRecord {
                         id: job_id.clone(),
                         spec: spec.clone(),
@@ -462,18 +462,29 @@ impl ClusterState {
                         placement: placement.clone(),
                         revision,
                     },
-                }]
+                }];
+                // A job submitted again under a cancelled job's id starts
+                // from round 1: the cancelled job's rounds go, in this
+                // revision, so storage deletes them too.
+                changes.extend(self.rounds(job_id).map(|r| Change::RoundRemoved {
+                    job_id: r.job_id.clone(),
+                    round: r.round,
+                }));
+                changes
             }
             Command::SetPlacement { job_id, placement } => {
                 let job = self.live_job(job_id)?;
-                vec![Change::Job {
+                let mut changes = vec![Change::Job {
                     record: JobRecord {
                         state: state_of(placement),
                         placement: placement.clone(),
                         revision,
                         ..job.clone()
                     },
-                }]
+                }];
+                // No report counts past a re-placement.
+                changes.extend(self.apply_placement_to_round(job_id, placement, revision));
+                changes
             }
             Command::CancelJob { job_id } => {
                 let job = self.live_job(job_id)?;
@@ -484,8 +495,7 @@ impl ClusterState {
                         ..job.clone()
                     },
                 }];
-                // The command carries no time: the abort records 0.
-                changes.extend(self.abort_for_cancel(job_id, 0, revision));
+                changes.extend(self.abort_for_cancel(job_id, revision));
                 changes
             }
             Command::PutMember { member } => {

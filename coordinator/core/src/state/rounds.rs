@@ -16,7 +16,9 @@
 //!    fragment, whose hash it reports.
 //! 4. `ExcludeParticipant` (a missed deadline, or the site left the plan);
 //!    the apply of `MarkSiteDown` excludes the site from every open round at
-//!    once, in the same revision.
+//!    once, in the same revision, and the apply of `SetPlacement` excludes
+//!    the sites the new plan left out (or aborts the round when the job is
+//!    no longer placed as DiLoCo replicas), also in the same revision.
 //!
 //! Settling, after every change to an open round: a fragment whose
 //! non-excluded participants report two different hashes is aborted, naming
@@ -25,22 +27,27 @@
 //! it; the round commits when every fragment has, and is aborted when no
 //! participant is left. So a round never waits on an excluded site, and an
 //! over round (committed or aborted) changes no more: it commits at most
-//! once. A report for a round that is over, a site that is not a
-//! participant (or was excluded), a fragment out of range, or a second
-//! report (with another hash: refused, naming the hash it already gave) is
-//! refused, and a refused command changes nothing.
+//! once. A report stored already, sent again after an unknown outcome, is
+//! answered as the first was (already exists), whatever happened to the
+//! round or the site since. Any other report for a round that is over, a
+//! site that is not a participant (or was excluded), a fragment out of
+//! range, or a second apply with another hash (refused, naming the hash it
+//! already gave) is refused, and a refused command changes nothing.
 //!
 //! The last [`ROUNDS_KEPT_PER_JOB`] rounds of each job are kept; opening one
-//! more removes the oldest.
+//! more removes the oldest, except the job's latest committed round, which
+//! stays for returning sites to catch up from. A job submitted again under
+//! a cancelled job's id starts without the cancelled job's rounds.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ApplyError, Change, ClusterState, JobState, Liveness};
+use super::{ApplyError, Change, ClusterState, JobState, Liveness, Placement};
 use crate::placement::CrossSiteMode;
 
-/// Rounds kept per job (the open one included).
+/// Rounds kept per job (the open one and the latest committed one
+/// included).
 pub const ROUNDS_KEPT_PER_JOB: usize = 16;
 
 /// Where a returning site catches up: the parameters and outer-optimiser
@@ -215,42 +222,62 @@ impl RoundRecord {
         }
     }
 
-    /// Commits or aborts what the counted participants' reports decide.
+    /// Commits or aborts what the counted participants' reports decide,
+    /// after a change that may touch every fragment (an exclusion).
     fn settle(&mut self, revision: u64, at_unix_ms: u64) {
         if !self.is_open() {
             return;
         }
         for f in 0..self.fragments.len() {
-            if self.fragments[f] != FragmentState::Open {
-                continue;
-            }
-            let key = f as u32;
-            let mut groups: Vec<HashGroup> = Vec::new();
-            let mut all_applied = true;
-            for p in self.participants.iter().filter(|p| p.excluded.is_none()) {
-                match p.applied_hash(key) {
-                    Some(hash) => match groups.iter_mut().find(|g| g.hash == hash) {
-                        Some(group) => group.sites.push(p.site.clone()),
-                        None => groups.push(HashGroup {
-                            hash: hash.to_string(),
-                            sites: vec![p.site.clone()],
-                        }),
-                    },
-                    None => all_applied = false,
-                }
-            }
-            if groups.len() > 1 {
-                self.fragments[f] = FragmentState::Aborted {
-                    disagreement: groups,
-                    revision,
-                };
-            } else if all_applied && let Some(group) = groups.pop() {
-                self.fragments[f] = FragmentState::Committed {
-                    hash: group.hash,
-                    revision,
-                };
+            self.settle_fragment(f, revision);
+        }
+        self.settle_outcome(revision, at_unix_ms);
+    }
+
+    /// As [`Self::settle`], after a report about `fragment` alone: the round
+    /// was settled before it, so no other fragment can change.
+    fn settle_reported(&mut self, fragment: usize, revision: u64, at_unix_ms: u64) {
+        if !self.is_open() {
+            return;
+        }
+        self.settle_fragment(fragment, revision);
+        self.settle_outcome(revision, at_unix_ms);
+    }
+
+    fn settle_fragment(&mut self, f: usize, revision: u64) {
+        if self.fragments[f] != FragmentState::Open {
+            return;
+        }
+        let key = f as u32;
+        let mut groups: Vec<HashGroup> = Vec::new();
+        let mut all_applied = true;
+        for p in self.participants.iter().filter(|p| p.excluded.is_none()) {
+            match p.applied_hash(key) {
+                Some(hash) => match groups.iter_mut().find(|g| g.hash == hash) {
+                    Some(group) => group.sites.push(p.site.clone()),
+                    None => groups.push(HashGroup {
+                        hash: hash.to_string(),
+                        sites: vec![p.site.clone()],
+                    }),
+                },
+                None => all_applied = false,
             }
         }
+        if groups.len() > 1 {
+            self.fragments[f] = FragmentState::Aborted {
+                disagreement: groups,
+                revision,
+            };
+        } else if all_applied && let Some(group) = groups.pop() {
+            self.fragments[f] = FragmentState::Committed {
+                hash: group.hash,
+                revision,
+            };
+        }
+    }
+
+    /// The round's outcome from its fragments' and participants' states.
+    fn settle_outcome(&mut self, revision: u64, at_unix_ms: u64) {
         let aborted = self
             .fragments
             .iter()
@@ -262,7 +289,13 @@ impl RoundRecord {
         if let Some((f, disagreement)) = aborted {
             let said: Vec<String> = disagreement
                 .iter()
-                .map(|g| format!("{} reported {}", g.sites.join(", "), g.hash))
+                .map(|g| {
+                    format!(
+                        "{} reported {}",
+                        g.sites.join(", "),
+                        crate::limits::quote(&g.hash)
+                    )
+                })
                 .collect();
             self.outcome = RoundOutcome::Aborted {
                 reason: format!(
@@ -347,6 +380,11 @@ impl ClusterState {
         self.latest_round(job_id).filter(|r| r.is_open())
     }
 
+    /// The job's latest committed round, kept whatever came after it.
+    pub fn last_committed_round(&self, job_id: &str) -> Option<&RoundRecord> {
+        self.rounds(job_id).rev().find(|r| r.is_committed())
+    }
+
     /// Every open round, in job order.
     pub fn open_rounds(&self) -> impl Iterator<Item = &RoundRecord> {
         self.rounds
@@ -362,7 +400,7 @@ impl ClusterState {
     /// `participants`' order). Empty before any round committed, and for a
     /// site no one who applied it could serve.
     pub fn catch_up_for(&self, job_id: &str, participants: &[String]) -> Vec<CatchUp> {
-        let Some(committed) = self.rounds(job_id).rev().find(|r| r.is_committed()) else {
+        let Some(committed) = self.last_committed_round(job_id) else {
             return Vec::new();
         };
         let took_part = |site: &str| {
@@ -471,6 +509,19 @@ impl ClusterState {
         if open.fragments == 0 {
             return Err(ApplyError::invalid("fragments", "must be at least 1"));
         }
+        // Admission's bound, checked again before the allocation below: no
+        // logged command exceeds it (admission always refused one that
+        // did), so replay is unchanged.
+        if open.fragments > crate::limits::MAX_ROUND_FRAGMENTS {
+            return Err(ApplyError::invalid(
+                "fragments",
+                format!(
+                    "is {}, more than the {} allowed",
+                    open.fragments,
+                    crate::limits::MAX_ROUND_FRAGMENTS
+                ),
+            ));
+        }
         if open.codec_bits > 32 {
             return Err(ApplyError::invalid(
                 "codec_bits",
@@ -557,8 +608,12 @@ impl ClusterState {
         let mut changes = vec![round_change(record)];
         let kept = self.rounds.get(open.job_id).map_or(0, BTreeMap::len);
         let evict = (kept + 1).saturating_sub(ROUNDS_KEPT_PER_JOB);
+        // The latest committed round is never evicted: it is what a returning
+        // site catches up from, however many rounds aborted since.
+        let last_committed = self.last_committed_round(open.job_id).map(|r| r.round);
         changes.extend(
             self.rounds(open.job_id)
+                .filter(|r| Some(r.round) != last_committed)
                 .take(evict)
                 .map(|r| Change::RoundRemoved {
                     job_id: r.job_id.clone(),
@@ -568,8 +623,13 @@ impl ClusterState {
         Ok(changes)
     }
 
-    /// The open round and the counted participant a report is about.
-    fn reported(&self, report: &Report<'_>) -> Result<(&RoundRecord, usize), ApplyError> {
+    /// The round and the participant a report is about, whatever the
+    /// round's outcome and the participant's exclusion: a report stored
+    /// already is answered as the first was, even once the round is over.
+    fn reported_participant(
+        &self,
+        report: &Report<'_>,
+    ) -> Result<(&RoundRecord, usize), ApplyError> {
         if !self.jobs.contains_key(report.job_id) {
             return Err(ApplyError::not_found(
                 "job_id",
@@ -589,6 +649,29 @@ impl ClusterState {
                 ),
             )
         })?;
+        let index = record
+            .participants
+            .iter()
+            .position(|p| p.site == report.site_id)
+            .ok_or_else(|| {
+                ApplyError::precondition(
+                    "site_id",
+                    format!(
+                        "site {:?} is not a participant of round {} of job {:?}",
+                        report.site_id, report.round, report.job_id
+                    ),
+                )
+            })?;
+        Ok((record, index))
+    }
+
+    /// Refuses a new report in `record` from its participant `index`: the
+    /// round is over, the participant excluded, or the fragment out of range.
+    fn check_counts(
+        record: &RoundRecord,
+        index: usize,
+        report: &Report<'_>,
+    ) -> Result<(), ApplyError> {
         match &record.outcome {
             RoundOutcome::Open => {}
             RoundOutcome::Committed { revision, .. } => {
@@ -610,19 +693,6 @@ impl ClusterState {
                 ));
             }
         }
-        let index = record
-            .participants
-            .iter()
-            .position(|p| p.site == report.site_id)
-            .ok_or_else(|| {
-                ApplyError::precondition(
-                    "site_id",
-                    format!(
-                        "site {:?} is not a participant of round {} of job {:?}",
-                        report.site_id, report.round, report.job_id
-                    ),
-                )
-            })?;
         if let Some(exclusion) = &record.participants[index].excluded {
             return Err(ApplyError::precondition(
                 "site_id",
@@ -647,6 +717,13 @@ impl ClusterState {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The open round and the counted participant a report is about.
+    fn reported(&self, report: &Report<'_>) -> Result<(&RoundRecord, usize), ApplyError> {
+        let (record, index) = self.reported_participant(report)?;
+        Self::check_counts(record, index, report)?;
         Ok((record, index))
     }
 
@@ -655,8 +732,10 @@ impl ClusterState {
         report: &Report<'_>,
         revision: u64,
     ) -> Result<Vec<Change>, ApplyError> {
-        let (record, index) = self.reported(report)?;
+        let (record, index) = self.reported_participant(report)?;
         let participant = &record.participants[index];
+        // Before the round's state: the same report again, sent after an
+        // unknown outcome, gets the first answer even once the round is over.
         if participant.contributed.contains(&report.fragment) {
             return Err(ApplyError::AlreadyExists {
                 field: "fragment".into(),
@@ -666,6 +745,7 @@ impl ClusterState {
                 ),
             });
         }
+        Self::check_counts(record, index, report)?;
         let mut record = record.clone();
         let contributed = &mut record.participants[index].contributed;
         let at = contributed.partition_point(|&f| f < report.fragment);
@@ -683,24 +763,38 @@ impl ClusterState {
         if hash.is_empty() {
             return Err(ApplyError::invalid("hash", "is required"));
         }
-        let (record, index) = self.reported(report)?;
+        let (record, index) = self.reported_participant(report)?;
         let participant = &record.participants[index];
-        if let Some(earlier) = participant.applied_hash(report.fragment) {
-            let message = format!(
-                "site {:?} already reported applying fragment {} of round {} with hash {earlier}",
-                report.site_id, report.fragment, report.round
-            );
-            return Err(if earlier == hash {
-                ApplyError::AlreadyExists {
-                    field: "hash".into(),
-                    message,
-                }
-            } else {
-                ApplyError::precondition(
-                    "hash",
-                    format!("{message}; a second report with another hash ({hash}) is refused"),
-                )
+        let earlier = participant.applied_hash(report.fragment);
+        let message = |earlier: &str| {
+            format!(
+                "site {:?} already reported applying fragment {} of round {} with hash {}",
+                report.site_id,
+                report.fragment,
+                report.round,
+                crate::limits::quote(earlier)
+            )
+        };
+        // As for a contribution: the same report again, whatever the round's
+        // outcome or the site's exclusion since.
+        if let Some(earlier) = earlier
+            && earlier == hash
+        {
+            return Err(ApplyError::AlreadyExists {
+                field: "hash".into(),
+                message: message(earlier),
             });
+        }
+        Self::check_counts(record, index, report)?;
+        if let Some(earlier) = earlier {
+            return Err(ApplyError::precondition(
+                "hash",
+                format!(
+                    "{}; a second report with another hash ({}) is refused",
+                    message(earlier),
+                    crate::limits::quote(hash)
+                ),
+            ));
         }
         if !participant.contributed.contains(&report.fragment) {
             return Err(ApplyError::precondition(
@@ -722,7 +816,7 @@ impl ClusterState {
             },
         );
         record.revision = revision;
-        record.settle(revision, report.at_unix_ms);
+        record.settle_reported(report.fragment as usize, revision, report.at_unix_ms);
         Ok(vec![round_change(record)])
     }
 
@@ -826,18 +920,16 @@ impl ClusterState {
     }
 
     /// The abort of the job's open round, for the apply of `CancelJob`.
-    pub(super) fn abort_for_cancel(
-        &self,
-        job_id: &str,
-        at_unix_ms: u64,
-        revision: u64,
-    ) -> Vec<Change> {
+    /// The command carries no time, and an end time of 0 reads as "still
+    /// open" on the wire: the round ends at its opening time, the one time
+    /// every replica knows for it.
+    pub(super) fn abort_for_cancel(&self, job_id: &str, revision: u64) -> Vec<Change> {
         self.open_round(job_id)
             .map(|r| {
                 let mut record = r.clone();
                 record.outcome = RoundOutcome::Aborted {
                     reason: "the job was cancelled".to_string(),
-                    at_unix_ms,
+                    at_unix_ms: r.opened_at_unix_ms,
                     revision,
                 };
                 record.revision = revision;
@@ -845,5 +937,67 @@ impl ClusterState {
             })
             .into_iter()
             .collect()
+    }
+
+    /// The changes a new placement of `job_id` makes to its open round, for
+    /// the apply of `SetPlacement` (as `MarkSiteDown` does for a site, in the
+    /// same revision, so no report counts past the re-placement): the round
+    /// is aborted when the job is no longer placed as DiLoCo replicas, and
+    /// otherwise its participants outside the new plan are excluded. The
+    /// command carries no time; the round's opening time stands in.
+    pub(super) fn apply_placement_to_round(
+        &self,
+        job_id: &str,
+        placement: &Placement,
+        revision: u64,
+    ) -> Vec<Change> {
+        let Some(open) = self.open_round(job_id) else {
+            return Vec::new();
+        };
+        let at_unix_ms = open.opened_at_unix_ms;
+        let mut record = open.clone();
+        record.revision = revision;
+        match placement.plan() {
+            Some(plan) if matches!(plan.mode, CrossSiteMode::Diloco { .. }) => {
+                let left: Vec<String> = record
+                    .counted()
+                    .filter(|p| !plan.site_order.contains(&p.site))
+                    .map(|p| p.site.clone())
+                    .collect();
+                if left.is_empty() {
+                    return Vec::new();
+                }
+                for p in &mut record.participants {
+                    if left.contains(&p.site) {
+                        p.excluded = Some(Exclusion {
+                            reason: ExclusionReason::LeftPlan,
+                            message: "the job was re-placed without this site".to_string(),
+                            at_unix_ms,
+                            revision,
+                        });
+                    }
+                }
+                record.settle(revision, at_unix_ms);
+            }
+            _ => {
+                record.outcome = RoundOutcome::Aborted {
+                    reason: format!(
+                        "job {job_id:?} is no longer placed as DiLoCo replicas (re-placed: {})",
+                        placement_name(placement)
+                    ),
+                    at_unix_ms,
+                    revision,
+                };
+            }
+        }
+        vec![round_change(record)]
+    }
+}
+
+fn placement_name(placement: &Placement) -> &'static str {
+    match placement {
+        Placement::Placed { .. } => "placed in another mode",
+        Placement::Infeasible { .. } => "infeasible",
+        Placement::Pending => "pending",
     }
 }

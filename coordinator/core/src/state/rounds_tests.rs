@@ -190,8 +190,9 @@ fn a_round_commits_once_every_participant_applied_the_same_hash() {
         panic!("{:?}", round.outcome);
     };
     assert_eq!((at_unix_ms, revision), (40, state.revision()));
-    // Over: nothing more is accepted, and the round cannot open again.
-    let error = refused(&mut state, &applied(1, &sites[0], 1, "h1", 50), "round");
+    // Over: nothing new is accepted (the same report again is answered as
+    // the first, see below), and the round cannot open again.
+    let error = refused(&mut state, &applied(1, &sites[0], 1, "h2", 50), "round");
     assert!(
         error.to_string().contains("committed at revision"),
         "{error}"
@@ -231,7 +232,7 @@ fn a_hash_disagreement_aborts_the_fragment_and_the_round_naming_who_said_what() 
         panic!("{:?}", round.outcome);
     };
     assert!(
-        reason.contains(&format!("{} reported aaa", sites[0])),
+        reason.contains(&format!("{} reported \"aaa\"", sites[0])),
         "{reason}"
     );
     // The third site's agreeing report cannot revive it.
@@ -259,9 +260,17 @@ fn bad_reports_are_refused_naming_the_field_and_change_nothing() {
     refused(&mut state, &contributed(1, &sites[0], 0), "fragment");
     refused(&mut state, &applied(1, &sites[0], 1, "h", 2), "fragment");
     let error = refused(&mut state, &applied(1, &sites[0], 0, "other", 2), "hash");
-    assert!(error.to_string().contains("with hash h;"), "{error}");
+    assert!(error.to_string().contains("with hash \"h\";"), "{error}");
     refused(&mut state, &applied(1, &sites[0], 0, "h", 2), "hash");
     refused(&mut state, &applied(1, &sites[1], 0, "", 2), "hash");
+    // A hash is printable ASCII (admission's bound; it is quoted in errors).
+    for hash in ["h\u{7}", "two words", "é"] {
+        let error = state.admit(&applied(1, &sites[1], 0, hash, 2)).unwrap_err();
+        assert!(
+            matches!(&error, ApplyError::InvalidArgument { field, .. } if field == "hash"),
+            "{error}"
+        );
+    }
     // A deadline exclusion before the deadline, or of a site that applied
     // everything open, is refused too.
     refused(
@@ -286,28 +295,24 @@ fn bad_reports_are_refused_naming_the_field_and_change_nothing() {
         &open(1, &sites, Vec::new(), 1, 2),
         "participants[2]",
     );
-    // The bound on fragments is admission's (apply must stay the same in
-    // every release): such a command is never proposed.
-    let mut too_many = open(
+    // The bound on fragments is admission's, and apply's too (before it
+    // allocates a state per fragment), with the same answer.
+    let too_many = open(
         1,
         &sites[..1],
         Vec::new(),
         limits::MAX_ROUND_FRAGMENTS + 1,
         0,
     );
-    assert!(
-        matches!(fresh.admit(&too_many), Err(ApplyError::InvalidArgument { field, .. }) if field == "fragments")
-    );
+    refused(&mut fresh, &too_many, "fragments");
+    let mut early = open(1, &sites[..1], Vec::new(), 1, 0);
     if let Command::OpenRound {
-        fragments,
-        deadline_unix_ms,
-        ..
-    } = &mut too_many.command
+        deadline_unix_ms, ..
+    } = &mut early.command
     {
-        *fragments = 1;
         *deadline_unix_ms = 0;
     }
-    refused(&mut fresh, &too_many, "deadline_unix_ms");
+    refused(&mut fresh, &early, "deadline_unix_ms");
 }
 
 #[test]
@@ -472,6 +477,213 @@ fn only_the_last_rounds_are_kept_and_a_cancel_aborts_the_open_one() {
     );
 }
 
+fn abort(round: u64, at: u64) -> Request {
+    Request::new(Command::AbortRound {
+        job_id: JOB_ID.into(),
+        round,
+        reason: "test".into(),
+        at_unix_ms: at,
+    })
+}
+
+/// The bundled job placed on `sites` only, or not placed.
+fn set_placement(sites: Option<&[String]>) -> Request {
+    let placement = match sites {
+        Some(sites) => {
+            let mut plan = placed().1.clone();
+            plan.site_order = sites.to_vec();
+            Placement::Placed {
+                plan: Box::new(plan),
+            }
+        }
+        None => Placement::Pending,
+    };
+    Request::new(Command::SetPlacement {
+        job_id: JOB_ID.into(),
+        placement,
+    })
+}
+
+fn already_exists(state: &mut ClusterState, request: &Request, field: &str) {
+    let error = refused(state, request, field);
+    assert!(
+        matches!(error, ApplyError::AlreadyExists { .. }),
+        "the same report again must be answered as the first: {error}"
+    );
+}
+
+#[test]
+fn a_report_sent_again_after_it_ended_the_round_is_answered_as_the_first() {
+    let mut state = state();
+    let sites = sites();
+    state
+        .apply(&open(1, &sites[..2], Vec::new(), 1, 0))
+        .unwrap();
+    for (i, site) in sites[..2].iter().enumerate() {
+        state.apply(&contributed(1, site, 0)).unwrap();
+        state
+            .apply(&applied(1, site, 0, "h", 5 + i as u64))
+            .unwrap();
+    }
+    assert!(state.round(JOB_ID, 1).unwrap().is_committed());
+    // The committing report's reply was lost; the site sends it again.
+    already_exists(&mut state, &applied(1, &sites[1], 0, "h", 9), "hash");
+    already_exists(&mut state, &contributed(1, &sites[1], 0), "fragment");
+    // Another hash is still refused, and stores nothing.
+    let error = refused(&mut state, &applied(1, &sites[1], 0, "other", 9), "round");
+    assert!(
+        matches!(error, ApplyError::FailedPrecondition { .. }),
+        "{error}"
+    );
+
+    // A site excluded after it reported: its reports again, the same answer.
+    state
+        .apply(&open(2, &sites[..2], Vec::new(), 2, 20))
+        .unwrap();
+    state.apply(&contributed(2, &sites[0], 0)).unwrap();
+    state.apply(&applied(2, &sites[0], 0, "h", 21)).unwrap();
+    state.apply(&down(&sites[0], 22)).unwrap();
+    already_exists(&mut state, &applied(2, &sites[0], 0, "h", 23), "hash");
+    already_exists(&mut state, &contributed(2, &sites[0], 0), "fragment");
+    refused(&mut state, &contributed(2, &sites[0], 1), "site_id");
+    refused(
+        &mut state,
+        &applied(2, &sites[0], 0, "other", 23),
+        "site_id",
+    );
+}
+
+#[test]
+fn the_last_committed_round_stays_kept_for_catch_up_however_many_rounds_abort_after_it() {
+    let mut state = state();
+    let sites = sites();
+    state
+        .apply(&open(1, &sites[..2], Vec::new(), 1, 0))
+        .unwrap();
+    for site in &sites[..2] {
+        state.apply(&contributed(1, site, 0)).unwrap();
+        state.apply(&applied(1, site, 0, "h", 5)).unwrap();
+    }
+    let last = 1 + ROUNDS_KEPT_PER_JOB as u64;
+    for k in 2..=last {
+        state
+            .apply(&open(k, &sites[..2], Vec::new(), 1, k * 10))
+            .unwrap();
+        state.apply(&abort(k, k * 10 + 1)).unwrap();
+    }
+    assert!(state.rounds(JOB_ID).count() <= ROUNDS_KEPT_PER_JOB);
+    let catch_up = state.catch_up_for(JOB_ID, &sites);
+    assert_eq!(
+        catch_up,
+        vec![CatchUp {
+            site: sites[2].clone(),
+            from_round: 1,
+            from_site: sites[0].clone(),
+        }]
+    );
+    state
+        .apply(&open(last + 1, &sites, catch_up, 1, 999))
+        .unwrap();
+    assert!(state.round(JOB_ID, 1).is_some(), "round 1 is still kept");
+    assert_eq!(state.rounds(JOB_ID).count(), ROUNDS_KEPT_PER_JOB);
+}
+
+#[test]
+fn a_job_submitted_again_after_its_cancel_does_not_inherit_its_rounds() {
+    let mut state = state();
+    let sites = sites();
+    state
+        .apply(&open(1, &sites[..1], Vec::new(), 1, 0))
+        .unwrap();
+    state.apply(&contributed(1, &sites[0], 0)).unwrap();
+    state.apply(&applied(1, &sites[0], 0, "h", 5)).unwrap();
+    state
+        .apply(&open(2, &sites[..1], Vec::new(), 1, 50))
+        .unwrap();
+    state
+        .apply(&Request::new(Command::CancelJob {
+            job_id: JOB_ID.into(),
+        }))
+        .unwrap();
+    // Aborted by the cancel: it ended (0 would read as still open).
+    assert_eq!(state.round(JOB_ID, 2).unwrap().ended_at_unix_ms(), Some(50));
+    let (spec, plan) = placed().clone();
+    let resubmitted = state
+        .apply(&Request::new(Command::SubmitJob {
+            job_id: JOB_ID.into(),
+            spec,
+            placement: Placement::Placed {
+                plan: Box::new(plan),
+            },
+        }))
+        .unwrap();
+    let removed: Vec<u64> = resubmitted
+        .events
+        .iter()
+        .filter_map(|e| match &e.change {
+            Change::RoundRemoved { round, .. } => Some(*round),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(removed, vec![1, 2]);
+    assert_eq!(state.rounds(JOB_ID).count(), 0);
+    assert!(state.catch_up_for(JOB_ID, &sites).is_empty());
+    state.apply(&open(1, &sites, Vec::new(), 1, 60)).unwrap();
+    let rebuilt = ClusterState::from_parts(
+        state.revision(),
+        state.entities(),
+        state.events_after(0).unwrap(),
+        DEFAULT_HISTORY_LIMIT,
+    );
+    assert_eq!(rebuilt, state);
+}
+
+#[test]
+fn a_re_placement_applies_to_the_open_round_in_the_same_revision() {
+    let mut state = state();
+    let sites = sites();
+    state.apply(&open(1, &sites, Vec::new(), 1, 0)).unwrap();
+    for site in &sites[..2] {
+        state.apply(&contributed(1, site, 0)).unwrap();
+        state.apply(&applied(1, site, 0, "h", 5)).unwrap();
+    }
+    state.apply(&contributed(1, &sites[2], 0)).unwrap();
+    // Re-placed without the third site: it no longer counts, at once, and
+    // the round commits on the other two.
+    let replaced = state.apply(&set_placement(Some(&sites[..2]))).unwrap();
+    assert_eq!(
+        replaced
+            .events
+            .iter()
+            .map(|e| e.change.kind())
+            .collect::<Vec<_>>(),
+        vec!["job", "round"]
+    );
+    let round = state.round(JOB_ID, 1).unwrap();
+    assert!(round.is_committed(), "{:?}", round.outcome);
+    let excluded = round.participant(&sites[2]).unwrap().excluded.clone();
+    assert_eq!(excluded.map(|e| e.reason), Some(ExclusionReason::LeftPlan));
+    refused(&mut state, &applied(1, &sites[2], 0, "h", 9), "round");
+
+    // No longer placed: the open round is aborted in the same revision and
+    // cannot commit.
+    state
+        .apply(&open(2, &sites[..2], Vec::new(), 1, 20))
+        .unwrap();
+    for site in &sites[..2] {
+        state.apply(&contributed(2, site, 0)).unwrap();
+    }
+    state.apply(&applied(2, &sites[0], 0, "h", 21)).unwrap();
+    state.apply(&set_placement(None)).unwrap();
+    let round = state.round(JOB_ID, 2).unwrap();
+    assert!(
+        matches!(&round.outcome, RoundOutcome::Aborted { reason, .. } if reason.contains("DiLoCo")),
+        "{:?}",
+        round.outcome
+    );
+    refused(&mut state, &applied(2, &sites[1], 0, "h", 22), "round");
+}
+
 // ---- property tests -------------------------------------------------------
 
 /// One step of a random run.
@@ -517,9 +729,19 @@ enum Op {
         fragment: u32,
         round_back: u64,
     },
+    /// The leader gives up the open round.
+    Abort,
+    /// Re-planning: the job placed on the sites of the mask (bit i: site i),
+    /// or pending for an empty mask.
+    Replace {
+        mask: u8,
+    },
+    Cancel,
+    /// The job submitted again under its id (refused unless cancelled).
+    Resubmit,
 }
 
-fn op() -> impl Strategy<Value = Op> {
+fn op_core() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => (1u32..4).prop_map(|fragments| Op::Open { fragments }),
         4 => (0usize..3, 0u32..3).prop_map(|(site, fragment)| Op::Contribute { site, fragment }),
@@ -532,7 +754,59 @@ fn op() -> impl Strategy<Value = Op> {
         8 => (0usize..3).prop_map(|site| Op::Progress { site }),
         1 => (0usize..4, 0u32..4, 0u64..3)
             .prop_map(|(site, fragment, round_back)| Op::Stray { site, fragment, round_back }),
+        1 => Just(Op::Abort),
+        1 => (0u8..8).prop_map(|mask| Op::Replace { mask }),
     ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        28 => op_core(),
+        1 => prop_oneof![Just(Op::Cancel), Just(Op::Resubmit)],
+    ]
+}
+
+/// For long runs: whole rounds that commit (every site's reports in
+/// turn), rounds given up, runs of more given-up rounds than are kept, and
+/// single steps of any kind between them.
+fn ops_long() -> impl Strategy<Value = Vec<Op>> {
+    let round = |commit: bool| {
+        let mut ops = vec![Op::Open { fragments: 1 }];
+        if commit {
+            for _ in 0..2 {
+                ops.extend((0..3).map(|site| Op::Progress { site }));
+            }
+        } else {
+            ops.push(Op::Abort);
+        }
+        ops
+    };
+    let aborted_run: Vec<Op> = (0..=ROUNDS_KEPT_PER_JOB)
+        .flat_map(|_| round(false))
+        .collect();
+    let block = prop_oneof![
+        4 => Just(round(true)),
+        3 => Just(round(false)),
+        1 => Just(aborted_run),
+        8 => op().prop_map(|op| vec![op]),
+    ];
+    prop::collection::vec(block, 20..60).prop_map(|blocks| blocks.concat())
+}
+
+fn placed_on(mask: u8) -> Placement {
+    let sites = sites();
+    let kept: Vec<String> = (0..sites.len())
+        .filter(|i| mask & (1 << i) != 0)
+        .map(|i| sites[i].clone())
+        .collect();
+    if kept.is_empty() {
+        return Placement::Pending;
+    }
+    let mut plan = placed().1.clone();
+    plan.site_order = kept;
+    Placement::Placed {
+        plan: Box::new(plan),
+    }
 }
 
 /// The command a leader (or an agent) would send for `op` in `state`.
@@ -551,10 +825,14 @@ fn command_for(
             if state.open_round(JOB_ID).is_some() {
                 return None;
             }
-            let up: Vec<String> = sites
-                .iter()
+            let planned = state
+                .job(JOB_ID)
+                .and_then(|j| j.placement.plan())
+                .map(|p| p.site_order.clone())
+                .unwrap_or_default();
+            let up: Vec<String> = planned
+                .into_iter()
                 .filter(|s| state.site(s).is_some_and(|r| r.liveness == Liveness::Up))
-                .cloned()
                 .collect();
             if up.is_empty() {
                 return None;
@@ -619,6 +897,22 @@ fn command_for(
                 .unwrap_or_else(|| "elsewhere".into());
             contributed(round.saturating_sub(*round_back), &site, *fragment)
         }
+        Op::Abort => {
+            let record = state.open_round(JOB_ID)?;
+            abort(record.round, now)
+        }
+        Op::Replace { mask } => Request::new(Command::SetPlacement {
+            job_id: JOB_ID.into(),
+            placement: placed_on(*mask),
+        }),
+        Op::Cancel => Request::new(Command::CancelJob {
+            job_id: JOB_ID.into(),
+        }),
+        Op::Resubmit => Request::new(Command::SubmitJob {
+            job_id: JOB_ID.into(),
+            spec: placed().0.clone(),
+            placement: placed_on(0b111),
+        }),
     })
 }
 
@@ -673,6 +967,25 @@ fn check_rounds(state: &ClusterState) -> Result<(), TestCaseError> {
                     round.counted().next().is_some(),
                     "an open round with nobody to wait for"
                 );
+                // A re-placement applies to the open round at once: only a
+                // job placed as DiLoCo replicas has one, and only its plan's
+                // sites count in it.
+                let job = state.job(JOB_ID).unwrap();
+                let plan = job
+                    .placement
+                    .plan()
+                    .filter(|_| job.state == JobState::Placed);
+                prop_assert!(plan.is_some(), "an open round of a {:?} job", job.state);
+                if let Some(plan) = plan {
+                    for p in round.counted() {
+                        prop_assert!(
+                            plan.site_order.contains(&p.site),
+                            "{} counts in round {} but left the plan",
+                            p.site,
+                            round.round
+                        );
+                    }
+                }
                 prop_assert!(!round.waiting_on().is_empty());
                 for p in round.counted() {
                     let site = state.site(&p.site).unwrap();
@@ -687,64 +1000,139 @@ fn check_rounds(state: &ClusterState) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A report's identity: the same one sent again is answered as the first.
+type ReportKey = (u64, String, u32, Option<String>);
+
+fn report_key(command: &Command) -> Option<ReportKey> {
+    match command {
+        Command::ReportContributed {
+            round,
+            site_id,
+            fragment,
+            ..
+        } => Some((*round, site_id.clone(), *fragment, None)),
+        Command::ReportApplied {
+            round,
+            site_id,
+            fragment,
+            hash,
+            ..
+        } => Some((*round, site_id.clone(), *fragment, Some(hash.clone()))),
+        _ => None,
+    }
+}
+
+/// Applies the commands of `ops` one by one, checking the round invariants
+/// after each and the state rebuilt from its parts at the end.
+fn run(ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut state = state();
+    let mut log: Vec<Request> = Vec::new();
+    let mut lease = 100;
+    // Of the job as submitted last: per round, the round once committed;
+    // the latest committed round; the reports stored.
+    let mut commits: BTreeMap<u64, RoundRecord> = BTreeMap::new();
+    let mut last_committed: Option<u64> = None;
+    let mut stored: std::collections::BTreeSet<ReportKey> = Default::default();
+    for (step, op) in ops.iter().enumerate() {
+        let now = 100 + step as u64 * 97;
+        let Some(request) = command_for(op, &state, &log, now, &mut lease) else {
+            continue;
+        };
+        let before = state.clone();
+        let admitted = state.admit(&request);
+        let key = report_key(&request.command);
+        match state.apply(&request) {
+            Ok(applied) => {
+                prop_assert!(
+                    admitted.is_ok(),
+                    "admission refused what applies: {:?}",
+                    admitted
+                );
+                prop_assert_eq!(applied.revision, before.revision() + 1);
+                if let Some(key) = key {
+                    prop_assert!(stored.insert(key.clone()), "{:?} stored twice", key);
+                }
+                if matches!(request.command, Command::SubmitJob { .. }) {
+                    // A new job under the old id: none of the old rounds.
+                    prop_assert_eq!(state.rounds(JOB_ID).count(), 0);
+                    commits.clear();
+                    last_committed = None;
+                    stored.clear();
+                }
+                log.push(request.clone());
+            }
+            Err(error) => {
+                prop_assert_eq!(admitted.err(), Some(error.clone()));
+                prop_assert_eq!(
+                    &state,
+                    &before,
+                    "a refused {} changed the state",
+                    request.command.name()
+                );
+                if let Some(key) = key
+                    && stored.contains(&key)
+                    && state.round(JOB_ID, key.0).is_some()
+                {
+                    prop_assert!(
+                        matches!(error, ApplyError::AlreadyExists { .. }),
+                        "{:?} again was not answered as the first: {}",
+                        key,
+                        error
+                    );
+                }
+            }
+        }
+        check_rounds(&state)?;
+        for round in state.rounds(JOB_ID) {
+            if let Some(earlier) = commits.get(&round.round) {
+                // Committed once: it never changes again.
+                prop_assert_eq!(earlier, round);
+            } else if round.is_committed() {
+                commits.insert(round.round, round.clone());
+                last_committed = last_committed.max(Some(round.round));
+            }
+        }
+        for (k, earlier) in &commits {
+            if state.round(JOB_ID, *k).is_none() {
+                // Only eviction removes a committed round, and it stays out.
+                prop_assert!(state.rounds(JOB_ID).all(|r| r.round > earlier.round));
+            }
+        }
+        // However many rounds went by, the latest committed one is kept.
+        prop_assert_eq!(
+            state.last_committed_round(JOB_ID).map(|r| r.round),
+            last_committed
+        );
+    }
+    let rebuilt = ClusterState::from_parts(
+        state.revision(),
+        state.entities(),
+        state.events_after(0).unwrap(),
+        DEFAULT_HISTORY_LIMIT,
+    );
+    prop_assert_eq!(&rebuilt, &state);
+    if std::env::var_os("LONGHAUL_ROUNDS_STATS").is_some() {
+        let rounds: Vec<_> = state.rounds(JOB_ID).collect();
+        eprintln!(
+            "last round {:?} kept {} committed {} aborted {}",
+            state.latest_round(JOB_ID).map(|r| r.round),
+            rounds.len(),
+            rounds.iter().filter(|r| r.is_committed()).count(),
+            rounds
+                .iter()
+                .filter(|r| matches!(r.outcome, RoundOutcome::Aborted { .. }))
+                .count()
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
     fn random_interleavings_keep_the_round_invariants(ops in prop::collection::vec(op(), 1..120)) {
-        let mut state = state();
-        let mut log: Vec<Request> = Vec::new();
-        let mut lease = 100;
-        // Per round, the revision it committed at, once it did.
-        let mut commits: BTreeMap<u64, RoundRecord> = BTreeMap::new();
-        for (step, op) in ops.iter().enumerate() {
-            let now = 100 + step as u64 * 97;
-            let Some(request) = command_for(op, &state, &log, now, &mut lease) else { continue };
-            let before = state.clone();
-            let admitted = state.admit(&request);
-            match state.apply(&request) {
-                Ok(applied) => {
-                    prop_assert!(admitted.is_ok(), "admission refused what applies: {:?}", admitted);
-                    prop_assert_eq!(applied.revision, before.revision() + 1);
-                    log.push(request.clone());
-                }
-                Err(error) => {
-                    prop_assert_eq!(admitted.err(), Some(error));
-                    prop_assert_eq!(&state, &before, "a refused {} changed the state", request.command.name());
-                }
-            }
-            check_rounds(&state)?;
-            for round in state.rounds(JOB_ID) {
-                if let Some(earlier) = commits.get(&round.round) {
-                    // Committed once: it never changes again.
-                    prop_assert_eq!(earlier, round);
-                } else if round.is_committed() {
-                    commits.insert(round.round, round.clone());
-                }
-            }
-            for (k, earlier) in &commits {
-                if state.round(JOB_ID, *k).is_none() {
-                    // Only eviction removes a committed round, and it stays out.
-                    prop_assert!(state.rounds(JOB_ID).all(|r| r.round > earlier.round));
-                }
-            }
-        }
-        let rebuilt = ClusterState::from_parts(
-            state.revision(),
-            state.entities(),
-            state.events_after(0).unwrap(),
-            DEFAULT_HISTORY_LIMIT,
-        );
-        prop_assert_eq!(&rebuilt, &state);
-        if std::env::var_os("LONGHAUL_ROUNDS_STATS").is_some() {
-            let rounds: Vec<_> = state.rounds(JOB_ID).collect();
-            eprintln!(
-                "rounds {} committed {} aborted {}",
-                rounds.len(),
-                rounds.iter().filter(|r| r.is_committed()).count(),
-                rounds.iter().filter(|r| matches!(r.outcome, RoundOutcome::Aborted { .. })).count()
-            );
-        }
+        run(&ops)?;
     }
 
     /// Every refused report, of any shape, changes nothing.
@@ -777,5 +1165,17 @@ proptest! {
             }
             check_rounds(&state)?;
         }
+    }
+}
+
+proptest! {
+    // Fewer cases: each is a few hundred commands.
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// More rounds than are kept, with aborts, re-placements, cancels and
+    /// resubmissions among them.
+    #[test]
+    fn long_runs_keep_the_round_invariants(ops in ops_long()) {
+        run(&ops)?;
     }
 }
