@@ -283,8 +283,16 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
             };
             for command in commands {
                 let name = command.name();
+                let opens = match &command {
+                    Command::OpenRound { job_id, .. } => Some(job_id.clone()),
+                    _ => None,
+                };
                 match raft.propose(Request::new(command)).await {
-                    Ok(ApplyResponse::Applied { .. }) => {}
+                    Ok(ApplyResponse::Applied { .. }) => {
+                        if let Some(job_id) = opens {
+                            record_planned_bytes(&raft.state().read(), &job_id);
+                        }
+                    }
                     // Another change got there first (an exclusion that
                     // committed the round, a site marked down meanwhile).
                     Ok(ApplyResponse::Refused { error }) => {
@@ -299,6 +307,19 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
             }
         }
     });
+}
+
+/// The WAN bytes the schedule plans for one outer step of `job_id`, over
+/// all links, both directions; set by the leader when it opens a round.
+fn record_planned_bytes(state: &ClusterState, job_id: &str) {
+    let Some(job) = state.job(job_id) else {
+        return;
+    };
+    let Some(sync) = job.placement.plan().and_then(|plan| plan.sync.as_ref()) else {
+        return;
+    };
+    metrics::gauge!("longhaul_sync_planned_bytes_per_outer_step", "job" => job_id.to_string())
+        .set(sync.bytes_per_outer_step);
 }
 
 /// Each replica counts the round transitions it applies.
