@@ -60,6 +60,10 @@ struct StandIn {
     site: &'static str,
     renewing: Arc<AtomicBool>,
     reporting: Arc<AtomicBool>,
+    /// Set while a pass of reports runs (it read `reporting` as true): a
+    /// report sent before `reporting` was cleared may still land until it
+    /// is clear.
+    busy: Arc<AtomicBool>,
     /// How long each report that committed a round took to be answered:
     /// through the leader's raft commit of the report and its apply.
     commit_latencies: Latencies,
@@ -72,6 +76,7 @@ impl StandIn {
     fn spawn(site: &'static str, addrs: Vec<SocketAddr>, ttl: Duration, reporting: bool) -> Self {
         let renewing = Arc::new(AtomicBool::new(true));
         let reporting = Arc::new(AtomicBool::new(reporting));
+        let busy = Arc::new(AtomicBool::new(false));
         let commit_latencies = Latencies::default();
         // Renewals on their own task, as the agent has them: a slow report
         // never delays one.
@@ -81,6 +86,7 @@ impl StandIn {
                 site,
                 addrs,
                 reporting.clone(),
+                busy.clone(),
                 commit_latencies.clone(),
             )),
         ];
@@ -88,6 +94,7 @@ impl StandIn {
             site,
             renewing,
             reporting,
+            busy,
             commit_latencies,
             tasks,
         }
@@ -170,11 +177,16 @@ async fn reports(
     site: &'static str,
     addrs: Vec<SocketAddr>,
     reporting: Arc<AtomicBool>,
+    busy: Arc<AtomicBool>,
     latencies: Latencies,
 ) {
     let mut next = 0usize;
     loop {
         tokio::time::sleep(Duration::from_millis(40)).await;
+        // Busy before `reporting` is read, so that once the test has
+        // cleared `reporting` and then seen `busy` clear, nothing more is
+        // sent.
+        busy.store(true, Ordering::SeqCst);
         if reporting.load(Ordering::SeqCst)
             && report(
                 site,
@@ -187,6 +199,7 @@ async fn reports(
         {
             next += 1;
         }
+        busy.store(false, Ordering::SeqCst);
     }
 }
 
@@ -620,6 +633,13 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
     // paris stops reporting; once a round waits only on paris, it dies.
     let victim = &stand_ins[0];
     victim.reporting.store(false, Ordering::SeqCst);
+    // A report already on its way would still count: wait until none is.
+    eventually(
+        Duration::from_secs(20),
+        "paris's last reports to land",
+        || async { (!victim.busy.load(Ordering::SeqCst)).then_some(()) },
+    )
+    .await;
     let stuck = eventually(
         Duration::from_secs(60),
         "a round waiting on paris alone",
