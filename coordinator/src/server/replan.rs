@@ -123,10 +123,20 @@ fn replan(
         let grown = place_live(topology, links, &job.spec).ok()?;
         let placement = Placement::placed(grown);
         let reason = match placement.plan() {
-            Some(grown) if grown != plan => format!(
-                "a site came back: placed on {}",
-                grown.site_order.join(", ")
-            ),
+            // Only a plan that takes in a site the current one leaves out:
+            // a plan that differs otherwise (the schedule re-planned from
+            // newer link probes, say) is no reason to move a running job.
+            Some(grown)
+                if grown
+                    .site_order
+                    .iter()
+                    .any(|site| !plan.site_order.contains(site)) =>
+            {
+                format!(
+                    "a site came back: placed on {}",
+                    grown.site_order.join(", ")
+                )
+            }
             _ => return None,
         };
         return Some(Replan {
