@@ -211,9 +211,32 @@ async fn without_a_quorum_requests_fail_fast_instead_of_hanging() {
     lonely.stop().await;
 }
 
+/// Registers every site of `topology` and configures its links through
+/// consensus, as agents and operators do over their own APIs.
+async fn register(
+    raft: &longhaul_coordinator::server::raft_loop::RaftHandle,
+    topology: &longhaul_core::Topology,
+) {
+    use longhaul_core::state::{Command, Request};
+    for site in &topology.sites {
+        let command = Command::RegisterSite {
+            site: site.clone(),
+            data_address: String::new(),
+            at_unix_ms: 0,
+            lease_id: 0,
+            lease_ttl_ms: 0,
+        };
+        raft.propose(Request::new(command)).await.unwrap();
+    }
+    for link in &topology.links {
+        raft.propose(Request::new(Command::PutLink { link: link.clone() }))
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submitted_jobs_are_placed_on_the_registered_sites() {
-    use longhaul_core::state::{Command, Request};
     let dir = tempfile::tempdir().unwrap();
     let config = replica_configs(dir.path(), 1).remove(0);
     let replicas = [Some(Replica::start(config.clone()).await.unwrap())];
@@ -225,21 +248,7 @@ async fn submitted_jobs_are_placed_on_the_registered_sites() {
         include_str!("../../../deploy/examples/two-campuses-80km.toml"),
     )
     .unwrap();
-    for site in &topology.sites {
-        let command = Command::RegisterSite {
-            site: site.clone(),
-            data_address: String::new(),
-            at_unix_ms: 0,
-            lease_id: 0,
-            lease_ttl_ms: 0,
-        };
-        raft.propose(Request::new(command)).await.unwrap();
-    }
-    raft.propose(Request::new(Command::PutLink {
-        link: topology.links[0].clone(),
-    }))
-    .await
-    .unwrap();
+    register(raft, &topology).await;
 
     let job = longhaul_core::JobSpec::from_toml(
         "llama.toml",
@@ -315,21 +324,8 @@ async fn the_sync_schedule_is_the_planners_and_reads_the_probes() {
         include_str!("../../../deploy/examples/two-campuses-500km.toml"),
     )
     .unwrap();
-    for site in &topology.sites {
-        raft.propose(Request::new(Command::RegisterSite {
-            site: site.clone(),
-            data_address: String::new(),
-            at_unix_ms: 0,
-            lease_id: 0,
-            lease_ttl_ms: 0,
-        }))
-        .await
-        .unwrap();
-    }
+    register(raft, &topology).await;
     let link = topology.links[0].clone();
-    raft.propose(Request::new(Command::PutLink { link: link.clone() }))
-        .await
-        .unwrap();
     let mut job = longhaul_core::JobSpec::from_toml(
         "llama.toml",
         include_str!("../../../deploy/examples/llama-70b.job.toml"),
