@@ -230,8 +230,17 @@ impl Validate for AgentConfig {
         } else {
             "http://"
         };
+        longhaul_core::limits::check_entries(
+            &root.key("coordinators"),
+            self.coordinators.len(),
+            longhaul_core::limits::MAX_COORDINATOR_URLS,
+            "URLs",
+            &mut out,
+        );
         for (i, url) in self.coordinators.iter().enumerate() {
-            if !url.starts_with(scheme) {
+            if let Some(problem) = longhaul_core::limits::url_problem(url) {
+                out.push(Violation::new(root.key("coordinators").index(i), problem));
+            } else if !url.starts_with(scheme) {
                 out.push(Violation::new(
                     root.key("coordinators").index(i),
                     format!(
@@ -425,7 +434,7 @@ static = { file = "topology.toml" }
     fn every_bad_setting_is_named_with_its_line() {
         let bad = r#"
 site = "North!"
-coordinators = ["https://127.0.0.1:7700"]
+coordinators = ["https://127.0.0.1:7700", "http://127.0.0.1:99999", "ftp://c:1"]
 call_timeout = "0 s"
 
 [inventory]
@@ -439,6 +448,9 @@ static = { file = "topology.toml" }
             "agent.toml:2:8: field `site`",
             "field `inventory.site`: is \"south\" but the agent is for site \"North!\"",
             "field `coordinators[0]`: \"https://127.0.0.1:7700\" must start with http://",
+            "field `coordinators[1]`: ",
+            "port",
+            "field `coordinators[2]`: scheme \"ftp\" is not http or https",
             "field `tls`: is missing",
             "field `call_timeout`: must be at least 1 ms",
         ] {

@@ -160,6 +160,14 @@ impl fmt::Display for ConfigError {
 pub trait Validate {
     /// Every semantic problem, in document order. Empty when the value is valid.
     fn violations(&self) -> Vec<Violation>;
+
+    /// The bounds of [`crate::limits`] that admission puts on the value once it is part of
+    /// a replicated write, checked when a file is read so that a file that passes is never
+    /// refused later for its size. Not part of [`Validate::violations`], which apply runs
+    /// on logged commands and must stay the same in every release.
+    fn bounds(&self) -> Vec<Violation> {
+        Vec::new()
+    }
 }
 
 /// Parses `text` (the contents of `file`) into `T` and validates it.
@@ -200,7 +208,8 @@ pub fn parse<T: DeserializeOwned + Validate>(file: &str, text: &str) -> Result<T
         }
     })?;
 
-    let violations = value.violations();
+    let mut violations = value.violations();
+    violations.extend(value.bounds());
     if violations.is_empty() {
         return Ok(value);
     }

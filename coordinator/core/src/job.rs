@@ -472,6 +472,15 @@ fn positive(path: FieldPath, value: u64, out: &mut Vec<Violation>) {
 }
 
 impl Validate for JobSpec {
+    fn bounds(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        let path = FieldPath::root().key("constraints").key("allowed_sites");
+        let allowed = self.constraints.allowed_sites.len();
+        let max = crate::limits::MAX_SITES;
+        crate::limits::check_entries(&path, allowed, max, "sites", &mut out);
+        out
+    }
+
     fn violations(&self) -> Vec<Violation> {
         let mut out = Vec::new();
         let root = FieldPath::root();

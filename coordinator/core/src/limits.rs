@@ -25,6 +25,8 @@ pub const MAX_ADDRESS_LEN: usize = 256;
 pub const MAX_REASON_LEN: usize = 4096;
 /// Sites in a topology, and entries of a job's `allowed_sites`.
 pub const MAX_SITES: usize = 1024;
+/// Coordinator replica URLs an agent's config may list.
+pub const MAX_COORDINATOR_URLS: usize = 64;
 /// Buildings of one site.
 pub const MAX_BUILDINGS_PER_SITE: usize = 256;
 /// Domain groups of one building (identical domains are one group, so this

@@ -484,6 +484,17 @@ fn check_count(path: FieldPath, value: u32, what: &str, out: &mut Vec<Violation>
 }
 
 impl Validate for Topology {
+    fn bounds(&self) -> Vec<Violation> {
+        let mut out = Vec::new();
+        let sites = FieldPath::root().key("sites");
+        let max = crate::limits::MAX_SITES;
+        crate::limits::check_entries(&sites, self.sites.len(), max, "sites", &mut out);
+        for (s, site) in self.sites.iter().enumerate() {
+            crate::state::site_bounds(&sites.index(s), site, &mut out);
+        }
+        out
+    }
+
     fn violations(&self) -> Vec<Violation> {
         let mut out = Vec::new();
         let root = FieldPath::root();

@@ -224,3 +224,46 @@ proptest! {
         check_all(&text)?;
     }
 }
+
+/// A file that passes its check is never refused later for its size: the bounds that
+/// admission puts on a replicated write are checked when the file is read, naming the field.
+#[test]
+fn a_file_holding_more_than_a_replicated_write_may_is_refused_when_read() {
+    let mut topology = Topology::from_toml("t.toml", EXAMPLES[0]).unwrap();
+    topology.sites[0].name = Some("n".repeat(longhaul_core::limits::MAX_NAME_LEN + 1));
+    let text = topology.to_toml().unwrap();
+    let error = Topology::from_toml("t.toml", &text).unwrap_err();
+    assert!(
+        error.issues.iter().any(|i| i.path == "sites[0].name"),
+        "{error}"
+    );
+
+    let mut topology = Topology::from_toml("t.toml", EXAMPLES[0]).unwrap();
+    let building = topology.sites[1].buildings[0].clone();
+    topology.sites[1].buildings = (0..=longhaul_core::limits::MAX_BUILDINGS_PER_SITE)
+        .map(|b| longhaul_core::topology::Building {
+            id: format!("b{b}"),
+            ..building.clone()
+        })
+        .collect();
+    let text = topology.to_toml().unwrap();
+    let error = Topology::from_toml("t.toml", &text).unwrap_err();
+    assert!(
+        error.issues.iter().any(|i| i.path == "sites[1].buildings"),
+        "{error}"
+    );
+
+    let mut job = JobSpec::from_toml("j.toml", EXAMPLES[4]).unwrap();
+    job.constraints.allowed_sites = (0..=longhaul_core::limits::MAX_SITES)
+        .map(|i| format!("s{i}"))
+        .collect();
+    let text = job.to_toml().unwrap();
+    let error = JobSpec::from_toml("j.toml", &text).unwrap_err();
+    assert!(
+        error
+            .issues
+            .iter()
+            .any(|i| i.path == "constraints.allowed_sites" && i.message.contains("allowed")),
+        "{error}"
+    );
+}

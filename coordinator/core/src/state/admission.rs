@@ -29,6 +29,19 @@ impl ClusterState {
     /// write that cannot apply to the state as it is now; changes nothing.
     pub fn admit(&self, request: &Request) -> Result<(), ApplyError> {
         check_bounds(&request.command)?;
+        // Admission's, not apply's (see the module docs): a log that an earlier release
+        // wrote may reuse an id, and must replay as it applied then.
+        if let Command::PutMember { member } = &request.command
+            && self.is_retired_member(member.id)
+        {
+            return Err(ApplyError::precondition(
+                "member.id",
+                format!(
+                    "member {} was removed; a removed member's id is never reused",
+                    member.id
+                ),
+            ));
+        }
         if let Some(expected) = request.expected_revision
             && expected != self.revision
         {
@@ -246,7 +259,7 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
     }
 }
 
-fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation>) {
+pub(crate) fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation>) {
     check_len(&path.key("id"), &site.id, limits::MAX_ID_LEN, out);
     if let Some(name) = &site.name {
         check_len(&path.key("name"), name, limits::MAX_NAME_LEN, out);

@@ -439,9 +439,10 @@ impl Change {
         }
     }
 
-    /// Whether the change removes the entity under its key.
+    /// Whether the change removes the entity under its key. A member's removal is not one:
+    /// it is kept under the member's key as the record that the id was used.
     pub fn is_removal(&self) -> bool {
-        matches!(self, Self::MemberRemoved { .. } | Self::RoundRemoved { .. })
+        matches!(self, Self::RoundRemoved { .. })
     }
 }
 

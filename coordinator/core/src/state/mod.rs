@@ -11,9 +11,10 @@ mod admission;
 mod command;
 pub mod rounds;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub use admission::check_bounds;
+pub(crate) use admission::site_bounds;
 pub use command::{
     ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
@@ -50,6 +51,11 @@ pub struct ClusterState {
     links: BTreeMap<(String, String), LinkRecord>,
     jobs: BTreeMap<String, JobRecord>,
     members: BTreeMap<u64, Member>,
+    /// Ids of removed members. An id is never given again: a removed replica that still
+    /// runs would otherwise speak as the new member that took its id (absent in older
+    /// snapshots; removals recorded before this field existed are not remembered).
+    #[serde(default)]
+    retired_members: BTreeSet<u64>,
     /// Each job's kept outer rounds, by round (absent in older snapshots).
     #[serde(default)]
     rounds: BTreeMap<String, BTreeMap<u64, RoundRecord>>,
@@ -79,6 +85,7 @@ impl ClusterState {
             links: BTreeMap::new(),
             jobs: BTreeMap::new(),
             members: BTreeMap::new(),
+            retired_members: BTreeSet::new(),
             rounds: BTreeMap::new(),
             history: VecDeque::new(),
             history_limit: history_limit.max(1),
@@ -123,6 +130,17 @@ impl ClusterState {
     pub fn members(&self) -> impl Iterator<Item = &Member> {
         self.members.values()
     }
+    /// Whether `id` belonged to a member that was removed.
+    pub fn is_retired_member(&self, id: u64) -> bool {
+        self.retired_members.contains(&id)
+    }
+    /// The highest member id ever recorded, removed members included: a new member's id
+    /// must be above it.
+    pub fn highest_member_id(&self) -> u64 {
+        let recorded = self.members.keys().next_back().copied().unwrap_or(0);
+        let retired = self.retired_members.last().copied().unwrap_or(0);
+        recorded.max(retired)
+    }
 
     /// Every stored entity as the change that would recreate it.
     pub fn entities(&self) -> Vec<Change> {
@@ -142,6 +160,10 @@ impl ClusterState {
             .members
             .values()
             .map(|m| Change::Member { member: m.clone() });
+        let retired = self
+            .retired_members
+            .iter()
+            .map(|&member_id| Change::MemberRemoved { member_id });
         let rounds = self.rounds.values().flat_map(|rounds| {
             rounds.values().map(|r| Change::Round {
                 record: Box::new(r.clone()),
@@ -151,6 +173,7 @@ impl ClusterState {
             .chain(links)
             .chain(jobs)
             .chain(members)
+            .chain(retired)
             .chain(rounds)
             .collect()
     }
@@ -505,6 +528,7 @@ impl ClusterState {
                 if member.peer_url.trim().is_empty() {
                     return Err(ApplyError::invalid("member.peer_url", "must not be empty"));
                 }
+
                 vec![Change::Member {
                     member: member.clone(),
                 }]
@@ -637,6 +661,7 @@ impl ClusterState {
             }
             Change::MemberRemoved { member_id } => {
                 self.members.remove(&member_id);
+                self.retired_members.insert(member_id);
             }
             Change::Round { record } => {
                 self.rounds

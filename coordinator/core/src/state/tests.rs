@@ -688,3 +688,43 @@ fn a_state_with_links_round_trips_through_json() {
         ClusterState::default()
     );
 }
+
+#[test]
+fn a_removed_members_id_is_remembered_and_never_admitted_again() {
+    let member = |id: u64| Command::PutMember {
+        member: Member {
+            id,
+            name: format!("r{id}"),
+            peer_url: format!("http://10.0.0.{id}:2380"),
+            client_url: format!("http://10.0.0.{id}:2379"),
+        },
+    };
+    let mut state = ClusterState::default();
+    for id in [1, 2, 3, 4] {
+        state.apply(&Request::new(member(id))).unwrap();
+    }
+    state
+        .apply(&Request::new(Command::RemoveMember { member_id: 4 }))
+        .unwrap();
+    assert_eq!(state.members().count(), 3);
+    // The highest id ever used, not the highest in use: a new member takes 5.
+    assert_eq!(state.highest_member_id(), 4);
+    let error = state.admit(&Request::new(member(4))).unwrap_err();
+    assert!(error.to_string().contains("member.id"), "{error}");
+    assert!(error.to_string().contains("never reused"), "{error}");
+    state.admit(&Request::new(member(5))).unwrap();
+    // Kept across a restart (the entities) and a snapshot (the state as JSON).
+    let rebuilt = ClusterState::from_parts(
+        state.revision(),
+        state.entities(),
+        state.events_after(0).unwrap(),
+        DEFAULT_HISTORY_LIMIT,
+    );
+    assert_eq!(rebuilt, state);
+    assert_eq!(rebuilt.highest_member_id(), 4);
+    let json = serde_json::to_vec(&state).unwrap();
+    let restored: ClusterState = serde_json::from_slice(&json).unwrap();
+    assert!(restored.is_retired_member(4));
+    // A removal is stored under the member's key, not deleted.
+    assert!(!Change::MemberRemoved { member_id: 4 }.is_removal());
+}

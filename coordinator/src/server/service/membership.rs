@@ -88,14 +88,9 @@ impl CoordinatorService {
             // took it (a timeout, a leader change): finish it, with the id it recorded.
             Some(existing) => existing,
             None => {
-                let known = self
-                    .raft
-                    .state()
-                    .read()
-                    .members()
-                    .map(|m| m.id)
-                    .max()
-                    .unwrap_or(0);
+                // Above every id ever recorded, removed members' included: an id is never
+                // reused (see `ClusterState::highest_member_id`).
+                let known = self.raft.state().read().highest_member_id();
                 let id = status
                     .conf_state
                     .voters
