@@ -53,6 +53,7 @@ mod assemble;
 mod enumerate;
 mod model;
 mod plan;
+mod recost;
 mod search;
 mod validate;
 
@@ -68,6 +69,7 @@ pub use plan::{
     Binding, CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown,
     WanTraffic,
 };
+pub use recost::recost;
 pub use validate::{validate_plan, validate_plan_with};
 
 /// Why a job cannot be placed, with the numbers that show by how much.

@@ -469,7 +469,7 @@ fn names(ctx: &Ctx<'_>, sites: &[usize]) -> String {
 /// fabric: the slowest site's. It runs before and after the exchange and
 /// is counted as exposed; the sync planner leaves it out
 /// ([`crate::sync`]).
-fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks: &[u64]) -> f64 {
+pub(crate) fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks: &[u64]) -> f64 {
     let job = ctx.job;
     let bytes = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
     let shard_holders = u64::from(tp) * u64::from(pp);
@@ -521,7 +521,7 @@ type SyncKey = (Vec<usize>, u64, u64);
 /// What the sync planner decides for DiLoCo replicas at `subset` whose
 /// slowest inner step is `inner` seconds, the fewest replicas at any of
 /// them being `fewest`.
-fn plan_subset_sync(
+pub(crate) fn plan_subset_sync(
     ctx: &Ctx<'_>,
     tp: u32,
     pp: u32,
