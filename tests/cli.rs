@@ -322,3 +322,61 @@ fn an_infeasible_plan_says_why() {
     assert_eq!(status, 2, "{err}");
     assert!(err.contains("unknown site \"paris\""), "{err}");
 }
+
+#[test]
+fn simulate_compares_the_modes_over_distance_and_says_where_each_stops_being_viable() {
+    let (topology, job) = (
+        example("three-sites-two-continents.toml"),
+        example("dense-400b.job.toml"),
+    );
+    let args = [
+        "simulate",
+        "--topology",
+        &topology,
+        "--job",
+        &job,
+        "--sweep",
+        "distance-km=10,10000",
+        "--output",
+        "json",
+    ];
+    let (status, out, err) = longhaul(&args);
+    assert_eq!(status, 0, "{err}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let points = report["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    let outcome = |p: usize, mode: &str| {
+        points[p]["outcomes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {mode} at point {p}: {out}"))
+            .clone()
+    };
+    let figure = |o: &serde_json::Value, key: &str| o[key].as_f64().unwrap();
+    // Synchronous DP moves the whole gradient every step at any distance, DiLoCo a small
+    // fraction of it; at 10,000 km DiLoCo is still viable and synchronous DP is not.
+    let (dp_far, diloco_far) = (outcome(1, "sync-dp"), outcome(1, "diloco"));
+    assert_eq!(
+        figure(&outcome(0, "sync-dp"), "wan_bytes_per_step"),
+        figure(&dp_far, "wan_bytes_per_step")
+    );
+    assert!(
+        figure(&dp_far, "wan_bytes_per_step") > 100.0 * figure(&diloco_far, "wan_bytes_per_step")
+    );
+    assert_eq!(diloco_far["viable"], true, "{out}");
+    assert_eq!(dp_far["viable"], false, "{out}");
+    assert!(figure(&dp_far, "step_seconds") > figure(&outcome(0, "sync-dp"), "step_seconds"));
+    assert!(points[1]["rtt_seconds"].as_f64().unwrap() > 0.1);
+
+    let (status, text, _) = longhaul(&args[..args.len() - 2]);
+    assert_eq!(status, 0);
+    assert!(text.contains("diloco    viable at every point"), "{text}");
+    assert!(text.contains("sync-dp"), "{text}");
+
+    // A value out of range is refused by the argument parser (exit 2), naming the axis.
+    let error = Cli::try_parse_from(["longhaul", "simulate", "--sweep", "loss=0.5,2"]).unwrap_err();
+    assert!(error.to_string().contains("loss"), "{error}");
+    assert_eq!(error.exit_code(), 2);
+}

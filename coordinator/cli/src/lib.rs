@@ -9,6 +9,7 @@ pub mod plan;
 pub mod rehearse;
 mod remote;
 mod rounds;
+pub mod simulate;
 pub mod sync;
 mod table;
 pub mod topology;
@@ -54,6 +55,11 @@ pub enum Command {
     /// stored job's schedule.
     #[command(subcommand)]
     Sync(sync::SyncCommand),
+    /// Compare what one training step costs as synchronous data parallelism
+    /// across sites, as a cross-site pipeline and as DiLoCo (configured by the
+    /// sync planner) over a sweep of WAN distance, rate, loss, parallel links,
+    /// H or bits (no coordinator needed).
+    Simulate(simulate::SimulateArgs),
     /// Query and manage a running coordinator cluster.
     #[command(subcommand)]
     Cluster(remote::ClusterCommand),
@@ -178,6 +184,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Scenario(ScenarioCommand::Check(args)) => check_scenario(&args, out),
         Command::Plan(args) => plan::plan(&args, out),
         Command::Sync(command) => sync::sync(command, out),
+        Command::Simulate(args) => simulate::simulate(&args, out),
         Command::Cluster(command) => remote::cluster(command, out),
         Command::Sites(command) => remote::sites(command, out),
         Command::Links(command) => remote::links(command, out),
