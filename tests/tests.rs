@@ -7,6 +7,7 @@
 //! - `figures`: property tests of derived network figures and model invariants.
 //! - `cli`: the `longhaul` binary as a user runs it.
 //! - `wire`: the generated gRPC API and its reflection descriptor.
+//! - `report`: the simulation report rendered by headless Chromium.
 
 #![allow(
     clippy::unwrap_used,
@@ -18,5 +19,6 @@ mod util;
 mod cli;
 mod examples;
 mod figures;
+mod report;
 mod validation;
 mod wire;

@@ -267,6 +267,24 @@ impl Comparison {
         })
     }
 
+    /// The plan a mode is costed on, as placed on the topology as given (synchronous data
+    /// parallelism runs on the DiLoCo plan's layout), or why it has none.
+    pub fn plan(&self, mode: Mode) -> Result<&Plan, &str> {
+        let plan = match mode {
+            Mode::Pipeline => &self.pipeline,
+            Mode::SyncDp | Mode::Diloco => &self.diloco,
+        };
+        plan.as_ref().map_err(String::as_str)
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
+    pub fn job(&self) -> &JobSpec {
+        &self.job
+    }
+
     /// Every mode at one sweep point.
     pub fn at(&self, setting: &WanSetting) -> Result<Point, AnalyticError> {
         let topology = setting.apply(&self.topology)?;

@@ -6,10 +6,12 @@
 //! driver: UDP and TCP proxies on loopback whose packets go through the link
 //! model, with a gRPC control API. [`analytic`] is the simulator's analytical
 //! tier: one training step of each cross-site mode, from the placement cost
-//! model and the sync planner, at every point of a sweep.
+//! model and the sync planner, at every point of a sweep; [`report`] draws
+//! a sweep as an HTML page with SVG charts.
 
 pub mod analytic;
 pub mod emulator;
 pub mod link;
+pub mod report;
 
 pub use link::{Delivery, DropCause, Fate, Link, LinkConfig, LinkConfigError};

@@ -10,6 +10,7 @@ use clap::Args;
 use longhaul_core::cost::CostParams;
 use longhaul_core::units::{human_bytes, human_seconds};
 use longhaul_simulations::analytic::{Comparison, Mode, Point, WanSetting};
+use longhaul_simulations::report::{ReportInput, ReportPoint, html};
 use serde::Serialize;
 
 use super::plan::load_inputs;
@@ -37,6 +38,12 @@ pub struct SimulateArgs {
     pub viable: f64,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
+    /// Also write an HTML report (SVG charts and tables, opens offline) to this file.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// The sweep value the report's step breakdown is drawn at; the last when omitted.
+    #[arg(long, requires = "report")]
+    pub breakdown_at: Option<f64>,
 }
 
 /// A sweep axis.
@@ -220,6 +227,9 @@ pub fn simulate(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure>
             .map_err(|e| anyhow::anyhow!("at {}: {e}", args.sweep.axis.show(value)))?;
         points.push(SweepPoint { value, point });
     }
+    if let Some(path) = &args.report {
+        write_report(args, &comparison, &points, path)?;
+    }
     match args.output {
         Output::Json => print_json(
             &Report {
@@ -236,6 +246,61 @@ pub fn simulate(args: &SimulateArgs, out: &mut dyn Write) -> Result<(), Failure>
             Ok(())
         }
     }
+}
+
+fn write_report(
+    args: &SimulateArgs,
+    comparison: &Comparison,
+    points: &[SweepPoint],
+    path: &std::path::Path,
+) -> Result<(), Failure> {
+    let axis = args.sweep.axis;
+    let values = &args.sweep.values;
+    let breakdown_at = match args.breakdown_at {
+        None => values.len().saturating_sub(1),
+        Some(at) => values.iter().position(|&v| v == at).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--breakdown-at {at} is not a value of the sweep ({})",
+                values
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?,
+    };
+    let (lo, hi) = values.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), &v| {
+        (lo.min(v), hi.max(v))
+    });
+    let input = ReportInput {
+        comparison,
+        axis: match axis {
+            Axis::DistanceKm => "distance (km)",
+            Axis::LinkRateGbps => "link rate (Gbit/s)",
+            Axis::Loss => "random loss (fraction)",
+            Axis::ParallelLinks => "parallel links per bundle",
+            Axis::InnerSteps => "DiLoCo inner steps H",
+            Axis::Bits => "bits per pseudo-gradient element",
+        }
+        .to_string(),
+        log_axis: lo > 0.0 && hi / lo >= 100.0,
+        points: points
+            .iter()
+            .map(|p| ReportPoint {
+                value: p.value,
+                label: axis.show(p.value),
+                point: p.point.clone(),
+            })
+            .collect(),
+        breakdown_at,
+    };
+    let page = html(&input).map_err(anyhow::Error::from)?;
+    // Written whole to a temporary file beside it, then renamed: never half a report.
+    let tmp = path.with_extension("html.tmp");
+    std::fs::write(&tmp, page)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| anyhow::anyhow!("cannot write the report to {}: {e}", path.display()))?;
+    Ok(())
 }
 
 fn text(topology: &str, job: &str, args: &SimulateArgs, points: &[SweepPoint]) -> String {
