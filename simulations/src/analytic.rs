@@ -507,6 +507,53 @@ mod tests {
         assert!(d.inner_steps.unwrap() >= 1 && d.bits.unwrap() <= 16);
     }
 
+    /// The closed forms behind the modes, on two sites: synchronous DP moves 2(M−1)/M of the
+    /// gradient from each site each way (4·(N/2)·b₀/8 bytes over the one link, both
+    /// directions), every step; DiLoCo the same at its codec's wire bits, once per H steps;
+    /// and synchronous DP's step is DiLoCo's inner step plus the local reduce and that
+    /// exchange, unhidden.
+    #[test]
+    fn on_two_sites_the_modes_are_their_closed_forms() {
+        let c = comparison(CAMPUSES, LLAMA);
+        let point = at_km(&c, 500.0);
+        let n = c.job.model.parameters as f64;
+        let b0 = f64::from(c.job.training.precision.bytes() * 8);
+        let dp = point.outcome(Mode::SyncDp).unwrap();
+        let expected = 4.0 * (n / 2.0) * b0 / 8.0;
+        assert!(
+            (dp.wan_bytes_per_step - expected).abs() <= 1e-9 * expected,
+            "{} against {expected}",
+            dp.wan_bytes_per_step
+        );
+        let diloco = point.outcome(Mode::Diloco).unwrap();
+        let (h, bits) = (diloco.inner_steps.unwrap(), diloco.bits.unwrap());
+        let codec = Codec::standard()
+            .into_iter()
+            .find(|c| c.bits == bits)
+            .unwrap();
+        let wire = 4.0 * (n / 2.0) * codec.bits_per_parameter() / 8.0 / f64::from(h);
+        assert!(
+            (diloco.wan_bytes_per_step - wire).abs() <= 1e-6 * wire,
+            "{} against {wire}",
+            diloco.wan_bytes_per_step
+        );
+        let plan = c.plan(Mode::Diloco).unwrap();
+        let sync = plan.sync.as_ref().unwrap();
+        let inner = plan
+            .groups
+            .iter()
+            .map(|g| g.step_seconds)
+            .fold(0.0, f64::max);
+        let local = plan.outer_sync_seconds - sync.exposed_seconds_per_outer_step;
+        // Exposed on a free WAN is zero only up to the links' α; the bytes term dominates.
+        assert!(dp.step_seconds > inner + local);
+        assert!(dp.exposed_communication_seconds > 0.0);
+        assert!(
+            (dp.step_seconds - dp.exposed_communication_seconds - (inner + local)).abs()
+                < 1e-3 * dp.step_seconds
+        );
+    }
+
     #[test]
     fn a_fixed_h_and_bits_are_what_the_diloco_figures_use() {
         let c = comparison(TWO_CONTINENTS, DENSE);
