@@ -209,6 +209,15 @@ impl Encoder {
             });
         }
 
+        if self.config.zstd && self.compressor.is_none() {
+            let compressor =
+                zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| EncodeError::Zstd {
+                    reason: e.to_string(),
+                })?;
+            self.compressor = Some(compressor);
+        }
+
+        // Nothing below fails: the residual is changed only now.
         let codec = self.config.codec;
         let raw_len = codec.payload_bytes(len);
         let residual = if self.config.error_feedback {
@@ -237,7 +246,7 @@ impl Encoder {
         let mut zstd = false;
         if self.config.zstd {
             bytes.resize(HEADER_LEN, 0);
-            zstd = self.compress_into(bytes)?;
+            zstd = self.compress_into(bytes);
             if !zstd {
                 bytes.truncate(HEADER_LEN);
                 bytes.extend_from_slice(&self.raw);
@@ -256,21 +265,15 @@ impl Encoder {
     }
 
     /// Compresses `self.raw` after the header in `bytes`; false when zstd
-    /// would not make it shorter (the payload is then stored raw).
-    fn compress_into(&mut self, bytes: &mut Vec<u8>) -> Result<bool, EncodeError> {
-        let compressor = match &mut self.compressor {
-            Some(compressor) => compressor,
-            None => self
-                .compressor
-                .insert(zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(|e| {
-                    EncodeError::Zstd {
-                        reason: e.to_string(),
-                    }
-                })?),
-        };
+    /// would not make it shorter, or failed (the payload is then stored
+    /// raw).
+    fn compress_into(&mut self, bytes: &mut Vec<u8>) -> bool {
         let raw_len = self.raw.len();
+        let Some(compressor) = &mut self.compressor else {
+            return false;
+        };
         if raw_len == 0 {
-            return Ok(false);
+            return false;
         }
         // Room for one byte less than the raw payload: zstd reports a
         // destination too small when it would not shrink it.
@@ -279,7 +282,7 @@ impl Encoder {
         cursor.set_position(HEADER_LEN as u64);
         let written = compressor.compress_to_buffer(&self.raw, &mut cursor);
         *bytes = cursor.into_inner();
-        Ok(matches!(written, Ok(n) if n < raw_len))
+        matches!(written, Ok(n) if n < raw_len)
     }
 }
 

@@ -55,7 +55,8 @@ pub fn reduce(contributions: &[Contribution<'_>], out: &mut [f32]) -> Result<(),
 /// (71 printable ASCII characters, within the round record's 128).
 pub fn fragment_hash(values: &[f32]) -> String {
     let mut hasher = blake3::Hasher::new();
-    let mut buffer = [0u8; 4096];
+    // 64 KiB at a time: enough chunks for BLAKE3 to hash several in parallel.
+    let mut buffer = vec![0u8; 1 << 16];
     for chunk in values.chunks(buffer.len() / 4) {
         let bytes = &mut buffer[..chunk.len() * 4];
         for (out, value) in bytes.chunks_exact_mut(4).zip(chunk) {
