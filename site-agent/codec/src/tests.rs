@@ -204,6 +204,37 @@ fn the_frame_layout_is_pinned() {
     assert_eq!(&frame.as_bytes()[28..], [0x13, 0x3e, 0xd7, 0x02, 0x01]);
 }
 
+/// The planner's standard codecs are this crate's, and a frame of n
+/// elements is 28 bytes plus n × the planner's `bits_per_parameter` / 8.
+#[test]
+fn frames_are_the_size_the_sync_planners_byte_model_says() {
+    let planned = longhaul_core::sync::Codec::standard();
+    assert_eq!(planned.len(), 3);
+    for p in planned {
+        let codec = Codec::new(p.bits, p.block_size).unwrap();
+        assert_eq!(Codec::standard(p.bits).unwrap(), codec);
+        if p.block_size > 0 {
+            assert_eq!(p.scale_bits, SCALE_BITS);
+        }
+        assert_eq!(codec.bits_per_parameter(), p.bits_per_parameter());
+        let n = 1 << 16;
+        let values = Gaussian::new(2).sample(n, 1.0e-3);
+        let config = EncoderConfig {
+            codec,
+            error_feedback: true,
+            zstd: false,
+        };
+        let frame = Encoder::new(config, n).encode(&values).unwrap();
+        let modelled = n as f64 * p.bits_per_parameter() / 8.0;
+        assert_eq!(
+            (frame.len() - HEADER_LEN) as f64,
+            modelled,
+            "{} bits",
+            p.bits
+        );
+    }
+}
+
 // ----------------------------------------------------------- error feedback
 
 /// Σ over rounds of what was sent against Σ of the inputs: the error of the
