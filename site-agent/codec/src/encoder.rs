@@ -4,7 +4,7 @@
 use std::io::Cursor;
 
 use crate::codec::{Codec, MAX_ELEMENTS};
-use crate::error::EncodeError;
+use crate::error::{CodecError, EncodeError};
 use crate::frame::{Frame, FrameHeader, HEADER_LEN};
 use crate::kernels;
 
@@ -27,6 +27,22 @@ pub struct EncoderConfig {
     pub codec: Codec,
     pub error_feedback: bool,
     pub zstd: bool,
+}
+
+impl EncoderConfig {
+    /// A link's encoding from the sync plan's fields, the codec checked.
+    pub fn new(
+        bits: u32,
+        block_size: u32,
+        error_feedback: bool,
+        zstd: bool,
+    ) -> Result<EncoderConfig, CodecError> {
+        Ok(EncoderConfig {
+            codec: Codec::new(bits, block_size)?,
+            error_feedback,
+            zstd,
+        })
+    }
 }
 
 /// The input of one encode: f32 values, or bf16 values as their bit

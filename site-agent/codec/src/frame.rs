@@ -26,8 +26,8 @@
 //! the payload raw when zstd would not shrink it). The checksum covers the
 //! payload as stored, so corruption is caught before decompression.
 
-use crate::codec::{Codec, MAX_BLOCK_SIZE, MAX_ELEMENTS};
-use crate::error::DecodeError;
+use crate::codec::{Codec, MAX_ELEMENTS};
+use crate::error::{CodecError, DecodeError};
 
 pub const MAGIC: [u8; 4] = *b"LHPG";
 pub const VERSION: u8 = 1;
@@ -117,17 +117,14 @@ impl FrameHeader {
             return Err(DecodeError::Reserved { found: reserved });
         }
         let block_size = word(8);
-        let codec =
-            Codec::new(u32::from(bits), block_size).map_err(|_| DecodeError::BlockSize {
+        let codec = Codec::new(u32::from(bits), block_size).map_err(|error| match error {
+            CodecError::BlockSize { reason, .. } => DecodeError::BlockSize {
                 bits,
                 found: block_size,
-                reason: match (bits, block_size) {
-                    (16, _) => "must be 0 for 16 bits",
-                    (_, 0) => "must be at least 1",
-                    (_, b) if b > MAX_BLOCK_SIZE => "must be at most 65536",
-                    _ => "must be even for 4 bits",
-                },
-            })?;
+                reason,
+            },
+            CodecError::Bits { .. } => DecodeError::Bits { found: bits },
+        })?;
         let count = word(12);
         if count as usize > MAX_ELEMENTS {
             return Err(DecodeError::ElementCount {

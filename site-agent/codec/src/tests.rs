@@ -10,11 +10,7 @@ use crate::kernels::bf16_to_f32;
 use crate::*;
 
 fn config(bits: u32, block_size: u32, error_feedback: bool, zstd: bool) -> EncoderConfig {
-    EncoderConfig {
-        codec: Codec::new(bits, block_size).unwrap(),
-        error_feedback,
-        zstd,
-    }
+    EncoderConfig::new(bits, block_size, error_feedback, zstd).unwrap()
 }
 
 /// A seeded stream of standard normal values (Box–Muller over ChaCha8).
