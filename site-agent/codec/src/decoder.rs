@@ -6,10 +6,11 @@ use crate::error::DecodeError;
 use crate::frame::FrameHeader;
 use crate::kernels;
 
-/// Scales and bf16 values a frame may hold: finite, below 2⁶⁴ (bf16 bits
-/// 0x5F80), scales also not negative.
-const MAX_VALUE_BF16: u16 = 0x5F80;
-/// Weights are finite and within ±2³²: with scales below 2⁶⁴ and codes of at
+/// Scales and bf16 values a frame may hold: finite, below 2⁶⁵ (bf16 bits
+/// 0x6000), scales also not negative. Twice the encoder's input bound: an
+/// input just below 2⁶⁴ plus its residual, rounded, can reach 2⁶⁴ itself.
+const MAX_VALUE_BF16: u16 = 0x6000;
+/// Weights are finite and within ±2³²: with scales below 2⁶⁵ and codes of at
 /// most 128, every term q·(s·w) is finite.
 const MAX_WEIGHT: f32 = 4_294_967_296.0;
 

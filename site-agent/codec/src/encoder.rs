@@ -14,8 +14,8 @@ use crate::kernels;
 pub const ZSTD_LEVEL: i32 = 1;
 
 /// Inputs must be finite and below this in magnitude (2⁶⁴): then x plus a
-/// residual never overflows, and every scale fits the bound the decoder
-/// checks.
+/// residual never overflows, and every scale and bf16 value stays below the
+/// decoder's bound of 2⁶⁵.
 pub const MAX_MAGNITUDE: f32 = 18_446_744_073_709_551_616.0;
 const MAX_MAGNITUDE_BITS: u32 = 0x5F80_0000;
 const MAX_MAGNITUDE_BF16: u16 = 0x5F80;

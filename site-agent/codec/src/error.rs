@@ -80,9 +80,9 @@ pub enum DecodeError {
     Zstd { reason: String },
     #[error("zstd: the payload decompresses to {found} bytes, {expected} expected")]
     DecompressedLength { expected: usize, found: usize },
-    #[error("scale of block {block}: bf16 bits {bits:#06x} are not a finite scale in [0, 2^64)")]
+    #[error("scale of block {block}: bf16 bits {bits:#06x} are not a finite scale in [0, 2^65)")]
     Scale { block: usize, bits: u16 },
-    #[error("element {index}: bf16 bits {bits:#06x} are not a finite value below 2^64")]
+    #[error("element {index}: bf16 bits {bits:#06x} are not a finite value below 2^65")]
     Value { index: usize, bits: u16 },
     #[error("padding: the unused high nibble of the last byte must be 0, found {found:#x}")]
     Padding { found: u8 },

@@ -642,6 +642,25 @@ fn non_finite_or_huge_input_is_refused_naming_the_element_and_the_residual_kept(
     assert!(decoded.iter().all(|v| v.is_finite()));
 }
 
+/// Regression: the largest f32 below 2⁶⁴ rounds to 2⁶⁴ as a bf16, and its
+/// residual pushes the next round's value past 2⁶⁴: every frame the encoder
+/// writes from accepted input must decode.
+#[test]
+fn frames_of_the_largest_accepted_inputs_decode() {
+    let largest = f32::from_bits(0x5F7F_FFFF);
+    let values = [largest, -largest, largest * 0.999, 1.0, -largest];
+    for (bits, block) in [(16, 0), (8, 2), (4, 2)] {
+        let mut encoder = Encoder::new(config(bits, block, true, false), values.len());
+        for round in 0..5 {
+            let frame = encoder.encode(&values).unwrap();
+            let mut acc = vec![0.0; values.len()];
+            decode_add(frame.as_bytes(), &mut acc, 1.0)
+                .unwrap_or_else(|e| panic!("{bits} bits, round {round}: {e}"));
+            assert!(acc.iter().all(|v| v.is_finite()));
+        }
+    }
+}
+
 #[test]
 fn ranges_encode_with_their_own_part_of_the_residual() {
     let n = 1000;
