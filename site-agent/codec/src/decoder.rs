@@ -76,7 +76,7 @@ pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
 }
 
 /// Checks `frame` and adds `weight` × its values to `acc`:
-/// acc[i] ← acc[i] + q_i × (s_b × weight) (bf16 values: v_i × weight), each
+/// `acc[i] ← acc[i] + q_i × (s_b × weight)` (bf16 values: `v_i × weight`), each
 /// operation rounded to f32, element by element in index order. On any
 /// error `acc` is untouched.
 pub fn decode_add(frame: &[u8], acc: &mut [f32], weight: f32) -> Result<FrameHeader, DecodeError> {

@@ -186,14 +186,14 @@ pub(crate) fn to_bf16_feedback(values: &[f32], residual: &mut [f32], out: &mut [
     }
 }
 
-/// acc[i] += q_i × (s × w) for one block of 8-bit codes.
+/// `acc[i] += q_i × (s × w)` for one block of 8-bit codes.
 pub(crate) fn add8(codes: &[u8], scale_weight: f32, acc: &mut [f32]) {
     for (a, &code) in acc.iter_mut().zip(codes) {
         *a += f32::from(code as i8) * scale_weight;
     }
 }
 
-/// acc[i] += q_i × (s × w) for one block of 4-bit codes (low nibble first).
+/// `acc[i] += q_i × (s × w)` for one block of 4-bit codes (low nibble first).
 pub(crate) fn add4(codes: &[u8], scale_weight: f32, acc: &mut [f32]) {
     let len = acc.len();
     let (paired, tail) = acc.split_at_mut(len - len % 2);
@@ -208,7 +208,7 @@ pub(crate) fn add4(codes: &[u8], scale_weight: f32, acc: &mut [f32]) {
     }
 }
 
-/// acc[i] += bf16_i × w for bf16 passthrough.
+/// `acc[i] += bf16_i × w` for bf16 passthrough.
 pub(crate) fn add16(values: &[u8], weight: f32, acc: &mut [f32]) {
     for (a, pair) in acc.iter_mut().zip(values.chunks_exact(2)) {
         *a += bf16_to_f32(u16::from_le_bytes([pair[0], pair[1]])) * weight;

@@ -38,12 +38,12 @@
 //! # Decoding and reducing
 //!
 //! [`decode_add`] adds weight × a frame's values to an f32 accumulator:
-//! acc[i] ← acc[i] + q_i × (s × w). It checks everything first — header
+//! `acc[i] ← acc[i] + q_i × (s × w)`. It checks everything first — header
 //! fields, both CRC-32C checksums, every length against the header (no
 //! arithmetic on an unchecked length), the zstd stage, every scale and
 //! value finite and below 2⁶⁵, the accumulator's length and the weight —
 //! and refuses with a [`DecodeError`] naming the field, having written
-//! nothing. [`reduce`] sums several sites' contributions in the order of
+//! nothing. [`reduce()`] sums several sites' contributions in the order of
 //! their site ids, so the result is bit-identical at every site, and
 //! [`fragment_hash`] is what a site reports to the round.
 //!
