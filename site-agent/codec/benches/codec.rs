@@ -166,6 +166,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         seconds: vec![],
         bytes_per_param: None,
     };
+    // bf16 input (half the bytes to read), into int8: GB/s still of n × 4 bytes.
+    let input_bf16: Vec<u16> = input.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    let int8 = EncoderConfig::new(8, 256, true, false)?;
+    let mut from_bf16 = Encoder::new(int8, n);
+    let mut bf16_frame = Frame::new();
+    from_bf16.encode_bf16_into(0, &input_bf16, &mut bf16_frame)?;
+    let mut encode_bf16 = Row {
+        name: "encode int8 B=256 from bf16".into(),
+        seconds: vec![],
+        bytes_per_param: Some(bf16_frame.len() as f64 / n as f64),
+    };
 
     for _ in 0..reps {
         memcpy
@@ -187,6 +198,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             result?;
             black_box(&acc);
         }
+        let mut result = Ok(());
+        encode_bf16.seconds.push(time(|| {
+            result = from_bf16.encode_bf16_into(0, black_box(&input_bf16), &mut bf16_frame)
+        }));
+        result?;
         hash.seconds.push(time(|| {
             black_box(fragment_hash(black_box(&input)));
         }));
@@ -204,6 +220,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for row in std::iter::once(&memcpy)
         .chain(&encode)
+        .chain(std::iter::once(&encode_bf16))
         .chain(&decode)
         .chain(std::iter::once(&hash))
     {
