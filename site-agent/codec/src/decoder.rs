@@ -1,0 +1,169 @@
+//! Decoding: every check first, then the additions, which cannot fail.
+
+use std::borrow::Cow;
+
+use crate::error::DecodeError;
+use crate::frame::FrameHeader;
+use crate::kernels;
+
+/// Scales and bf16 values a frame may hold: finite, below 2⁶⁵ (bf16 bits
+/// 0x6000), scales also not negative. Twice the encoder's input bound: an
+/// input just below 2⁶⁴ plus its residual, rounded, can reach 2⁶⁴ itself.
+const MAX_VALUE_BF16: u16 = 0x6000;
+/// Weights are finite and within ±2³²: with scales below 2⁶⁵ and codes of at
+/// most 128, every term q·(s·w) is finite.
+const MAX_WEIGHT: f32 = 4_294_967_296.0;
+
+/// A frame that passed every check: header, checksums, lengths, the zstd
+/// stage, scales and values. Adding it can only be refused for the
+/// accumulator's length or the weight, which are checked before anything
+/// is written.
+#[derive(Debug, Clone)]
+pub struct CheckedFrame<'a> {
+    header: FrameHeader,
+    /// The payload before zstd: borrowed from the frame, or decompressed.
+    payload: Cow<'a, [u8]>,
+}
+
+/// Checks `frame` whole, decompressing it if it is zstd-compressed.
+pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
+    let (header, stored) = FrameHeader::parse(frame)?;
+    let codec = header.codec;
+    let raw_len = codec.payload_bytes(header.element_count);
+    let payload = if header.zstd {
+        // Exactly as long as the header says: zstd refuses to write more.
+        let mut raw = vec![0; raw_len];
+        let found =
+            zstd::bulk::decompress_to_buffer(stored, &mut raw).map_err(|e| DecodeError::Zstd {
+                reason: e.to_string(),
+            })?;
+        if found != raw_len {
+            return Err(DecodeError::DecompressedLength {
+                expected: raw_len,
+                found,
+            });
+        }
+        Cow::Owned(raw)
+    } else {
+        Cow::Borrowed(stored)
+    };
+
+    let n = header.element_count;
+    let (scales, codes) = payload.split_at(2 * codec.blocks(n));
+    if let Some(block) = first_bf16_at_or_above(scales, MAX_VALUE_BF16, 0xFFFF) {
+        return Err(DecodeError::Scale {
+            block,
+            bits: bf16_at(scales, block),
+        });
+    }
+    let bad_value = match codec.bits() {
+        16 => first_bf16_at_or_above(codes, MAX_VALUE_BF16, 0x7FFF),
+        _ => None,
+    };
+    if let Some(index) = bad_value {
+        return Err(DecodeError::Value {
+            index,
+            bits: bf16_at(codes, index),
+        });
+    }
+    if codec.bits() == 4 && n % 2 == 1 {
+        let high = codes.last().map_or(0, |&last| last >> 4);
+        if high != 0 {
+            return Err(DecodeError::Padding { found: high });
+        }
+    }
+    Ok(CheckedFrame { header, payload })
+}
+
+/// Checks `frame` and adds `weight` × its values to `acc`:
+/// `acc[i] ← acc[i] + q_i × (s_b × weight)` (bf16 values: `v_i × weight`), each
+/// operation rounded to f32, element by element in index order. On any
+/// error `acc` is untouched.
+pub fn decode_add(frame: &[u8], acc: &mut [f32], weight: f32) -> Result<FrameHeader, DecodeError> {
+    let checked = check(frame)?;
+    checked.add_to(acc, weight)?;
+    Ok(checked.header)
+}
+
+impl CheckedFrame<'_> {
+    pub fn header(&self) -> &FrameHeader {
+        &self.header
+    }
+
+    /// Elements the frame holds.
+    pub fn len(&self) -> usize {
+        self.header.element_count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.header.element_count == 0
+    }
+
+    /// Adds `weight` × the frame's values to `acc`, as [`decode_add`]
+    /// does; refused, with `acc` untouched, when `acc` is not as long as
+    /// the frame or the weight is not finite and within ±2³².
+    pub fn add_to(&self, acc: &mut [f32], weight: f32) -> Result<(), DecodeError> {
+        self.check_target(acc.len(), weight)?;
+        let n = self.header.element_count;
+        let codec = self.header.codec;
+        let (scales, codes) = self.payload.split_at(2 * codec.blocks(n));
+        if codec.bits() == 16 {
+            kernels::add16(codes, weight, acc);
+            return Ok(());
+        }
+        let block = codec.block_size() as usize;
+        let code_block = block * codec.bits() as usize / 8;
+        let add = if codec.bits() == 8 {
+            kernels::add8
+        } else {
+            kernels::add4
+        };
+        let blocks = acc
+            .chunks_mut(block)
+            .zip(codes.chunks(code_block))
+            .zip(scales.chunks_exact(2));
+        for ((a, c), s) in blocks {
+            let scale = kernels::bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));
+            add(c, scale * weight, a);
+        }
+        Ok(())
+    }
+}
+
+impl CheckedFrame<'_> {
+    /// What [`CheckedFrame::add_to`] refuses: an accumulator of another
+    /// length, a weight that is not finite or beyond ±2³².
+    pub(crate) fn check_target(&self, accumulator: usize, weight: f32) -> Result<(), DecodeError> {
+        if accumulator != self.header.element_count {
+            return Err(DecodeError::AccumulatorLength {
+                frame: self.header.element_count,
+                accumulator,
+            });
+        }
+        if weight.is_nan() || weight.abs() > MAX_WEIGHT {
+            return Err(DecodeError::Weight { weight });
+        }
+        Ok(())
+    }
+}
+
+fn bf16_at(bytes: &[u8], index: usize) -> u16 {
+    u16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]])
+}
+
+/// The index of the first little-endian bf16 in `bytes` whose bits under
+/// `mask` reach `limit`.
+fn first_bf16_at_or_above(bytes: &[u8], limit: u16, mask: u16) -> Option<usize> {
+    const CHUNK: usize = 8192;
+    let value = |pair: &[u8]| u16::from_le_bytes([pair[0], pair[1]]) & mask;
+    for (c, chunk) in bytes.chunks(CHUNK).enumerate() {
+        let max = chunk.chunks_exact(2).fold(0, |m, pair| m.max(value(pair)));
+        if max >= limit {
+            let within = chunk
+                .chunks_exact(2)
+                .position(|pair| value(pair) >= limit)?;
+            return Some(c * CHUNK / 2 + within);
+        }
+    }
+    None
+}

@@ -1,0 +1,819 @@
+//! The codec's tests: error bounds, error feedback, every malformed frame
+//! refused with the accumulator untouched, and the reduction's bit identity.
+
+use proptest::prelude::*;
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::{RngCore, SeedableRng};
+
+use crate::frame::{FLAG_ZSTD, HEADER_LEN};
+use crate::kernels::bf16_to_f32;
+use crate::*;
+
+fn config(bits: u32, block_size: u32, error_feedback: bool, zstd: bool) -> EncoderConfig {
+    EncoderConfig::new(bits, block_size, error_feedback, zstd).unwrap()
+}
+
+/// A seeded stream of standard normal values (Box–Muller over ChaCha8).
+struct Gaussian(ChaCha8Rng);
+
+impl Gaussian {
+    fn new(seed: u64) -> Gaussian {
+        Gaussian(ChaCha8Rng::seed_from_u64(seed))
+    }
+
+    fn uniform(&mut self) -> f64 {
+        // (0, 1]: never 0, so the logarithm is finite.
+        (f64::from(self.0.next_u32()) + 1.0) / 4_294_967_296.0
+    }
+
+    fn sample(&mut self, n: usize, sigma: f32) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                let (u, v) = (self.uniform(), self.uniform());
+                let z = (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos();
+                z as f32 * sigma
+            })
+            .collect()
+    }
+}
+
+fn decode(frame: &Frame, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; n];
+    decode_add(frame.as_bytes(), &mut out, 1.0).unwrap();
+    out
+}
+
+/// The scales a frame (without zstd) holds, as f32.
+fn scales(frame: &Frame) -> Vec<f32> {
+    let (header, payload) = FrameHeader::parse(frame.as_bytes()).unwrap();
+    assert!(!header.zstd);
+    let blocks = header.codec.blocks(header.element_count);
+    payload[..2 * blocks]
+        .chunks_exact(2)
+        .map(|p| bf16_to_f32(u16::from_le_bytes([p[0], p[1]])))
+        .collect()
+}
+
+fn rms(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = values.fold((0.0, 0usize), |(s, n), v| (s + v * v, n + 1));
+    (sum / n.max(1) as f64).sqrt()
+}
+
+// ---------------------------------------------------------------- bounds
+
+proptest! {
+    /// |x − q(x)| ≤ s/2 per element, s its block's scale, and with error
+    /// feedback the residual is exactly v − q(v).
+    #[test]
+    fn each_element_is_within_half_its_blocks_scale(
+        bits in prop::sample::select(vec![8u32, 4]),
+        half_block in 1u32..80,
+        magnitude in -30i32..30,
+        values in prop::collection::vec(-1.0f32..1.0, 0..600),
+        error_feedback in any::<bool>(),
+    ) {
+        let block = 2 * half_block;
+        let scale_up = 2f32.powi(magnitude);
+        let values: Vec<f32> = values.iter().map(|v| v * scale_up).collect();
+        let mut encoder = Encoder::new(config(bits, block, error_feedback, false), values.len());
+        let frame = encoder.encode(&values).unwrap();
+        let decoded = decode(&frame, values.len());
+        let scales = scales(&frame);
+        for (i, (&x, &y)) in values.iter().zip(&decoded).enumerate() {
+            let s = scales[i / block as usize];
+            let bound = s / 2.0 + s * 2f32.powi(-20);
+            prop_assert!((x - y).abs() <= bound, "element {i}: {x} decoded as {y}, scale {s}");
+        }
+        for (b, chunk) in values.chunks(block as usize).enumerate() {
+            let max = chunk.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let levels = if bits == 8 { 127.0 } else { 7.0 };
+            prop_assert!(scales[b] >= max / levels * (1.0 - 1e-6));
+            prop_assert!(scales[b] <= max / levels * (1.0 + 2f32.powi(-7)));
+        }
+        if error_feedback {
+            for ((&x, &y), &r) in values.iter().zip(&decoded).zip(encoder.residual()) {
+                prop_assert_eq!(r.to_bits(), (x - y).to_bits());
+            }
+        }
+    }
+
+    /// bf16 passthrough: the nearest bf16, |x − y| ≤ 2⁻⁸·|x|.
+    #[test]
+    fn bf16_passthrough_is_within_half_an_ulp(
+        values in prop::collection::vec(-1.0e6f32..1.0e6, 0..300),
+    ) {
+        let mut encoder = Encoder::new(config(16, 0, false, false), values.len());
+        let decoded = decode(&encoder.encode(&values).unwrap(), values.len());
+        for (&x, &y) in values.iter().zip(&decoded) {
+            prop_assert!((x - y).abs() <= x.abs() * 2f32.powi(-8), "{x} decoded as {y}");
+        }
+    }
+
+    /// zstd changes the bytes on the wire, never what they decode to.
+    #[test]
+    fn zstd_decodes_to_the_same_values(
+        bits in prop::sample::select(vec![16u32, 8, 4]),
+        values in prop::collection::vec(-4i8..4, 0..2000),
+    ) {
+        let block = if bits == 16 { 0 } else { 64 };
+        let values: Vec<f32> = values.iter().map(|&v| f32::from(v) * 0.25).collect();
+        let plain = Encoder::new(config(bits, block, true, false), values.len()).encode(&values).unwrap();
+        let packed = Encoder::new(config(bits, block, true, true), values.len()).encode(&values).unwrap();
+        prop_assert!(packed.len() <= plain.len());
+        let (a, b) = (decode(&plain, values.len()), decode(&packed, values.len()));
+        prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn zstd_is_used_only_where_it_shrinks_the_payload() {
+    let n = 4096;
+    let flags = |frame: &Frame| frame.as_bytes()[6];
+    // A smooth fragment compresses: the flag is set and the frame shorter.
+    let smooth: Vec<f32> = (0..n).map(|i| (i / 512) as f32).collect();
+    let mut encoder = Encoder::new(config(8, 256, false, true), n);
+    let frame = encoder.encode(&smooth).unwrap();
+    assert_eq!(flags(&frame) & FLAG_ZSTD, FLAG_ZSTD);
+    assert!(frame.len() < Codec::new(8, 256).unwrap().frame_bytes(n) / 4);
+    // Uniform noise uses every code: zstd cannot shrink it, it is sent raw.
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let noise: Vec<f32> = (0..n)
+        .map(|_| rng.next_u32() as f32 / 4.3e9 - 0.5)
+        .collect();
+    let frame = Encoder::new(config(8, 256, false, true), n)
+        .encode(&noise)
+        .unwrap();
+    assert_eq!(flags(&frame) & FLAG_ZSTD, 0);
+    assert_eq!(frame.len(), Codec::new(8, 256).unwrap().frame_bytes(n));
+}
+
+#[test]
+fn bf16_input_encodes_as_its_f32_values_do() {
+    let values = Gaussian::new(3).sample(40_000, 0.01);
+    let bf16: Vec<u16> = values.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+    let widened: Vec<f32> = bf16.iter().map(|&b| bf16_to_f32(b)).collect();
+    for (bits, block) in [(16, 0), (8, 256), (4, 64), (4, 6)] {
+        let mut from_f32 = Encoder::new(config(bits, block, true, false), values.len());
+        let mut from_bf16 = Encoder::new(config(bits, block, true, false), values.len());
+        for _ in 0..3 {
+            let a = from_f32.encode(&widened).unwrap();
+            let b = from_bf16.encode_bf16(&bf16).unwrap();
+            assert_eq!(
+                a.as_bytes()[HEADER_LEN..],
+                b.as_bytes()[HEADER_LEN..],
+                "{bits} bits"
+            );
+            assert!(FrameHeader::parse(b.as_bytes()).unwrap().0.bf16_input);
+        }
+        assert_eq!(from_f32.residual(), from_bf16.residual());
+    }
+}
+
+#[test]
+fn a_block_of_zeros_or_subnormals_is_sent_as_zeros_and_kept_in_the_residual() {
+    let values = [0.0, 1.0e-40, -1.0e-39, 0.0];
+    let mut encoder = Encoder::new(config(8, 4, true, false), 4);
+    let frame = encoder.encode(&values).unwrap();
+    assert_eq!(scales(&frame), [0.0]);
+    assert_eq!(decode(&frame, 4), [0.0; 4]);
+    assert_eq!(encoder.residual(), values);
+}
+
+#[test]
+fn the_frame_layout_is_pinned() {
+    // Scale ↑bf16(1/127) = 0x3c02 (0x3c01 is just below 1/127); codes
+    // rne(x·(1/s)): 126, −63, 32, 0.
+    let mut encoder = Encoder::new(config(8, 4, false, false), 4);
+    let frame = encoder.encode(&[1.0, -0.5, 0.25, 0.0]).unwrap();
+    let bytes = frame.as_bytes();
+    assert_eq!(
+        &bytes[..16],
+        b"LHPG\x01\x08\x00\x00\x04\x00\x00\x00\x04\x00\x00\x00"
+    );
+    assert_eq!(&bytes[16..20], &6u32.to_le_bytes());
+    assert_eq!(&bytes[20..24], &crc32c::crc32c(&bytes[28..]).to_le_bytes());
+    assert_eq!(&bytes[24..28], &crc32c::crc32c(&bytes[..24]).to_le_bytes());
+    assert_eq!(&bytes[28..], [0x02, 0x3c, 126, (-63i8) as u8, 32, 0]);
+    // 4 bits: codes 7, −3 (0xd), 2, 0, 1 → bytes 0xd7, 0x02, 0x01.
+    let mut encoder = Encoder::new(config(4, 6, false, false), 5);
+    let frame = encoder.encode(&[1.0, -0.4, 0.3, 0.0, 0.1]).unwrap();
+    assert_eq!(&frame.as_bytes()[28..], [0x13, 0x3e, 0xd7, 0x02, 0x01]);
+}
+
+/// The planner's standard codecs are this crate's, and a frame of n
+/// elements is 28 bytes plus n × the planner's `bits_per_parameter` / 8.
+#[test]
+fn frames_are_the_size_the_sync_planners_byte_model_says() {
+    let planned = longhaul_core::sync::Codec::standard();
+    assert_eq!(planned.len(), 3);
+    for p in planned {
+        let codec = Codec::new(p.bits, p.block_size).unwrap();
+        assert_eq!(Codec::standard(p.bits).unwrap(), codec);
+        if p.block_size > 0 {
+            assert_eq!(p.scale_bits, SCALE_BITS);
+        }
+        assert_eq!(codec.bits_per_parameter(), p.bits_per_parameter());
+        let n = 1 << 16;
+        let values = Gaussian::new(2).sample(n, 1.0e-3);
+        let config = EncoderConfig {
+            codec,
+            error_feedback: true,
+            zstd: false,
+        };
+        let frame = Encoder::new(config, n).encode(&values).unwrap();
+        let modelled = n as f64 * p.bits_per_parameter() / 8.0;
+        assert_eq!(
+            (frame.len() - HEADER_LEN) as f64,
+            modelled,
+            "{} bits",
+            p.bits
+        );
+    }
+}
+
+// ----------------------------------------------------------- error feedback
+
+/// Σ over rounds of what was sent against Σ of the inputs: the error of the
+/// model's accumulated update.
+fn accumulated_error(bits: u32, block: u32, error_feedback: bool, rounds: usize) -> (f64, f64) {
+    let n = 1 << 14;
+    let mut stream = Gaussian::new(42);
+    let mut encoder = Encoder::new(config(bits, block, error_feedback, false), n);
+    let mut sent = vec![0.0f64; n];
+    let mut truth = vec![0.0f64; n];
+    let mut first = 0.0;
+    for round in 0..rounds {
+        let x = stream.sample(n, 1.0e-3);
+        let y = decode(&encoder.encode(&x).unwrap(), n);
+        for i in 0..n {
+            sent[i] += f64::from(y[i]);
+            truth[i] += f64::from(x[i]);
+        }
+        if round == 0 {
+            first = rms(sent.iter().zip(&truth).map(|(s, t)| s - t));
+        }
+    }
+    (first, rms(sent.iter().zip(&truth).map(|(s, t)| s - t)))
+}
+
+#[test]
+fn error_feedback_keeps_the_accumulated_error_bounded() {
+    for (bits, block) in [(8, 256), (4, 64)] {
+        let (first, with) = accumulated_error(bits, block, true, 100);
+        let (first_without, without) = accumulated_error(bits, block, false, 100);
+        assert_eq!(first, first_without, "round 1 is the same either way");
+        // With feedback the accumulated error is the last residual: about
+        // one round's. Without, 100 independent errors add up: about √100×.
+        assert!(
+            with < 1.5 * first,
+            "{bits} bits: {with} after 100 rounds, {first} after 1"
+        );
+        assert!(
+            without > 7.0 * first,
+            "{bits} bits: {without} after 100 rounds, {first} after 1"
+        );
+    }
+}
+
+// ---------------------------------------------------------- malformed frames
+
+fn small_frames() -> Vec<(String, Vec<u8>, usize)> {
+    let values = Gaussian::new(9).sample(37, 1.0);
+    let long = Gaussian::new(9).sample(301, 1.0);
+    let mut frames = Vec::new();
+    for (bits, block) in [(16, 0), (8, 8), (4, 8)] {
+        for zstd in [false, true] {
+            // Repetitive values, so that zstd does compress them.
+            let input: Vec<f32> = if zstd {
+                long.iter().map(|v| v.signum()).collect()
+            } else {
+                values.clone()
+            };
+            let mut encoder = Encoder::new(config(bits, block, true, zstd), input.len());
+            let frame = encoder.encode(&input).unwrap();
+            assert_eq!(FrameHeader::parse(frame.as_bytes()).unwrap().0.zstd, zstd);
+            frames.push((
+                format!("{bits} bits, zstd {zstd}"),
+                frame.into_bytes(),
+                input.len(),
+            ));
+        }
+    }
+    frames
+}
+
+/// An accumulator with a recognisable pattern, to see that nothing wrote to it.
+fn pattern(n: usize) -> Vec<f32> {
+    (0..n).map(|i| i as f32 * 0.5 - 3.0).collect()
+}
+
+fn refused_untouched(frame: &[u8], n: usize) -> DecodeError {
+    let mut acc = pattern(n);
+    let error = decode_add(frame, &mut acc, 1.0).expect_err("a malformed frame is refused");
+    assert_eq!(acc, pattern(n), "the accumulator was written: {error}");
+    error
+}
+
+#[test]
+fn a_frame_with_any_byte_flipped_is_refused_and_the_accumulator_untouched() {
+    for (name, frame, n) in small_frames() {
+        decode_add(&frame, &mut pattern(n), 1.0).unwrap();
+        for at in 0..frame.len() {
+            for flip in [0x01, 0x80, 0xFF] {
+                let mut bad = frame.clone();
+                bad[at] ^= flip;
+                let error = refused_untouched(&bad, n);
+                assert!(!error.to_string().is_empty(), "{name}, byte {at}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_frame_cut_at_any_length_or_extended_is_refused() {
+    for (name, frame, n) in small_frames() {
+        for len in 0..frame.len() {
+            let error = refused_untouched(&frame[..len], n);
+            assert!(
+                matches!(
+                    error,
+                    DecodeError::Truncated { .. } | DecodeError::FrameLength { .. }
+                ),
+                "{name}, cut at {len}: {error}"
+            );
+        }
+        let mut longer = frame.clone();
+        longer.push(0);
+        assert!(matches!(
+            refused_untouched(&longer, n),
+            DecodeError::FrameLength { .. }
+        ));
+    }
+}
+
+/// Rewrites the checksums after a deliberate change, so that the check
+/// under test is the one that refuses.
+fn resealed(mut frame: Vec<u8>) -> Vec<u8> {
+    let payload = crc32c::crc32c(&frame[HEADER_LEN..]);
+    frame[20..24].copy_from_slice(&payload.to_le_bytes());
+    let header = crc32c::crc32c(&frame[..24]);
+    frame[24..28].copy_from_slice(&header.to_le_bytes());
+    frame
+}
+
+fn set_u32(frame: &mut [u8], at: usize, value: u32) {
+    frame[at..at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+#[test]
+fn each_malformed_field_is_refused_by_name() {
+    // (what is wrong, the frame's values, the codec, the change, the error)
+    type Change = fn(&mut Vec<u8>);
+    type Expected = fn(&DecodeError) -> bool;
+    let n = 37;
+    let values = Gaussian::new(5).sample(n, 1.0);
+    let cases: Vec<(&str, u32, u32, Change, Expected)> = vec![
+        (
+            "magic",
+            8,
+            8,
+            |f| f[0] = b'X',
+            |e| matches!(e, DecodeError::Magic { .. }),
+        ),
+        (
+            "version",
+            8,
+            8,
+            |f| f[4] = 2,
+            |e| matches!(e, DecodeError::Version { found: 2, .. }),
+        ),
+        (
+            "header checksum",
+            8,
+            8,
+            |f| f[24] ^= 1,
+            |e| matches!(e, DecodeError::HeaderChecksum { .. }),
+        ),
+        (
+            "bits",
+            8,
+            8,
+            |f| f[5] = 2,
+            |e| matches!(e, DecodeError::Bits { found: 2 }),
+        ),
+        (
+            "flags",
+            8,
+            8,
+            |f| f[6] = 0x80,
+            |e| matches!(e, DecodeError::Flags { found: 0x80 }),
+        ),
+        (
+            "reserved",
+            8,
+            8,
+            |f| f[7] = 1,
+            |e| matches!(e, DecodeError::Reserved { found: 1 }),
+        ),
+        (
+            "block size 0",
+            8,
+            8,
+            |f| set_u32(f, 8, 0),
+            |e| matches!(e, DecodeError::BlockSize { found: 0, .. }),
+        ),
+        (
+            "absurd block size",
+            8,
+            8,
+            |f| set_u32(f, 8, 1 << 20),
+            |e| matches!(e, DecodeError::BlockSize { .. }),
+        ),
+        (
+            "odd 4-bit block",
+            4,
+            8,
+            |f| set_u32(f, 8, 7),
+            |e| matches!(e, DecodeError::BlockSize { found: 7, .. }),
+        ),
+        (
+            "bf16 with blocks",
+            16,
+            0,
+            |f| set_u32(f, 8, 8),
+            |e| matches!(e, DecodeError::BlockSize { .. }),
+        ),
+        (
+            "too many elements",
+            8,
+            8,
+            |f| set_u32(f, 12, u32::MAX),
+            |e| matches!(e, DecodeError::ElementCount { .. }),
+        ),
+        (
+            "another element count",
+            8,
+            8,
+            |f| set_u32(f, 12, 36),
+            |e| matches!(e, DecodeError::PayloadLength { .. }),
+        ),
+        (
+            "payload length",
+            8,
+            8,
+            |f| set_u32(f, 16, u32::MAX),
+            |e| matches!(e, DecodeError::PayloadLength { .. }),
+        ),
+        (
+            "zstd flag on a raw payload",
+            8,
+            8,
+            |f| f[6] |= FLAG_ZSTD,
+            |e| matches!(e, DecodeError::PayloadLength { .. }),
+        ),
+        (
+            "payload checksum",
+            8,
+            8,
+            |f| set_u32(f, 20, 0),
+            |e| matches!(e, DecodeError::PayloadChecksum { .. }),
+        ),
+        (
+            "NaN scale",
+            8,
+            8,
+            |f| {
+                f[28] = 0xC0;
+                f[29] = 0x7F;
+            },
+            |e| {
+                matches!(
+                    e,
+                    DecodeError::Scale {
+                        block: 0,
+                        bits: 0x7FC0
+                    }
+                )
+            },
+        ),
+        (
+            "negative scale",
+            8,
+            8,
+            |f| f[31] |= 0x80,
+            |e| matches!(e, DecodeError::Scale { block: 1, .. }),
+        ),
+        (
+            "infinite bf16 value",
+            16,
+            0,
+            |f| {
+                f[30] = 0x80;
+                f[31] = 0xFF;
+            },
+            |e| {
+                matches!(
+                    e,
+                    DecodeError::Value {
+                        index: 1,
+                        bits: 0xFF80
+                    }
+                )
+            },
+        ),
+        (
+            "4-bit padding",
+            4,
+            8,
+            |f| {
+                let last = f.len() - 1;
+                f[last] |= 0x50;
+            },
+            |e| matches!(e, DecodeError::Padding { found: 5 }),
+        ),
+    ];
+    for (what, bits, block, change, expected) in cases {
+        let mut encoder = Encoder::new(config(bits, block, false, false), n);
+        let mut frame = encoder.encode(&values).unwrap().into_bytes();
+        change(&mut frame);
+        match what {
+            "header checksum" => {}
+            // The payload's checksum is the field under test: reseal the header only.
+            "payload checksum" => {
+                let header = crc32c::crc32c(&frame[..24]);
+                frame[24..28].copy_from_slice(&header.to_le_bytes());
+            }
+            _ => frame = resealed(frame),
+        }
+        let error = refused_untouched(&frame, n);
+        assert!(expected(&error), "{what}: refused with {error:?}");
+    }
+}
+
+#[test]
+fn a_zstd_payload_that_is_not_what_the_header_says_is_refused() {
+    let n = 4096;
+    let values: Vec<f32> = (0..n).map(|i| (i / 512) as f32).collect();
+    let frame = Encoder::new(config(8, 256, false, true), n)
+        .encode(&values)
+        .unwrap();
+    // Claim fewer elements: the zstd frame decompresses to more bytes.
+    let mut shorter = frame.as_bytes().to_vec();
+    set_u32(&mut shorter, 12, n as u32 - 256);
+    let error = refused_untouched(&resealed(shorter), n - 256);
+    assert!(
+        matches!(
+            error,
+            DecodeError::Zstd { .. } | DecodeError::DecompressedLength { .. }
+        ),
+        "{error:?}"
+    );
+    // Garbage behind a valid checksum.
+    let mut garbage = frame.as_bytes().to_vec();
+    for b in &mut garbage[HEADER_LEN..] {
+        *b = 0x55;
+    }
+    assert!(matches!(
+        refused_untouched(&resealed(garbage), n),
+        DecodeError::Zstd { .. }
+    ));
+}
+
+#[test]
+fn the_accumulator_and_the_weight_are_checked_before_adding() {
+    let frame = Encoder::new(config(8, 8, false, false), 10)
+        .encode(&[1.0; 10])
+        .unwrap();
+    let mut acc = pattern(9);
+    let error = decode_add(frame.as_bytes(), &mut acc, 1.0).unwrap_err();
+    assert_eq!(
+        error,
+        DecodeError::AccumulatorLength {
+            frame: 10,
+            accumulator: 9
+        }
+    );
+    assert_eq!(acc, pattern(9));
+    for weight in [f32::NAN, f32::INFINITY, 1.0e10] {
+        let mut acc = pattern(10);
+        let error = decode_add(frame.as_bytes(), &mut acc, weight).unwrap_err();
+        assert!(matches!(error, DecodeError::Weight { .. }));
+        assert_eq!(acc, pattern(10));
+    }
+}
+
+// ------------------------------------------------------------- input values
+
+#[test]
+fn non_finite_or_huge_input_is_refused_naming_the_element_and_the_residual_kept() {
+    let n = 10_000;
+    let good = Gaussian::new(1).sample(n, 1.0);
+    for bad in [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        MAX_MAGNITUDE,
+        -3.0e30,
+    ] {
+        let mut encoder = Encoder::new(config(8, 256, true, false), n);
+        encoder.encode(&good).unwrap();
+        let residual = encoder.residual().to_vec();
+        let mut values = good.clone();
+        values[7777] = bad;
+        let error = encoder.encode(&values).unwrap_err();
+        assert!(
+            matches!(error, EncodeError::Value { index: 7777, .. }),
+            "{bad}: {error:?}"
+        );
+        assert_eq!(encoder.residual(), residual);
+        // bf16 input likewise.
+        let bf16: Vec<u16> = values.iter().map(|v| (v.to_bits() >> 16) as u16).collect();
+        let error = encoder.encode_bf16(&bf16).unwrap_err();
+        assert!(
+            matches!(error, EncodeError::Value { index: 7777, .. }),
+            "{bad}: {error:?}"
+        );
+        assert_eq!(encoder.residual(), residual);
+    }
+    // The largest accepted magnitude encodes and decodes finitely.
+    let mut encoder = Encoder::new(config(4, 64, true, false), 3);
+    let edge = [MAX_MAGNITUDE * 0.999, -MAX_MAGNITUDE * 0.999, 1.0];
+    let decoded = decode(&encoder.encode(&edge).unwrap(), 3);
+    assert!(decoded.iter().all(|v| v.is_finite()));
+}
+
+/// Regression: the largest f32 below 2⁶⁴ rounds to 2⁶⁴ as a bf16, and its
+/// residual pushes the next round's value past 2⁶⁴: every frame the encoder
+/// writes from accepted input must decode.
+#[test]
+fn frames_of_the_largest_accepted_inputs_decode() {
+    let largest = f32::from_bits(0x5F7F_FFFF);
+    let values = [largest, -largest, largest * 0.999, 1.0, -largest];
+    for (bits, block) in [(16, 0), (8, 2), (4, 2)] {
+        let mut encoder = Encoder::new(config(bits, block, true, false), values.len());
+        for round in 0..5 {
+            let frame = encoder.encode(&values).unwrap();
+            let mut acc = vec![0.0; values.len()];
+            decode_add(frame.as_bytes(), &mut acc, 1.0)
+                .unwrap_or_else(|e| panic!("{bits} bits, round {round}: {e}"));
+            assert!(acc.iter().all(|v| v.is_finite()));
+        }
+    }
+}
+
+#[test]
+fn ranges_encode_with_their_own_part_of_the_residual() {
+    let n = 1000;
+    let values = Gaussian::new(11).sample(n, 1.0);
+    let mut whole = Encoder::new(config(8, 100, true, false), n);
+    let mut parts = Encoder::new(config(8, 100, true, false), n);
+    let frame = whole.encode(&values).unwrap();
+    let first = parts.encode_range(0, &values[..600]).unwrap();
+    let mut second = Frame::new();
+    parts.encode_into(600, &values[600..], &mut second).unwrap();
+    // Blocks start at 0 and at 600 in both: the same residual.
+    assert_eq!(whole.residual(), parts.residual());
+    let mut joined = vec![0.0; n];
+    decode_add(first.as_bytes(), &mut joined[..600], 1.0).unwrap();
+    decode_add(second.as_bytes(), &mut joined[600..], 1.0).unwrap();
+    assert_eq!(joined, decode(&frame, n));
+    assert!(matches!(
+        parts.encode_range(900, &values[..200]),
+        Err(EncodeError::Range { .. })
+    ));
+    assert!(matches!(
+        parts.encode(&values[..10]),
+        Err(EncodeError::FragmentLength { .. })
+    ));
+}
+
+// ------------------------------------------------------------------ reduce
+
+/// Each site's frame, at magnitudes 100× apart: sums of codes times scales
+/// of similar magnitude are often exact in f32, whatever the order, and
+/// the test needs sums that are not.
+fn site_frames(n: usize, sites: &[&str]) -> Vec<(String, Vec<u8>)> {
+    sites
+        .iter()
+        .enumerate()
+        .map(|(k, site)| {
+            let values = Gaussian::new(100 + k as u64).sample(n, 100f32.powi(k as i32));
+            let frame = Encoder::new(config(8, 256, true, false), n)
+                .encode(&values)
+                .unwrap();
+            (site.to_string(), frame.into_bytes())
+        })
+        .collect()
+}
+
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![vec![]];
+    }
+    let mut out = Vec::new();
+    for rest in permutations(n - 1) {
+        for at in 0..=rest.len() {
+            let mut p = rest.clone();
+            p.insert(at, n - 1);
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[test]
+fn the_reduction_is_bit_identical_whatever_order_frames_arrive_in() {
+    let n = 3000;
+    let frames = site_frames(n, &["us-east", "eu-west", "ap-south", "us-west"]);
+    let weight = 0.25;
+    let mut hashes = std::collections::BTreeSet::new();
+    let mut arrival_order_sums = std::collections::BTreeSet::new();
+    for order in permutations(frames.len()) {
+        let contributions: Vec<Contribution<'_>> = order
+            .iter()
+            .map(|&k| Contribution {
+                site: &frames[k].0,
+                frame: &frames[k].1,
+                weight,
+            })
+            .collect();
+        let mut out = pattern(n);
+        reduce(&contributions, &mut out).unwrap();
+        hashes.insert(fragment_hash(&out));
+        // Summed in arrival order instead, the bits would differ.
+        let mut naive = vec![0.0; n];
+        for c in &contributions {
+            decode_add(c.frame, &mut naive, c.weight).unwrap();
+        }
+        arrival_order_sums.insert(fragment_hash(&naive));
+    }
+    assert_eq!(hashes.len(), 1, "{hashes:?}");
+    assert!(
+        arrival_order_sums.len() > 1,
+        "the test data must be order-sensitive"
+    );
+}
+
+#[test]
+fn a_reduction_with_a_bad_frame_is_refused_naming_the_site_and_writes_nothing() {
+    let n = 500;
+    let mut frames = site_frames(n, &["a", "b", "c"]);
+    let last = frames[1].1.len() - 1;
+    frames[1].1[last] ^= 0x10;
+    let contributions: Vec<Contribution<'_>> = frames
+        .iter()
+        .map(|(site, frame)| Contribution {
+            site,
+            frame,
+            weight: 1.0 / 3.0,
+        })
+        .collect();
+    let mut out = pattern(n);
+    let error = reduce(&contributions, &mut out).unwrap_err();
+    assert!(
+        matches!(&error, ReduceError::Frame { site, source: DecodeError::PayloadChecksum { .. } } if site == "b"),
+        "{error:?}"
+    );
+    assert_eq!(out, pattern(n));
+    // The good ones reduce, re-weighted, once "b" is excluded.
+    let without_b = [contributions[0], contributions[2]].map(|c| Contribution { weight: 0.5, ..c });
+    reduce(&without_b, &mut out).unwrap();
+    assert_ne!(out, pattern(n));
+
+    let twice = [contributions[0], contributions[0]];
+    assert!(matches!(
+        reduce(&twice, &mut out),
+        Err(ReduceError::DuplicateSite { .. })
+    ));
+    assert_eq!(reduce(&[], &mut out), Err(ReduceError::Empty));
+    let mut short = pattern(n - 1);
+    assert!(matches!(
+        reduce(&without_b, &mut short),
+        Err(ReduceError::Frame {
+            source: DecodeError::AccumulatorLength { .. },
+            ..
+        })
+    ));
+    assert_eq!(short, pattern(n - 1));
+}
+
+#[test]
+fn the_hash_is_printable_and_pinned() {
+    let hash = fragment_hash(&[0.0, 1.0, -2.5]);
+    assert_eq!(hash.len(), 71);
+    assert!(hash.bytes().all(|b| b.is_ascii_graphic()));
+    assert!(hash.starts_with("blake3:"));
+    // The same bytes as hashing the little-endian f32s directly.
+    let bytes: Vec<u8> = [0.0f32, 1.0, -2.5]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    assert_eq!(hash, format!("blake3:{}", blake3::hash(&bytes).to_hex()));
+    // Across a chunk boundary of the hasher's buffer.
+    let long: Vec<f32> = (0..5000).map(|i| i as f32).collect();
+    let bytes: Vec<u8> = long.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(
+        fragment_hash(&long),
+        format!("blake3:{}", blake3::hash(&bytes).to_hex())
+    );
+}
