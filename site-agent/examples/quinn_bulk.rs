@@ -7,7 +7,9 @@
 //! `--loss` (a fraction: 0.001 is 0.1 %). Each connection writes one
 //! unidirectional stream as fast as quinn lets it for `--seconds`. quinn's
 //! configuration is the stock one (windows, congestion controller, initial
-//! RTT).
+//! RTT). `--sockets sized` (the default) binds both endpoints' UDP sockets
+//! the way the agent does (`longhaul_site_agent::udp`, 32 MiB buffers);
+//! `--sockets stock` keeps quinn's own, with the kernel's default buffers.
 //!
 //! Per run it prints the goodput (bytes the server read in the window), the
 //! loss quinn saw (lost / sent packets over all client connections), the
@@ -16,7 +18,9 @@
 //! counter `SO_RXQ_OVFL` reports), split into the proxy's sockets, the
 //! receiving endpoint and the sending endpoints, with the host-wide
 //! `Udp: RcvbufErrors` of `/proc/net/snmp` as a cross-check (other
-//! processes count there too). `--runs N` repeats and prints medians.
+//! processes count there too), and the emulator's own count of kernel
+//! drops at its sockets (`emu.k`, from `SO_RXQ_OVFL`). `--runs N` repeats
+//! and prints medians.
 //!
 //! ```text
 //! cargo run --release -p longhaul-site-agent --example quinn_bulk -- \
@@ -61,6 +65,16 @@ struct Args {
     /// Fibre distance between the two sites.
     #[arg(long, default_value_t = 2500.0)]
     distance_km: f64,
+    /// The endpoints' UDP sockets: `sized` as the agent binds them, or
+    /// quinn's `stock` ones.
+    #[arg(long, value_enum, default_value_t = Sockets::Sized)]
+    sockets: Sockets,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Sockets {
+    Sized,
+    Stock,
 }
 
 /// What one run measured.
@@ -75,6 +89,7 @@ struct Outcome {
     kernel_drops_receiver: u64,
     kernel_drops_senders: u64,
     rcvbuf_errors: u64,
+    emulator_kernel_drops: u64,
 }
 
 impl Outcome {
@@ -106,7 +121,8 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let rtt_ms = args.distance_km * 2.0 * 5e-3;
     println!(
-        "stock quinn, {} connection(s), {} Mbit/s, {} km (RTT {rtt_ms:.1} ms), buffer 1 BDP, loss {:.3} %, {} s per run",
+        "stock quinn, {:?} sockets, {} connection(s), {} Mbit/s, {} km (RTT {rtt_ms:.1} ms), buffer 1 BDP, loss {:.3} %, {} s per run",
+        args.sockets,
         args.connections,
         args.rate_mbit,
         args.distance_km,
@@ -114,7 +130,7 @@ fn main() -> anyhow::Result<()> {
         args.seconds
     );
     println!(
-        "{:>3} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "{:>3} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7}",
         "run",
         "Mbit/s",
         "quinn%",
@@ -124,7 +140,8 @@ fn main() -> anyhow::Result<()> {
         "k.proxy",
         "k.recv",
         "k.send",
-        "rcvbufE"
+        "rcvbufE",
+        "emu.k"
     );
     let mut outcomes = Vec::new();
     for run in 0..args.runs {
@@ -140,7 +157,7 @@ fn main() -> anyhow::Result<()> {
 
 fn print_row(label: &str, o: &Outcome) {
     println!(
-        "{label:>3} {:>9.1} {:>9.4} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "{label:>3} {:>9.1} {:>9.4} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7}",
         o.goodput_mbit,
         o.quinn_loss() * 100.0,
         o.quinn_lost,
@@ -149,7 +166,8 @@ fn print_row(label: &str, o: &Outcome) {
         o.kernel_drops_proxy,
         o.kernel_drops_receiver,
         o.kernel_drops_senders,
-        o.rcvbuf_errors
+        o.rcvbuf_errors,
+        o.emulator_kernel_drops
     );
 }
 
@@ -176,6 +194,7 @@ fn median(outcomes: &[Outcome]) -> Outcome {
         kernel_drops_receiver: mid_u(outcomes.iter().map(|o| o.kernel_drops_receiver).collect()),
         kernel_drops_senders: mid_u(outcomes.iter().map(|o| o.kernel_drops_senders).collect()),
         rcvbuf_errors: mid_u(outcomes.iter().map(|o| o.rcvbuf_errors).collect()),
+        emulator_kernel_drops: mid_u(outcomes.iter().map(|o| o.emulator_kernel_drops).collect()),
     }
 }
 
@@ -204,7 +223,7 @@ async fn one_run(args: &Args, seed: u64) -> anyhow::Result<Outcome> {
     let key = PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der());
     let server_config =
         quinn::ServerConfig::with_single_cert(vec![certificate.clone()], key.into())?;
-    let server = server_endpoint(server_config, loopback)?;
+    let server = endpoint(args.sockets, Some(server_config), loopback)?;
     let server_address = server.local_addr()?;
     let received = Arc::new(AtomicU64::new(0));
     let serving = tokio::spawn(serve(server.clone(), Arc::clone(&received)));
@@ -219,7 +238,7 @@ async fn one_run(args: &Args, seed: u64) -> anyhow::Result<Outcome> {
     let mut clients = Vec::new();
     let mut connections = Vec::new();
     for _ in 0..args.connections {
-        let mut client = client_endpoint(loopback)?;
+        let mut client = endpoint(args.sockets, None, loopback)?;
         client.set_default_client_config(client_config.clone());
         let connection = tokio::time::timeout(
             StdDuration::from_secs(10),
@@ -285,6 +304,7 @@ async fn one_run(args: &Args, seed: u64) -> anyhow::Result<Outcome> {
     for status in emulator.statuses() {
         outcome.queue_drops += status.stats.drops.queue;
         outcome.loss_drops += status.stats.drops.loss;
+        outcome.emulator_kernel_drops += status.kernel_drops;
     }
 
     for writer in writers {
@@ -299,15 +319,24 @@ async fn one_run(args: &Args, seed: u64) -> anyhow::Result<Outcome> {
     Ok(outcome)
 }
 
-fn server_endpoint(
-    config: quinn::ServerConfig,
+fn endpoint(
+    sockets: Sockets,
+    server_config: Option<quinn::ServerConfig>,
     addr: SocketAddr,
 ) -> anyhow::Result<quinn::Endpoint> {
-    Ok(quinn::Endpoint::server(config, addr)?)
-}
-
-fn client_endpoint(addr: SocketAddr) -> anyhow::Result<quinn::Endpoint> {
-    Ok(quinn::Endpoint::client(addr)?)
+    Ok(match (sockets, server_config) {
+        (Sockets::Stock, Some(config)) => quinn::Endpoint::server(config, addr)?,
+        (Sockets::Stock, None) => quinn::Endpoint::client(addr)?,
+        (Sockets::Sized, config) => {
+            longhaul_site_agent::udp::quic_endpoint(
+                addr,
+                config,
+                longhaul_site_agent::probe::DEFAULT_SOCKET_BUFFER_BYTES,
+                "bench endpoint",
+            )?
+            .0
+        }
+    })
 }
 
 /// Reads every unidirectional stream of every connection, counting bytes.
