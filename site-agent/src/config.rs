@@ -25,6 +25,9 @@
 //!
 //! [submit]                          # optional: submit rendered Slurm scripts
 //! sbatch = "sbatch"
+//!
+//! [probe]                           # optional; every field has a default
+//! socket_buffer = "32 MiB"          # UDP buffers of the agent's QUIC sockets
 //! ```
 //!
 //! Relative paths are relative to the config file's directory.
@@ -38,7 +41,7 @@ use std::path::{Path, PathBuf};
 
 use longhaul_core::ConfigError;
 use longhaul_core::config::{FieldPath, Validate, Violation, check_id};
-use longhaul_core::units::Duration;
+use longhaul_core::units::{ByteSize, Duration};
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::InventoryConfig;
@@ -114,6 +117,11 @@ pub struct ProbeConfig {
     pub throughput_streams: u32,
     /// Base of every probe's seed (default 0); each probe's seed is logged.
     pub seed: u64,
+    /// Receive and send buffer of the agent's QUIC sockets (probe server
+    /// and clients), default 32 MiB, between 208 KiB and 1 GiB. Granted
+    /// past `net.core.rmem_max` only with `CAP_NET_ADMIN`; the log says
+    /// what the kernel granted.
+    pub socket_buffer: ByteSize,
     /// Where to reach some sites' agents instead of the address they
     /// registered (site id → host:port), e.g. through a NAT or the
     /// rehearsal's emulated links.
@@ -133,6 +141,7 @@ impl Default for ProbeConfig {
             ),
             throughput_streams: defaults.throughput_streams,
             seed: defaults.seed,
+            socket_buffer: ByteSize::from_bytes(defaults.transport.socket_buffer_bytes as u64),
             peer_addresses: std::collections::BTreeMap::new(),
         }
     }
@@ -148,6 +157,11 @@ impl ProbeConfig {
             throughput_duration: std(self.throughput_duration),
             throughput_streams: self.throughput_streams,
             seed: self.seed,
+            transport: crate::probe::QuicTuning {
+                socket_buffer_bytes: usize::try_from(self.socket_buffer.bytes())
+                    .unwrap_or(usize::MAX),
+                ..crate::probe::QuicTuning::default()
+            },
             ..crate::probe::ProbeOptions::default()
         };
         // The probe's own deadline: its schedule with room to spare.
@@ -276,7 +290,17 @@ impl Validate for AgentConfig {
             ));
         }
         out.extend(self.inventory.check(&root.key("inventory")));
-        if let Err(error) = self.probe.scheduler_options().probe.validate() {
+        let socket_buffer = self.probe.socket_buffer.bytes();
+        if !usize::try_from(socket_buffer)
+            .is_ok_and(|bytes| crate::probe::SOCKET_BUFFER_RANGE.contains(&bytes))
+        {
+            out.push(Violation::new(
+                root.key("probe").key("socket_buffer"),
+                format!(
+                    "is {socket_buffer} bytes; it must be between 208 KiB (the kernel's default) and 1 GiB"
+                ),
+            ));
+        } else if let Err(error) = self.probe.scheduler_options().probe.validate() {
             out.push(Violation::new(root.key("probe"), error.to_string()));
         }
         if self.probe.interval.as_nanos() < 10_000_000 {
@@ -465,6 +489,30 @@ static = { file = "topology.toml" }
         assert!(unknown.to_string().contains("lease"), "{unknown}");
     }
 
+    #[test]
+    fn a_socket_buffer_outside_its_bounds_is_named() {
+        for (size, accepted) in [("1 KiB", false), ("2 GiB", false), ("8 MiB", true)] {
+            let text = format!("{GOOD}\n[probe]\nsocket_buffer = \"{size}\"\n");
+            let parsed = AgentConfig::from_toml("agent.toml", &text, Path::new("."));
+            match parsed {
+                Ok(config) => {
+                    assert!(accepted, "{size} was accepted");
+                    let options = config.probe.scheduler_options();
+                    assert_eq!(options.probe.transport.socket_buffer_bytes, 8 << 20);
+                }
+                Err(error) => {
+                    assert!(!accepted, "{size}: {error}");
+                    assert!(
+                        error
+                            .to_string()
+                            .contains("field `probe.socket_buffer`: is "),
+                        "{error}"
+                    );
+                }
+            }
+        }
+    }
+
     /// A config with every field and section set to something other than
     /// its default, valid as a whole, with absolute paths (which parsing
     /// leaves as they are).
@@ -553,6 +601,7 @@ static = { file = "topology.toml" }
                 throughput_duration: Duration::from_millis(2500),
                 throughput_streams: 4,
                 seed: 42,
+                socket_buffer: ByteSize::from_bytes(64 << 20),
                 peer_addresses: [
                     ("south".into(), SocketAddr::from(([127, 0, 0, 1], 17801))),
                     ("east-2".into(), SocketAddr::from(([127, 0, 0, 1], 17802))),

@@ -17,3 +17,4 @@ pub mod render;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod udp;

@@ -63,7 +63,14 @@ pub async fn start(
     coordinators: Coordinators,
     status: SharedStatus,
 ) -> Result<Prober, crate::probe::ProbeError> {
-    let server = ProbeServer::bind(listen, &tls, ProbeServerOptions::default()).await?;
+    let server_options = ProbeServerOptions {
+        transport: crate::probe::QuicTuning {
+            socket_buffer_bytes: options.probe.transport.socket_buffer_bytes,
+            ..crate::probe::QuicTuning::default()
+        },
+        ..ProbeServerOptions::default()
+    };
+    let server = ProbeServer::bind(listen, &tls, server_options).await?;
     let (scheduler, mut reports) = ProbeScheduler::start(tls, Vec::new(), options)?;
     let (trigger, mut requests) = mpsc::channel::<oneshot::Sender<Vec<pb::PeerProbe>>>(8);
     let scheduler = std::sync::Arc::new(scheduler);

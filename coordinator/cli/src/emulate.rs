@@ -43,6 +43,10 @@ pub struct EmulateArgs {
     /// Stop after this long (e.g. "30 s"); run until Ctrl-C when omitted.
     #[arg(long, value_name = "DURATION")]
     pub duration: Option<Duration>,
+    /// Serve Prometheus metrics here (`longhaul_emulator_drops_total{link,
+    /// cause}`, cause one of queue, loss, down, kernel).
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 const EMULATE_HELP: &str = "\
@@ -175,6 +179,12 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let specs = emulator::scenario_links(&topology, Some(&scenario));
     let runtime = runtime()?;
     runtime.block_on(async {
+        if let Some(addr) = args.metrics_listen {
+            metrics_exporter_prometheus::PrometheusBuilder::new()
+                .with_http_listener(addr)
+                .install()
+                .with_context(|| format!("--metrics-listen: cannot serve metrics on {addr}"))?;
+        }
         let emulator = Emulator::new(seed, specs).context("cannot start the emulator")?;
         writeln!(
             out,
@@ -383,7 +393,7 @@ fn print_links(
                     "packets_in": l.packets_in, "bytes_in": l.bytes_in,
                     "packets_delivered": l.packets_delivered, "bytes_delivered": l.bytes_delivered,
                     "drops": {"queue": drops.queue, "loss": drops.loss, "down": drops.down,
-                              "trace": drops.trace, "host": drops.host},
+                              "trace": drops.trace, "host": drops.host, "kernel": drops.kernel},
                     "queue_high_water_bytes": l.queue_high_water_bytes,
                     "retransmissions": l.retransmissions,
                     "release_lateness_us": {"samples": lateness.samples, "p50": lateness.p50_us,
@@ -403,7 +413,7 @@ fn print_links(
         ("loss", true),
         ("packets in", true),
         ("delivered", true),
-        ("drops q/loss/down/host", true),
+        ("drops q/loss/down/host/kernel", true),
         ("retx", true),
         ("queue max", true),
         ("late p50/p99/max µs", true),
@@ -425,11 +435,12 @@ fn print_links(
             thousands(l.packets_in),
             thousands(l.packets_delivered),
             format!(
-                "{}/{}/{}/{}",
+                "{}/{}/{}/{}/{}",
                 drops.queue + drops.trace,
                 drops.loss,
                 drops.down,
-                drops.host
+                drops.host,
+                drops.kernel
             ),
             thousands(l.retransmissions),
             longhaul_core::units::human_bytes(l.queue_high_water_bytes as f64),
@@ -440,6 +451,17 @@ fn print_links(
         ]);
     }
     write!(out, "{}", table.render(2))?;
+    let host_dropped: u64 = links
+        .iter()
+        .map(|l| l.drops.map_or(0, |d| d.kernel + d.host))
+        .sum();
+    if host_dropped > 0 {
+        writeln!(
+            out,
+            "warning: {host_dropped} datagram(s) dropped by this host, not by the link model \
+             (kernel socket buffers or failed sends): losses the scenario did not configure"
+        )?;
+    }
     Ok(())
 }
 

@@ -98,6 +98,7 @@ pub fn status_message(status: &PipeStatus) -> pb::EmulatorLinkDirectionStatus {
             down: status.stats.drops.down,
             trace: status.stats.drops.trace,
             host: status.host_drops,
+            kernel: status.kernel_drops,
         }),
         queue_high_water_bytes: status.stats.queue_high_water_bytes,
         retransmissions: status.retransmissions,

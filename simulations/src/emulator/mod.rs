@@ -22,6 +22,7 @@ mod clock;
 pub mod control;
 mod lateness;
 pub mod pipe;
+pub mod socket;
 pub mod tcp;
 pub mod udp;
 

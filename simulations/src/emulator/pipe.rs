@@ -28,7 +28,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::EmulatorError;
 use super::clock::Clock;
 use super::lateness::{LatenessHistogram, LatenessSummary};
-use crate::link::{Fate, Link, LinkConfigError, LinkStats, LossModel};
+use super::socket;
+use crate::link::{DropCause, Fate, Link, LinkConfigError, LinkStats, LossModel};
 
 /// Retransmission timeout floor for TCP chunks: loopback RTTs are tiny, and
 /// a real stack does not retransmit faster than about this either.
@@ -138,6 +139,10 @@ pub struct PipeStatus {
     pub retransmissions: u64,
     /// Released datagrams the host failed to send.
     pub host_drops: u64,
+    /// Datagrams the kernel dropped at the proxy socket that feeds this
+    /// direction, before the proxy read them (a full receive buffer, as
+    /// `SO_RXQ_OVFL` reports it): lost, and not by the link model.
+    pub kernel_drops: u64,
     pub lateness: LatenessSummary,
 }
 
@@ -174,6 +179,7 @@ struct PipeState {
     lateness: LatenessHistogram,
     retransmissions: u64,
     host_drops: u64,
+    kernel_drops: u64,
     /// The release thread sleeps until then (`u64::MAX`: until unparked).
     sleeping_until: u64,
     shutdown: bool,
@@ -264,6 +270,7 @@ impl Pipe {
                 lateness: LatenessHistogram::new(),
                 retransmissions: 0,
                 host_drops: 0,
+                kernel_drops: 0,
                 sleeping_until: u64::MAX,
                 shutdown: false,
             }),
@@ -325,8 +332,11 @@ impl Pipe {
         let now = self.clock.now_ns();
         let mut state = self.lock();
         let mut earliest = u64::MAX;
+        let mut dropped = DropTally::default();
         for payload in payloads {
-            if let (_, Some(due)) = state.offer(now, payload, 0) {
+            let (fate, due) = state.offer(now, payload, 0);
+            dropped.add(&fate);
+            if let Some(due) = due {
                 earliest = earliest.min(due);
             }
         }
@@ -335,6 +345,32 @@ impl Pipe {
         if wake {
             self.wake();
         }
+        dropped.record(&self.id());
+    }
+
+    /// Counts datagrams the kernel dropped at the socket that feeds this
+    /// direction (reported by the proxy that reads it).
+    pub fn count_kernel_drops(&self, count: u64) {
+        if count == 0 {
+            return;
+        }
+        self.lock().kernel_drops += count;
+        let link = self.id();
+        tracing::debug!(%link, count, "the kernel dropped datagrams at a proxy socket");
+        metrics::counter!("longhaul_emulator_drops_total", "link" => link, "cause" => "kernel")
+            .increment(count);
+    }
+
+    /// The socket buffer the proxy sockets feeding or fed by this
+    /// direction ask for ([`socket::socket_buffer_bytes`] of its rate,
+    /// round trip and egress buffer as configured now).
+    pub fn socket_buffer_bytes(&self) -> usize {
+        let state = self.lock();
+        socket::socket_buffer_bytes(
+            state.rate_bits_per_second,
+            state.link.one_way_ns().saturating_mul(2),
+            state.link.buffer_bytes(),
+        )
     }
 
     /// Bytes a TCP connection may have offered but not yet delivered: the
@@ -425,6 +461,7 @@ impl Pipe {
             stats: state.link.stats(),
             retransmissions: state.retransmissions,
             host_drops: state.host_drops,
+            kernel_drops: state.kernel_drops,
             lateness: state.lateness.summary(),
         }
     }
@@ -477,11 +514,7 @@ impl Pipe {
                 next = state.next_event();
                 state.sleeping_until = next.unwrap_or(u64::MAX);
             }
-            for payload in due.drain(..) {
-                if !payload.release() {
-                    host_drops += 1;
-                }
-            }
+            host_drops += release_all(&mut due);
             match next.and_then(|at| self.clock.instant(at)) {
                 Some(at) => {
                     let wait = at.saturating_duration_since(std::time::Instant::now());
@@ -492,6 +525,80 @@ impl Pipe {
                 None if next.is_none() => std::thread::park(),
                 // A wake-up beyond what `Instant` holds: sleep in long naps.
                 None => std::thread::park_timeout(std::time::Duration::from_secs(3600)),
+            }
+        }
+    }
+}
+
+/// Releases every due payload, datagrams for one socket in one batch (runs
+/// of consecutive datagrams, so the order is kept); returns how many
+/// datagrams the host refused.
+fn release_all(due: &mut Vec<Payload>) -> u64 {
+    let mut refused = 0;
+    let mut run: Vec<(Option<SocketAddr>, Vec<u8>)> = Vec::new();
+    let mut run_socket: Option<Arc<UdpSocket>> = None;
+    let flush = |socket: &Option<Arc<UdpSocket>>, run: &mut Vec<(Option<SocketAddr>, Vec<u8>)>| {
+        let Some(socket) = socket else { return 0 };
+        let datagrams: Vec<(Option<SocketAddr>, &[u8])> = run
+            .iter()
+            .map(|(to, data)| (*to, data.as_slice()))
+            .collect();
+        let refused = socket::send_batch(socket, &datagrams);
+        run.clear();
+        refused
+    };
+    for payload in due.drain(..) {
+        match payload {
+            Payload::Datagram { socket, to, data } => {
+                if run_socket
+                    .as_ref()
+                    .is_some_and(|current| !Arc::ptr_eq(current, &socket))
+                {
+                    refused += flush(&run_socket, &mut run);
+                }
+                run_socket = Some(socket);
+                run.push((to, data));
+            }
+            chunk @ Payload::Chunk { .. } => {
+                refused += flush(&run_socket, &mut run);
+                if !chunk.release() {
+                    refused += 1;
+                }
+            }
+        }
+    }
+    refused + flush(&run_socket, &mut run)
+}
+
+/// Drops of one batch by cause, for the metrics (recorded after the lock
+/// is released).
+#[derive(Debug, Default)]
+struct DropTally {
+    queue: u64,
+    loss: u64,
+    down: u64,
+}
+
+impl DropTally {
+    fn add(&mut self, fate: &Fate) {
+        if let Fate::Dropped { cause } = fate {
+            match cause {
+                DropCause::Loss | DropCause::Trace => self.loss += 1,
+                DropCause::Down => self.down += 1,
+                DropCause::Queue => self.queue += 1,
+            }
+        }
+    }
+
+    fn record(&self, link: &str) {
+        for (cause, count) in [
+            ("queue", self.queue),
+            ("loss", self.loss),
+            ("down", self.down),
+        ] {
+            if count > 0 {
+                metrics::counter!("longhaul_emulator_drops_total", "link" => link.to_string(), "cause" => cause)
+                    .increment(count);
             }
         }
     }

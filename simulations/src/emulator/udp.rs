@@ -6,6 +6,14 @@
 //! through the forward pipe, replies through the backward pipe. Sessions
 //! live as long as the proxy. ECN bits are not read from real datagrams:
 //! every packet is offered as not ECN-capable.
+//!
+//! Every socket's buffers are sized from the link ([`socket`]): the
+//! listening socket and each upstream socket carry one direction in and the
+//! other out, so they get the larger of the two directions' sizes. A
+//! datagram the kernel dropped at the listening socket counts as a kernel
+//! drop of the forward direction, one dropped at an upstream socket of the
+//! backward direction ([`Pipe::count_kernel_drops`]). Reads and writes go
+//! in batches of up to [`socket::BATCH`] datagrams.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -16,14 +24,13 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::EmulatorError;
 use super::pipe::{Payload, Pipe};
-
-/// Largest datagram the proxy forwards (the UDP maximum).
-const MAX_DATAGRAM: usize = 65_535;
+use super::socket::{self, DropCounter, RecvBuffers, SocketBuffers, receive};
 
 /// A running UDP proxy; stops when dropped.
 #[derive(Debug)]
 pub struct UdpProxy {
     local_addr: SocketAddr,
+    buffers: SocketBuffers,
     task: JoinHandle<()>,
 }
 
@@ -36,18 +43,31 @@ impl UdpProxy {
         forward: Arc<Pipe>,
         backward: Arc<Pipe>,
     ) -> Result<Self, EmulatorError> {
-        let (socket, sender) = bind(listen, None)?;
+        let buffer_bytes = forward
+            .socket_buffer_bytes()
+            .max(backward.socket_buffer_bytes());
+        let what = format!("UDP proxy {} listening on {listen}", forward.id());
+        let (socket, sender, buffers) = bind(listen, None, buffer_bytes, &what)?;
         let local_addr = socket.local_addr().map_err(|source| EmulatorError::Io {
             what: format!("cannot read the address of UDP socket {listen}"),
             source,
         })?;
         tracing::debug!(%local_addr, %target, link = %forward.id(), "UDP proxy started");
-        let task = tokio::spawn(run(socket, sender, target, forward, backward));
-        Ok(Self { local_addr, task })
+        let task = tokio::spawn(run(socket, sender, target, forward, backward, buffer_bytes));
+        Ok(Self {
+            local_addr,
+            buffers,
+            task,
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// What the kernel granted the listening socket.
+    pub fn socket_buffers(&self) -> SocketBuffers {
+        self.buffers
     }
 }
 
@@ -57,14 +77,18 @@ impl Drop for UdpProxy {
     }
 }
 
-/// A non-blocking socket bound to `addr` (and connected to `peer`), as a
-/// tokio socket to receive on and a std clone the release thread sends on.
+/// A non-blocking socket bound to `addr` (and connected to `peer`) with
+/// buffers of `buffer_bytes`, as a tokio socket that says when to read and
+/// a std clone that reads in batches and that the release thread sends on.
 fn bind(
     addr: SocketAddr,
     peer: Option<SocketAddr>,
-) -> Result<(UdpSocket, Arc<std::net::UdpSocket>), EmulatorError> {
+    buffer_bytes: usize,
+    what: &str,
+) -> Result<(UdpSocket, Arc<std::net::UdpSocket>, SocketBuffers), EmulatorError> {
     let io = |what: String| move |source| EmulatorError::Io { what, source };
     let socket = std::net::UdpSocket::bind(addr).map_err(io(format!("cannot bind UDP {addr}")))?;
+    let buffers = socket::size_buffers(&socket, buffer_bytes, what);
     if let Some(peer) = peer {
         socket
             .connect(peer)
@@ -78,28 +102,7 @@ fn bind(
         .map_err(io(format!("cannot clone UDP socket {addr}")))?;
     let socket =
         UdpSocket::from_std(socket).map_err(io(format!("cannot register UDP socket {addr}")))?;
-    Ok((socket, Arc::new(sender)))
-}
-
-/// Most datagrams passed to the link in one batch: those already waiting
-/// after a wake-up are read without waiting, so a burst costs one lock and
-/// one wake-up of the release thread.
-const MAX_BATCH: usize = 32;
-
-/// The next datagram: waits for the first of a batch, then only takes what
-/// is already there (`None` when nothing is).
-async fn receive(
-    socket: &UdpSocket,
-    buffer: &mut [u8],
-    first: bool,
-) -> Option<std::io::Result<(usize, SocketAddr)>> {
-    if first {
-        return Some(socket.recv_from(buffer).await);
-    }
-    match socket.try_recv_from(buffer) {
-        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => None,
-        received => Some(received),
-    }
+    Ok((socket, Arc::new(sender), buffers))
 }
 
 async fn run(
@@ -108,27 +111,27 @@ async fn run(
     target: SocketAddr,
     forward: Arc<Pipe>,
     backward: Arc<Pipe>,
+    buffer_bytes: usize,
 ) {
     let mut sessions: HashMap<SocketAddr, Arc<std::net::UdpSocket>> = HashMap::new();
     // Dropping the set (when this task is aborted) aborts the reply tasks.
     let mut replies = JoinSet::new();
-    let mut buffer = vec![0u8; MAX_DATAGRAM];
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut buffers = RecvBuffers::default();
+    let mut received = Vec::with_capacity(socket::BATCH);
+    let mut counter = DropCounter::default();
+    let mut batch = Vec::with_capacity(socket::BATCH);
     loop {
-        for index in 0..MAX_BATCH {
-            let (len, client) = match receive(&socket, &mut buffer, index == 0).await {
-                None => break,
-                Some(Ok(received)) => received,
-                Some(Err(error)) => {
-                    // ICMP errors from earlier sends surface here on some systems.
-                    tracing::debug!(%error, "UDP proxy receive failed");
-                    continue;
-                }
-            };
+        let kernel_drops =
+            receive(&socket, &sender, &mut buffers, &mut received, &mut counter).await;
+        forward.count_kernel_drops(kernel_drops);
+        for datagram in received.drain(..) {
+            let client = datagram.from;
             let upstream = match sessions.get(&client) {
                 Some(upstream) => Arc::clone(upstream),
                 None => {
-                    let (receiver, upstream) = match bind(local_for(target), Some(target)) {
+                    let what = format!("UDP proxy {} session of {client}", forward.id());
+                    let bound = bind(local_for(target), Some(target), buffer_bytes, &what);
+                    let (receiver, upstream, _) = match bound {
                         Ok(bound) => bound,
                         Err(error) => {
                             tracing::warn!(%error, %client, "cannot open a UDP session");
@@ -137,6 +140,7 @@ async fn run(
                     };
                     replies.spawn(relay_replies(
                         receiver,
+                        Arc::clone(&upstream),
                         Arc::clone(&sender),
                         client,
                         Arc::clone(&backward),
@@ -148,7 +152,7 @@ async fn run(
             batch.push(Payload::Datagram {
                 socket: upstream,
                 to: None,
-                data: buffer[..len].to_vec(),
+                data: datagram.data,
             });
         }
         forward.send_batch(batch.drain(..));
@@ -170,32 +174,30 @@ fn local_for(target: SocketAddr) -> SocketAddr {
 /// Sends the target's replies on one session back to `client`.
 async fn relay_replies(
     receiver: UdpSocket,
+    reader: Arc<std::net::UdpSocket>,
     sender: Arc<std::net::UdpSocket>,
     client: SocketAddr,
     backward: Arc<Pipe>,
 ) {
-    let mut buffer = vec![0u8; MAX_DATAGRAM];
-    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut buffers = RecvBuffers::default();
+    let mut received = Vec::with_capacity(socket::BATCH);
+    let mut counter = DropCounter::default();
+    let mut batch = Vec::with_capacity(socket::BATCH);
     loop {
-        for index in 0..MAX_BATCH {
-            let len = if index == 0 {
-                receiver.recv(&mut buffer).await
-            } else {
-                match receiver.try_recv(&mut buffer) {
-                    Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                    received => received,
-                }
-            };
-            match len {
-                Ok(len) => batch.push(Payload::Datagram {
-                    socket: Arc::clone(&sender),
-                    to: Some(client),
-                    data: buffer[..len].to_vec(),
-                }),
-                // "Connection refused" when the target is not listening yet.
-                Err(error) => tracing::debug!(%error, %client, "UDP reply receive failed"),
-            }
-        }
+        let kernel_drops = receive(
+            &receiver,
+            &reader,
+            &mut buffers,
+            &mut received,
+            &mut counter,
+        )
+        .await;
+        backward.count_kernel_drops(kernel_drops);
+        batch.extend(received.drain(..).map(|datagram| Payload::Datagram {
+            socket: Arc::clone(&sender),
+            to: Some(client),
+            data: datagram.data,
+        }));
         backward.send_batch(batch.drain(..));
     }
 }

@@ -141,3 +141,91 @@ async fn bernoulli_loss_of_10_percent_is_observed() {
     assert!((model_loss - 0.1).abs() <= bound, "{status:?}");
     assert_eq!(status.stats.drops.queue + status.stats.drops.down, 0);
 }
+
+/// 3 MB of datagrams sent as fast as the sender can, through the proxy at
+/// loss 0: far more than the kernel's default socket buffer (~208 KiB), the
+/// burst a QUIC window of a long fat link releases. Nothing may be dropped,
+/// and every drop a loaded host still makes must be counted: sent −
+/// received is exactly the sum of the counters of every cause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_larger_than_the_default_socket_buffer_arrives_whole_and_every_drop_is_counted() {
+    use longhaul_simulations::emulator::socket;
+
+    let _timing = timing().await;
+    let mut config = link(1_000_000_000, Duration::from_millis(5));
+    config.buffer = Some(longhaul_core::units::ByteSize::from_bytes(8 << 20));
+    let emulator = emulator(config);
+    // The receiver sizes its own buffer and counts its own drops, so that a
+    // loss anywhere on the path is either absent or counted.
+    let (reader, granted) = socket::bind_sized(loopback(), 64 << 20, "test receiver").unwrap();
+    let receiver = UdpSocket::from_std(reader.try_clone().unwrap()).unwrap();
+    let proxy = emulator
+        .udp_proxy("a", "b", loopback(), receiver.local_addr().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        proxy.socket_buffers().receive >= 8 << 20,
+        "{:?}",
+        proxy.socket_buffers()
+    );
+    let client = UdpSocket::bind(loopback()).await.unwrap();
+    client.connect(proxy.local_addr()).await.unwrap();
+
+    const SIZE: usize = 1200;
+    const BURST: u32 = 2500;
+    let mut datagram = vec![0u8; SIZE];
+    for sequence in 0..BURST {
+        datagram[..4].copy_from_slice(&sequence.to_be_bytes());
+        client.send(&datagram).await.unwrap();
+    }
+    // A last datagram after a pause: the kernel reports a socket's drops
+    // with the next datagram it queues, so this one brings the burst's.
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    datagram[..4].copy_from_slice(&BURST.to_be_bytes());
+    client.send(&datagram).await.unwrap();
+    let sent = u64::from(BURST) + 1;
+
+    let mut buffers = socket::RecvBuffers::default();
+    let mut batch = Vec::new();
+    let mut counter = socket::DropCounter::default();
+    let mut received = 0u64;
+    let mut receiver_drops = 0u64;
+    let mut seen_last = false;
+    // Until the last datagram is in and 200 ms passed without another, or
+    // 20 s in all on a very slow machine.
+    let deadline = Instant::now() + std::time::Duration::from_secs(20);
+    while Instant::now() < deadline {
+        let wait = if seen_last { 200 } else { 2_000 };
+        let read = tokio::time::timeout(
+            std::time::Duration::from_millis(wait),
+            socket::receive(&receiver, &reader, &mut buffers, &mut batch, &mut counter),
+        )
+        .await;
+        let Ok(new_drops) = read else {
+            if seen_last {
+                break;
+            }
+            continue;
+        };
+        receiver_drops += new_drops;
+        for datagram in batch.drain(..) {
+            assert_eq!(datagram.data.len(), SIZE);
+            received += 1;
+            seen_last |= datagram.data[..4] == BURST.to_be_bytes();
+        }
+    }
+
+    let status = emulator.pipe("a", "b").unwrap().status();
+    let counted =
+        status.stats.drops.total() + status.host_drops + status.kernel_drops + receiver_drops;
+    assert_eq!(
+        sent - received,
+        counted,
+        "{received} of {sent} arrived; receiver dropped {receiver_drops} (buffers {granted:?}); {status:?}"
+    );
+    assert_eq!(
+        received, sent,
+        "receiver dropped {receiver_drops} (buffers {granted:?}); {status:?}"
+    );
+    assert_eq!(status.stats.packets_in, sent, "{status:?}");
+}

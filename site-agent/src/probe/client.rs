@@ -46,8 +46,13 @@ pub async fn probe(
     } else {
         SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))
     };
-    let endpoint = quinn::Endpoint::client(bind)
-        .map_err(|source| ProbeError::Endpoint { addr: bind, source })?;
+    let (endpoint, _) = crate::udp::quic_endpoint(
+        bind,
+        None,
+        options.transport.socket_buffer_bytes,
+        "probe client",
+    )
+    .map_err(|source| ProbeError::Endpoint { addr: bind, source })?;
     let context = Context {
         peer,
         peer_site: peer_site.to_string(),

@@ -29,7 +29,7 @@ pub use scheduler::{
     ProbeFailure, ProbePeer, ProbeReport, ProbeScheduler, SchedulerOptions, probe_seed,
 };
 pub use server::{ProbeServer, ProbeServerOptions, SessionRecord};
-pub use transport::QuicTuning;
+pub use transport::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, SOCKET_BUFFER_RANGE};
 
 use crate::tls::TlsError;
 

@@ -164,8 +164,13 @@ impl ProbeServer {
         // Clients open one control stream and up to max_streams sink streams.
         let transport = options.transport.transport_config(options.max_streams, 1)?;
         let config = tls.quinn_server_config(&[wire::ALPN], transport)?;
-        let endpoint = quinn::Endpoint::server(config, addr)
-            .map_err(|source| ProbeError::Endpoint { addr, source })?;
+        let (endpoint, buffers) = crate::udp::quic_endpoint(
+            addr,
+            Some(config),
+            options.transport.socket_buffer_bytes,
+            "probe server",
+        )
+        .map_err(|source| ProbeError::Endpoint { addr, source })?;
         let local_addr = endpoint
             .local_addr()
             .map_err(|source| ProbeError::Endpoint { addr, source })?;
@@ -176,7 +181,14 @@ impl ProbeServer {
             options,
             recent: Arc::clone(&recent),
         });
-        tracing::info!(%local_addr, site = tls.site(), insecure = tls.is_insecure(), "probe server listening");
+        tracing::info!(
+            %local_addr,
+            site = tls.site(),
+            insecure = tls.is_insecure(),
+            socket_receive_buffer = buffers.receive,
+            socket_send_buffer = buffers.send,
+            "probe server listening"
+        );
         let task = tokio::spawn(accept_loop(endpoint.clone(), shared));
         Ok(Self {
             local_addr,

@@ -34,6 +34,12 @@ pub struct QuicTuning {
     pub idle_timeout: Duration,
     /// Buffer for datagrams (pings, loss test) each way. Default 1 MiB.
     pub datagram_buffer_bytes: usize,
+    /// The UDP socket's receive and send buffers (`SO_RCVBUF`/`SO_SNDBUF`,
+    /// forced past `rmem_max` with `CAP_NET_ADMIN`; see [`crate::udp`]).
+    /// Default 32 MiB: a burst of ~25 000 full-size datagrams, about 25 ms
+    /// of a 10 Gbit/s link, so a reader that is late by that loses nothing
+    /// in the kernel.
+    pub socket_buffer_bytes: usize,
 }
 
 impl Default for QuicTuning {
@@ -43,9 +49,15 @@ impl Default for QuicTuning {
             keep_alive_interval: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(30),
             datagram_buffer_bytes: 1 << 20,
+            socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
         }
     }
 }
+
+/// Default UDP socket buffer of the agent's QUIC endpoints.
+pub const DEFAULT_SOCKET_BUFFER_BYTES: usize = 32 << 20;
+/// Accepted UDP socket buffers: the kernel's default at least, 1 GiB at most.
+pub const SOCKET_BUFFER_RANGE: std::ops::RangeInclusive<usize> = (208 << 10)..=(1 << 30);
 
 /// Smallest accepted window: below this even a LAN would be window-limited.
 const MIN_BDP: u64 = 64 << 10;
@@ -86,6 +98,15 @@ impl QuicTuning {
             return invalid(
                 "transport.idle_timeout",
                 format!("{:?} is too long", self.idle_timeout),
+            );
+        }
+        if !SOCKET_BUFFER_RANGE.contains(&self.socket_buffer_bytes) {
+            return invalid(
+                "transport.socket_buffer_bytes",
+                format!(
+                    "is {}; it must be between 208 KiB (the kernel's default) and 1 GiB",
+                    self.socket_buffer_bytes
+                ),
             );
         }
         if !(1500..=(64 << 20)).contains(&self.datagram_buffer_bytes) {

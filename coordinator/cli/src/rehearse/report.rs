@@ -60,6 +60,11 @@ pub struct LinkReport {
     pub drops_queue: u64,
     pub drops_loss: u64,
     pub drops_down: u64,
+    /// Released datagrams the host could not send.
+    pub drops_host: u64,
+    /// Datagrams the kernel dropped at a proxy socket before the emulator
+    /// read them: losses the scenario did not ask for.
+    pub drops_kernel: u64,
     pub retransmissions: u64,
     pub queue_high_water_bytes: u64,
     pub lateness_p50_us: u64,
@@ -112,6 +117,8 @@ pub(super) fn link_reports(emulator: &Emulator) -> Vec<LinkReport> {
             drops_queue: s.stats.drops.queue,
             drops_loss: s.stats.drops.loss,
             drops_down: s.stats.drops.down,
+            drops_host: s.host_drops,
+            drops_kernel: s.kernel_drops,
             retransmissions: s.retransmissions,
             queue_high_water_bytes: s.stats.queue_high_water_bytes,
             lateness_p50_us: s.lateness.p50_us,
@@ -165,7 +172,7 @@ pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
         ("direction", false),
         ("packets", true),
         ("delivered", true),
-        ("drops queue/loss/down", true),
+        ("drops queue/loss/down/host/kernel", true),
         ("retransmits", true),
         ("queue peak", true),
         ("late p50/p99", true),
@@ -175,7 +182,10 @@ pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
             l.direction.clone(),
             thousands(l.packets_in),
             units::human_bytes(l.bytes_delivered as f64),
-            format!("{}/{}/{}", l.drops_queue, l.drops_loss, l.drops_down),
+            format!(
+                "{}/{}/{}/{}/{}",
+                l.drops_queue, l.drops_loss, l.drops_down, l.drops_host, l.drops_kernel
+            ),
             thousands(l.retransmissions),
             units::human_bytes(l.queue_high_water_bytes as f64),
             format!(
@@ -186,8 +196,65 @@ pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
         ]);
     }
     write!(out, "{}", links.render(2))?;
+    if let Some(warning) = host_drop_warning(&report.links) {
+        writeln!(out, "\n{warning}")?;
+    }
     if let Some(dir) = &report.directory {
         writeln!(out, "\nconfigs, stores and logs kept in {}", dir.display())?;
     }
     Ok(())
+}
+
+/// What a report says when the host, not the link model, dropped packets:
+/// those are losses the scenario never asked for, so the run's transport
+/// figures are not the scenario's.
+pub(super) fn host_drop_warning(links: &[LinkReport]) -> Option<String> {
+    let kernel: u64 = links.iter().map(|l| l.drops_kernel).sum();
+    let host: u64 = links.iter().map(|l| l.drops_host).sum();
+    if kernel == 0 && host == 0 {
+        return None;
+    }
+    let directions: Vec<&str> = links
+        .iter()
+        .filter(|l| l.drops_kernel + l.drops_host > 0)
+        .map(|l| l.direction.as_str())
+        .collect();
+    Some(format!(
+        "warning: this host dropped {kernel} datagram(s) at the emulator's sockets before the link \
+         model saw them and failed to send {host} released one(s) ({}): the transports saw losses \
+         the scenario did not configure (see the emulator's socket-buffer log lines)",
+        directions.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(direction: &str, host: u64, kernel: u64) -> LinkReport {
+        LinkReport {
+            direction: direction.to_string(),
+            packets_in: 10,
+            bytes_delivered: 1000,
+            drops_queue: 1,
+            drops_loss: 1,
+            drops_down: 0,
+            drops_host: host,
+            drops_kernel: kernel,
+            retransmissions: 0,
+            queue_high_water_bytes: 0,
+            lateness_p50_us: 0,
+            lateness_p99_us: 0,
+        }
+    }
+
+    #[test]
+    fn a_report_says_when_the_host_dropped_datagrams() {
+        // The link model's own drops are the scenario's: no warning.
+        assert_eq!(host_drop_warning(&[link("a->b", 0, 0)]), None);
+        let warning = host_drop_warning(&[link("a->b", 0, 0), link("b->a", 1, 7)]).unwrap();
+        assert!(warning.contains("dropped 7 datagram(s)"), "{warning}");
+        assert!(warning.contains("failed to send 1"), "{warning}");
+        assert!(warning.contains("(b->a)"), "{warning}");
+    }
 }
