@@ -533,6 +533,7 @@ impl Coordinator for CoordinatorService {
         let command = StateRequest {
             command: Command::CancelJob {
                 job_id: body.job_id,
+                at_unix_ms: now_unix_ms(),
             },
             expected_revision: expected(body.expected_revision),
         };

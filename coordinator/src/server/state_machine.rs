@@ -364,6 +364,7 @@ mod tests {
             state
                 .apply(&Request::new(Command::CancelJob {
                     job_id: "placed".into(),
+                    at_unix_ms: 0,
                 }))
                 .unwrap()
                 .events,

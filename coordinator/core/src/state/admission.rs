@@ -119,11 +119,13 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             }
             placement_bounds(&root.key("placement"), placement, &mut out);
         }
-        Command::SetPlacement { job_id, placement } => {
+        Command::SetPlacement {
+            job_id, placement, ..
+        } => {
             id(root.key("job_id"), job_id, &mut out);
             placement_bounds(&root.key("placement"), placement, &mut out);
         }
-        Command::CancelJob { job_id } => id(root.key("job_id"), job_id, &mut out),
+        Command::CancelJob { job_id, .. } => id(root.key("job_id"), job_id, &mut out),
         Command::PutMember { member } => {
             let path = root.key("member");
             check_len(

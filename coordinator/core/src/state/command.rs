@@ -92,9 +92,17 @@ pub enum Command {
     SetPlacement {
         job_id: String,
         placement: Placement,
+        /// When the proposer decided it: the end or exclusion time of what
+        /// it does to the job's open round (0 in commands logged before it
+        /// was carried: the round's opening time stands in).
+        #[serde(default)]
+        at_unix_ms: u64,
     },
     CancelJob {
         job_id: String,
+        /// As for `SetPlacement`.
+        #[serde(default)]
+        at_unix_ms: u64,
     },
     /// Record a coordinator replica's addresses (membership itself is Raft's
     /// configuration; this is what operators see).

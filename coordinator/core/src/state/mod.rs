@@ -472,7 +472,11 @@ impl ClusterState {
                 }));
                 changes
             }
-            Command::SetPlacement { job_id, placement } => {
+            Command::SetPlacement {
+                job_id,
+                placement,
+                at_unix_ms,
+            } => {
                 let job = self.live_job(job_id)?;
                 let mut changes = vec![Change::Job {
                     record: JobRecord {
@@ -483,10 +487,15 @@ impl ClusterState {
                     },
                 }];
                 // No report counts past a re-placement.
-                changes.extend(self.apply_placement_to_round(job_id, placement, revision));
+                changes.extend(self.apply_placement_to_round(
+                    job_id,
+                    placement,
+                    *at_unix_ms,
+                    revision,
+                ));
                 changes
             }
-            Command::CancelJob { job_id } => {
+            Command::CancelJob { job_id, at_unix_ms } => {
                 let job = self.live_job(job_id)?;
                 let mut changes = vec![Change::Job {
                     record: JobRecord {
@@ -495,7 +504,7 @@ impl ClusterState {
                         ..job.clone()
                     },
                 }];
-                changes.extend(self.abort_for_cancel(job_id, revision));
+                changes.extend(self.abort_for_cancel(job_id, *at_unix_ms, revision));
                 changes
             }
             Command::PutMember { member } => {

@@ -456,6 +456,7 @@ fn only_the_last_rounds_are_kept_and_a_cancel_aborts_the_open_one() {
     state
         .apply(&Request::new(Command::CancelJob {
             job_id: JOB_ID.into(),
+            at_unix_ms: 1_000,
         }))
         .unwrap();
     let last = state.latest_round(JOB_ID).unwrap();
@@ -487,7 +488,7 @@ fn abort(round: u64, at: u64) -> Request {
 }
 
 /// The bundled job placed on `sites` only, or not placed.
-fn set_placement(sites: Option<&[String]>) -> Request {
+fn set_placement(sites: Option<&[String]>, at_unix_ms: u64) -> Request {
     let placement = match sites {
         Some(sites) => {
             let mut plan = placed().1.clone();
@@ -501,6 +502,7 @@ fn set_placement(sites: Option<&[String]>) -> Request {
     Request::new(Command::SetPlacement {
         job_id: JOB_ID.into(),
         placement,
+        at_unix_ms,
     })
 }
 
@@ -603,9 +605,11 @@ fn a_job_submitted_again_after_its_cancel_does_not_inherit_its_rounds() {
     state
         .apply(&Request::new(Command::CancelJob {
             job_id: JOB_ID.into(),
+            at_unix_ms: 0,
         }))
         .unwrap();
-    // Aborted by the cancel: it ended (0 would read as still open).
+    // Aborted by a cancel logged before commands carried a time: it ended
+    // at its opening (0 would read as still open).
     assert_eq!(state.round(JOB_ID, 2).unwrap().ended_at_unix_ms(), Some(50));
     let (spec, plan) = placed().clone();
     let resubmitted = state
@@ -650,7 +654,7 @@ fn a_re_placement_applies_to_the_open_round_in_the_same_revision() {
     state.apply(&contributed(1, &sites[2], 0)).unwrap();
     // Re-placed without the third site: it no longer counts, at once, and
     // the round commits on the other two.
-    let replaced = state.apply(&set_placement(Some(&sites[..2]))).unwrap();
+    let replaced = state.apply(&set_placement(Some(&sites[..2]), 30)).unwrap();
     assert_eq!(
         replaced
             .events
@@ -662,7 +666,12 @@ fn a_re_placement_applies_to_the_open_round_in_the_same_revision() {
     let round = state.round(JOB_ID, 1).unwrap();
     assert!(round.is_committed(), "{:?}", round.outcome);
     let excluded = round.participant(&sites[2]).unwrap().excluded.clone();
-    assert_eq!(excluded.map(|e| e.reason), Some(ExclusionReason::LeftPlan));
+    // At the command's time, not the round's opening.
+    assert_eq!(
+        excluded.map(|e| (e.reason, e.at_unix_ms)),
+        Some((ExclusionReason::LeftPlan, 30))
+    );
+    assert_eq!(round.ended_at_unix_ms(), Some(30));
     refused(&mut state, &applied(1, &sites[2], 0, "h", 9), "round");
 
     // No longer placed: the open round is aborted in the same revision and
@@ -674,14 +683,48 @@ fn a_re_placement_applies_to_the_open_round_in_the_same_revision() {
         state.apply(&contributed(2, site, 0)).unwrap();
     }
     state.apply(&applied(2, &sites[0], 0, "h", 21)).unwrap();
-    state.apply(&set_placement(None)).unwrap();
+    state.apply(&set_placement(None, 40)).unwrap();
     let round = state.round(JOB_ID, 2).unwrap();
+    assert_eq!(round.ended_at_unix_ms(), Some(40));
     assert!(
         matches!(&round.outcome, RoundOutcome::Aborted { reason, .. } if reason.contains("DiLoCo")),
         "{:?}",
         round.outcome
     );
     refused(&mut state, &applied(2, &sites[1], 0, "h", 22), "round");
+}
+
+/// `SetPlacement` and `CancelJob` carry their proposer's time, which is
+/// what the rounds they end record (never before the round opened); a
+/// command logged before they carried one (0) ends the round at its
+/// opening.
+#[test]
+fn a_cancel_or_re_placement_ends_the_open_round_at_the_commands_time() {
+    let sites = sites();
+    let cancel = |at_unix_ms| {
+        Request::new(Command::CancelJob {
+            job_id: JOB_ID.into(),
+            at_unix_ms,
+        })
+    };
+    for (at, ended) in [(700, 700), (0, 100), (50, 100)] {
+        let mut state = state();
+        state.apply(&open(1, &sites, Vec::new(), 1, 100)).unwrap();
+        state.apply(&cancel(at)).unwrap();
+        let round = state.round(JOB_ID, 1).unwrap();
+        assert_eq!(round.ended_at_unix_ms(), Some(ended), "cancel at {at}");
+
+        let mut state = self::state();
+        state.apply(&open(1, &sites, Vec::new(), 1, 100)).unwrap();
+        state.apply(&set_placement(Some(&sites[..2]), at)).unwrap();
+        let round = state.round(JOB_ID, 1).unwrap();
+        let exclusion = round.participant(&sites[2]).unwrap().excluded.clone();
+        assert_eq!(
+            exclusion.map(|e| e.at_unix_ms),
+            Some(ended),
+            "placed at {at}"
+        );
+    }
 }
 
 // ---- property tests -------------------------------------------------------
@@ -904,9 +947,11 @@ fn command_for(
         Op::Replace { mask } => Request::new(Command::SetPlacement {
             job_id: JOB_ID.into(),
             placement: placed_on(*mask),
+            at_unix_ms: now,
         }),
         Op::Cancel => Request::new(Command::CancelJob {
             job_id: JOB_ID.into(),
+            at_unix_ms: now,
         }),
         Op::Resubmit => Request::new(Command::SubmitJob {
             job_id: JOB_ID.into(),

@@ -1,11 +1,20 @@
 //! What other commands do to open rounds, in their own revision: a site
 //! marked down, a job cancelled or placed again.
 
-use super::{Exclusion, ExclusionReason, RoundOutcome, round_change};
+use super::{Exclusion, ExclusionReason, RoundOutcome, RoundRecord, round_change};
 use crate::placement::CrossSiteMode;
 use crate::state::{Change, ClusterState, Placement};
 
+/// The end time of what a command that carries `at_unix_ms` does to `round`:
+/// its time, never before the round opened; commands logged before they
+/// carried one (0) end it at its opening time, the one time every replica
+/// knows for it (an end time of 0 reads as "still open" on the wire).
+fn end_time(round: &RoundRecord, at_unix_ms: u64) -> u64 {
+    at_unix_ms.max(round.opened_at_unix_ms)
+}
+
 impl ClusterState {
+    /// The site's exclusion from every open round it counts in, for the
     /// apply of `MarkSiteDown`.
     pub(in crate::state) fn exclude_down_site(
         &self,
@@ -32,17 +41,20 @@ impl ClusterState {
             .collect()
     }
 
-    /// The abort of the job's open round, for the apply of `CancelJob`.
-    /// The command carries no time, and an end time of 0 reads as "still
-    /// open" on the wire: the round ends at its opening time, the one time
-    /// every replica knows for it.
-    pub(in crate::state) fn abort_for_cancel(&self, job_id: &str, revision: u64) -> Vec<Change> {
+    /// The abort of the job's open round, for the apply of `CancelJob`, at
+    /// the command's time ([`end_time`]).
+    pub(in crate::state) fn abort_for_cancel(
+        &self,
+        job_id: &str,
+        at_unix_ms: u64,
+        revision: u64,
+    ) -> Vec<Change> {
         self.open_round(job_id)
             .map(|r| {
                 let mut record = r.clone();
                 record.outcome = RoundOutcome::Aborted {
                     reason: "the job was cancelled".to_string(),
-                    at_unix_ms: r.opened_at_unix_ms,
+                    at_unix_ms: end_time(r, at_unix_ms),
                     revision,
                 };
                 record.revision = revision;
@@ -56,18 +68,19 @@ impl ClusterState {
     /// the apply of `SetPlacement` (as `MarkSiteDown` does for a site, in the
     /// same revision, so no report counts past the re-placement): the round
     /// is aborted when the job is no longer placed as DiLoCo replicas, and
-    /// otherwise its participants outside the new plan are excluded. The
-    /// command carries no time; the round's opening time stands in.
+    /// otherwise its participants outside the new plan are excluded, at the
+    /// command's time ([`end_time`]).
     pub(in crate::state) fn apply_placement_to_round(
         &self,
         job_id: &str,
         placement: &Placement,
+        at_unix_ms: u64,
         revision: u64,
     ) -> Vec<Change> {
         let Some(open) = self.open_round(job_id) else {
             return Vec::new();
         };
-        let at_unix_ms = open.opened_at_unix_ms;
+        let at_unix_ms = end_time(open, at_unix_ms);
         let mut record = open.clone();
         record.revision = revision;
         match placement.plan() {
