@@ -28,7 +28,7 @@ use longhaul_core::cost::CostParams;
 use longhaul_core::placement::CrossSiteMode;
 use longhaul_core::state::{
     Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, Liveness,
-    Request, RoundOutcome, RoundRecord,
+    Request, RoundOutcome, RoundRecord, RoundReport,
 };
 use longhaul_core::sync::schedule_of;
 use longhaul_proto::v1 as pb;
@@ -245,11 +245,15 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
             tokio::select! {
                 event = events.recv() => match event {
                     Ok(event) => {
-                        record_metrics(&event);
-                        if !matches!(
-                            event.change,
-                            Change::Round { .. } | Change::Job { .. } | Change::Site { .. }
-                        ) {
+                        record_metrics(&event, &raft.state().read());
+                        // A report matters only when it ended its round:
+                        // the next one may open.
+                        let wakes = match &event.change {
+                            Change::Round { .. } | Change::Job { .. } | Change::Site { .. } => true,
+                            Change::RoundReport { report } => report.outcome.is_some(),
+                            _ => false,
+                        };
+                        if !wakes {
                             continue;
                         }
                     }
@@ -322,10 +326,16 @@ fn record_planned_bytes(state: &ClusterState, job_id: &str) {
         .set(sync.bytes_per_outer_step);
 }
 
-/// Each replica counts the round transitions it applies.
-fn record_metrics(event: &Event) {
-    let Change::Round { record } = &event.change else {
-        return;
+/// Each replica counts the round transitions it applies (`state`, at or
+/// after the event, gives a report's round its opening time).
+fn record_metrics(event: &Event, state: &ClusterState) {
+    let record = match &event.change {
+        Change::Round { record } => record,
+        Change::RoundReport { report } => {
+            record_report_metrics(report, state);
+            return;
+        }
+        _ => return,
     };
     if record.opened_revision == event.revision {
         metrics::counter!("longhaul_rounds_opened_total").increment(1);
@@ -357,13 +367,87 @@ fn record_metrics(event: &Event) {
     }
 }
 
+/// The end of a round by a report: the same counters as a record's end.
+fn record_report_metrics(report: &RoundReport, state: &ClusterState) {
+    let (outcome, ended) = match &report.outcome {
+        None | Some(RoundOutcome::Open) => return,
+        Some(RoundOutcome::Committed { at_unix_ms, .. }) => ("committed", *at_unix_ms),
+        Some(RoundOutcome::Aborted { at_unix_ms, .. }) => ("aborted", *at_unix_ms),
+    };
+    metrics::counter!("longhaul_rounds_ended_total", "outcome" => outcome).increment(1);
+    if let Some(opened) = state
+        .round(&report.job_id, report.round)
+        .map(|r| r.opened_at_unix_ms)
+        .filter(|&opened| ended >= opened)
+    {
+        let seconds = (ended - opened) as f64 / 1000.0;
+        metrics::histogram!("longhaul_round_duration_seconds", "outcome" => outcome)
+            .record(seconds);
+    }
+}
+
+/// A round's outcome as the API names it: state, reason, end time.
+fn outcome_to_wire(outcome: &RoundOutcome) -> (pb::RoundState, String, u64) {
+    match outcome {
+        RoundOutcome::Open => (pb::RoundState::Open, String::new(), 0),
+        RoundOutcome::Committed { at_unix_ms, .. } => {
+            (pb::RoundState::Committed, String::new(), *at_unix_ms)
+        }
+        RoundOutcome::Aborted {
+            reason, at_unix_ms, ..
+        } => (pb::RoundState::Aborted, reason.clone(), *at_unix_ms),
+    }
+}
+
+fn fragment_to_wire(fragment: u32, state: &FragmentState) -> pb::RoundFragment {
+    let (name, hash, disagreement) = match state {
+        FragmentState::Open => ("open", String::new(), Vec::new()),
+        FragmentState::Committed { hash, .. } => ("committed", hash.clone(), Vec::new()),
+        FragmentState::Aborted { disagreement, .. } => (
+            "aborted",
+            String::new(),
+            disagreement
+                .iter()
+                .map(|g| pb::HashGroup {
+                    hash: g.hash.clone(),
+                    site_ids: g.sites.clone(),
+                })
+                .collect(),
+        ),
+    };
+    pb::RoundFragment {
+        fragment,
+        state: name.to_string(),
+        hash,
+        disagreement,
+    }
+}
+
+/// A report's change to a round as the watches send it.
+pub fn round_report_to_wire(report: &RoundReport) -> pb::RoundReport {
+    let (state, reason, ended_at_unix_ms) =
+        outcome_to_wire(report.outcome.as_ref().unwrap_or(&RoundOutcome::Open));
+    pb::RoundReport {
+        job_id: report.job_id.clone(),
+        round_id: report.round,
+        site_id: report.site.clone(),
+        fragment: report.fragment,
+        applied: report.is_applied(),
+        hash: report.applied_hash.clone().unwrap_or_default(),
+        fragment_state: report
+            .fragment_state
+            .as_ref()
+            .map(|f| fragment_to_wire(report.fragment, f)),
+        state: state as i32,
+        reason,
+        ended_at_unix_ms,
+        revision: report.revision,
+    }
+}
+
 /// A round as the API returns it.
 pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
-    let (state, reason) = match &record.outcome {
-        RoundOutcome::Open => (pb::RoundState::Open, String::new()),
-        RoundOutcome::Committed { .. } => (pb::RoundState::Committed, String::new()),
-        RoundOutcome::Aborted { reason, .. } => (pb::RoundState::Aborted, reason.clone()),
-    };
+    let (state, reason, _) = outcome_to_wire(&record.outcome);
     pb::OuterRound {
         round_id: record.round,
         participants: record.participants.iter().map(|p| p.site.clone()).collect(),
@@ -412,31 +496,7 @@ pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
             .fragments
             .iter()
             .enumerate()
-            .map(|(f, state)| {
-                let (name, hash, disagreement) = match state {
-                    FragmentState::Open => ("open", String::new(), Vec::new()),
-                    FragmentState::Committed { hash, .. } => {
-                        ("committed", hash.clone(), Vec::new())
-                    }
-                    FragmentState::Aborted { disagreement, .. } => (
-                        "aborted",
-                        String::new(),
-                        disagreement
-                            .iter()
-                            .map(|g| pb::HashGroup {
-                                hash: g.hash.clone(),
-                                site_ids: g.sites.clone(),
-                            })
-                            .collect(),
-                    ),
-                };
-                pb::RoundFragment {
-                    fragment: f as u32,
-                    state: name.to_string(),
-                    hash,
-                    disagreement,
-                }
-            })
+            .map(|(f, state)| fragment_to_wire(f as u32, state))
             .collect(),
         waiting_on: record
             .waiting_on()
@@ -453,14 +513,29 @@ pub fn current_round(state: &ClusterState, job_id: &str) -> Option<pb::OuterRoun
 }
 
 /// The round event for `site` that the change at `event` implies: a round
-/// it takes part in.
-pub fn round_event_for(event: &Event, site: &str) -> Option<pb::RoundEvent> {
+/// it takes part in, or a report's change to one (`state`, at or after the
+/// event, names a report's round's participants, which never change; a
+/// round no longer kept is sent anyway).
+pub fn round_event_for(event: &Event, site: &str, state: &ClusterState) -> Option<pb::RoundEvent> {
     match &event.change {
         Change::Round { record } if record.participant(site).is_some() => Some(pb::RoundEvent {
             revision: event.revision,
             round: Some(round_to_wire(record)),
             sync_point: false,
+            report: None,
         }),
+        Change::RoundReport { report }
+            if state
+                .round(&report.job_id, report.round)
+                .is_none_or(|r| r.participant(site).is_some()) =>
+        {
+            Some(pb::RoundEvent {
+                revision: event.revision,
+                round: None,
+                sync_point: false,
+                report: Some(round_report_to_wire(report)),
+            })
+        }
         _ => None,
     }
 }
@@ -673,6 +748,142 @@ mod tests {
             reference,
             "a snapshot's state after a restart"
         );
+    }
+
+    /// Each report is stored alone under its round's key (the round's
+    /// record is not written again), loads back into the round after a
+    /// restart, and goes with the round when the round is removed.
+    #[test]
+    fn a_rounds_reports_are_stored_alone_load_back_and_go_with_the_round() {
+        use redb::ReadableTable;
+
+        use crate::consensus::StateMachine;
+        use crate::consensus::storage::STATE_MACHINE;
+        use crate::server::state_machine::CoordinatorStateMachine;
+
+        let reference = state();
+        let timing = RoundTiming {
+            fixed: Some(Duration::from_secs(5)),
+            ..RoundTiming::default()
+        };
+        let mut commands = round_actions(&reference, 1_000, &timing);
+        let Command::OpenRound {
+            participants,
+            fragments,
+            ..
+        } = commands[0].clone()
+        else {
+            panic!("{commands:?}");
+        };
+        for site in &participants {
+            for fragment in 0..fragments {
+                commands.push(Command::ReportContributed {
+                    job_id: "dense".into(),
+                    round: 1,
+                    site_id: site.clone(),
+                    fragment,
+                    at_unix_ms: 2_000,
+                });
+                commands.push(Command::ReportApplied {
+                    job_id: "dense".into(),
+                    round: 1,
+                    site_id: site.clone(),
+                    fragment,
+                    hash: format!("h{fragment}"),
+                    at_unix_ms: 2_000,
+                });
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("a.redb")).unwrap();
+        let mut machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        let live = machine.shared();
+        let txn = db.begin_write().unwrap();
+        let mut index = 0;
+        let mut run = |txn: &redb::WriteTransaction, command: &Command| {
+            index += 1;
+            let data = serde_json::to_vec(&Request::new(command.clone())).unwrap();
+            let response = machine.apply(txn, index, &data).unwrap();
+            let response: ApplyResponse = serde_json::from_slice(&response).unwrap();
+            assert!(
+                matches!(response, ApplyResponse::Applied { .. }),
+                "{response:?}"
+            );
+        };
+        // The setup straight into the machine's state, then the round.
+        for change in reference.entities() {
+            let command = match change {
+                Change::Site { record } => Command::RegisterSite {
+                    site: record.site,
+                    data_address: String::new(),
+                    at_unix_ms: 0,
+                    lease_id: 1,
+                    lease_ttl_ms: 0,
+                },
+                Change::Link { record } => Command::PutLink {
+                    link: record.configured,
+                },
+                Change::Job { record } => Command::SubmitJob {
+                    job_id: record.id,
+                    spec: record.spec,
+                    placement: record.placement,
+                },
+                _ => continue,
+            };
+            run(&txn, &command);
+        }
+        for command in &commands {
+            run(&txn, command);
+        }
+        txn.commit().unwrap();
+        assert!(live.read().round("dense", 1).unwrap().is_committed());
+        let round_keys = |db: &redb::Database| -> Vec<(String, usize)> {
+            let txn = db.begin_read().unwrap();
+            let table = txn.open_table(STATE_MACHINE).unwrap();
+            table
+                .iter()
+                .unwrap()
+                .map(|item| {
+                    let (key, value) = item.unwrap();
+                    (
+                        String::from_utf8(key.value().to_vec()).unwrap(),
+                        value.value().len(),
+                    )
+                })
+                .filter(|(key, _)| key.starts_with("entity/round/"))
+                .collect()
+        };
+        let keys = round_keys(&db);
+        // The record and one key per report.
+        let reports = participants.len() * fragments as usize * 2;
+        assert_eq!(keys.len(), 1 + reports, "{keys:?}");
+        let record = keys[0].1;
+        assert!(keys[1..].iter().all(|(_, bytes)| *bytes < 400), "{keys:?}");
+        assert!(keys[0].0.ends_with("/00000000000000000001"), "{keys:?}");
+        let loaded = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+        assert!(
+            *loaded.shared().read() == *live.read(),
+            "the state loaded after a restart differs from the one applied"
+        );
+
+        // Cancelled and submitted again: the round goes, its reports too.
+        let job = reference.job("dense").unwrap().clone();
+        let txn = db.begin_write().unwrap();
+        for command in [
+            Command::CancelJob {
+                job_id: "dense".into(),
+                at_unix_ms: 3_000,
+            },
+            Command::SubmitJob {
+                job_id: "dense".into(),
+                spec: job.spec,
+                placement: job.placement,
+            },
+        ] {
+            run(&txn, &command);
+        }
+        txn.commit().unwrap();
+        assert_eq!(round_keys(&db), Vec::new(), "a record of {record} bytes");
     }
 
     #[test]

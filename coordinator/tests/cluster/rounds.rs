@@ -375,14 +375,51 @@ async fn any_rounds(addrs: &[SocketAddr]) -> Option<Vec<pb::OuterRound>> {
     None
 }
 
-/// The next round on the watch (a default one for a sync point), within 30 s.
-async fn next_round(watch: &mut tonic::Streaming<pb::RoundEvent>) -> pb::OuterRound {
-    let event = tokio::time::timeout(Duration::from_secs(30), watch.message())
-        .await
-        .expect("a round event within 30 s")
-        .unwrap()
-        .expect("the round watch goes on");
-    event.round.unwrap_or_default()
+/// The round watch as an agent holds it: each round sent, with the reports
+/// sent after it folded in.
+struct RoundWatch {
+    stream: tonic::Streaming<pb::RoundEvent>,
+    rounds: std::collections::BTreeMap<u64, pb::OuterRound>,
+}
+
+impl RoundWatch {
+    async fn start(addr: SocketAddr, site: &str) -> Self {
+        let stream = agent(addr)
+            .watch_rounds(pb::WatchRoundsRequest {
+                site_id: site.into(),
+                after_revision: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        Self {
+            stream,
+            rounds: Default::default(),
+        }
+    }
+
+    /// The round the next event changed, as held after it (a default one
+    /// for a sync point), within 30 s.
+    async fn next_round(&mut self) -> pb::OuterRound {
+        let event = tokio::time::timeout(Duration::from_secs(30), self.stream.message())
+            .await
+            .expect("a round event within 30 s")
+            .unwrap()
+            .expect("the round watch goes on");
+        if let Some(round) = event.round {
+            self.rounds.insert(round.round_id, round.clone());
+            return round;
+        }
+        let Some(report) = event.report else {
+            return pb::OuterRound::default();
+        };
+        let round = self
+            .rounds
+            .get_mut(&report.round_id)
+            .expect("a report about a round the watch sent");
+        longhaul_proto::rounds::apply_round_report(round, &report);
+        round.clone()
+    }
 }
 
 fn participant<'a>(round: &'a pb::OuterRound, site: &str) -> Option<&'a pb::RoundParticipant> {
@@ -413,17 +450,10 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
         .collect();
     place_job(&addrs).await;
 
-    let mut watch = agent(addrs[1])
-        .watch_rounds(pb::WatchRoundsRequest {
-            site_id: "paris".into(),
-            after_revision: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut opened = next_round(&mut watch).await;
+    let mut watch = RoundWatch::start(addrs[1], "paris").await;
+    let mut opened = watch.next_round().await;
     while opened.round_id == 0 {
-        opened = next_round(&mut watch).await;
+        opened = watch.next_round().await;
     }
     assert_eq!(opened.round_id, 1);
     assert_eq!(opened.state(), pb::RoundState::Open);
@@ -546,7 +576,7 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
         stand_in.reporting.store(true, Ordering::SeqCst);
     }
     let committed = loop {
-        let round = next_round(&mut watch).await;
+        let round = watch.next_round().await;
         if round.round_id == 1 && round.state() == pb::RoundState::Committed {
             break round;
         }
@@ -807,13 +837,23 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
             break;
         };
         last = event.revision;
-        let Some(pb::watch_event::Event::Round(round)) = event.event else {
-            continue;
+        // A round commits with a report (or an exclusion, whose event
+        // carries the whole round): counted on the event that committed it.
+        let (round_id, committed) = match event.event {
+            Some(pb::watch_event::Event::Round(round)) => {
+                if round.opened_revision == event.revision {
+                    opened.push(round.round_id);
+                }
+                let committed =
+                    round.state() == pb::RoundState::Committed && round.revision == event.revision;
+                (round.round_id, committed)
+            }
+            Some(pb::watch_event::Event::RoundReport(report)) => {
+                (report.round_id, report.state() == pb::RoundState::Committed)
+            }
+            _ => continue,
         };
-        if round.opened_revision == event.revision {
-            opened.push(round.round_id);
-        }
-        if round.round_id == open.round_id && round.state() == pb::RoundState::Committed {
+        if round_id == open.round_id && committed {
             commits += 1;
         }
     }

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rounds::{CatchUp, ExclusionReason, RoundRecord};
+use super::rounds::{CatchUp, ExclusionReason, RoundRecord, RoundReport};
 use crate::job::JobSpec;
 use crate::placement::Plan;
 use crate::topology::{DomainGroup, Site, WanLink};
@@ -406,7 +406,14 @@ pub enum Change {
     Round {
         record: Box<RoundRecord>,
     },
-    /// A round that fell out of the rounds kept for its job.
+    /// One report's change to a round: what it added and settled, not the
+    /// round (see `rounds.rs`). Stored beside the round's record, under its
+    /// key + `/SITE/FRAGMENT/contributed|applied`.
+    RoundReport {
+        report: RoundReport,
+    },
+    /// A round that fell out of the rounds kept for its job, with its
+    /// reports.
     RoundRemoved {
         job_id: String,
         round: u64,
@@ -422,14 +429,17 @@ impl Change {
             Self::Link { .. } => "link",
             Self::Job { .. } => "job",
             Self::Member { .. } | Self::MemberRemoved { .. } => "member",
-            Self::Round { .. } | Self::RoundRemoved { .. } => "round",
+            Self::Round { .. } | Self::RoundReport { .. } | Self::RoundRemoved { .. } => "round",
             Self::Noop => "noop",
         }
     }
 
     /// The key under which the entity is stored: `site/ID`, `link/A/B`,
     /// `job/ID`, `member/ID`, `round/JOB/ROUND` (20 digits, so keys sort
-    /// by round); `None` for changes that store nothing.
+    /// by round), a round's report under the round's key +
+    /// `/SITE/FRAGMENT/contributed|applied` (the fragment in 10 digits);
+    /// `None` for changes that store nothing. A removal removes the
+    /// entity's key and every key under it + `/`.
     pub fn key(&self) -> Option<String> {
         match self {
             Self::Site { record } => Some(format!("site/{}", record.site.id)),
@@ -442,6 +452,18 @@ impl Change {
             Self::Member { member } => Some(format!("member/{}", member.id)),
             Self::MemberRemoved { member_id } => Some(format!("member/{member_id}")),
             Self::Round { record } => Some(format!("round/{}/{:020}", record.job_id, record.round)),
+            Self::RoundReport { report } => Some(format!(
+                "round/{}/{:020}/{}/{:010}/{}",
+                report.job_id,
+                report.round,
+                report.site,
+                report.fragment,
+                if report.is_applied() {
+                    "applied"
+                } else {
+                    "contributed"
+                }
+            )),
             Self::RoundRemoved { job_id, round } => Some(format!("round/{job_id}/{round:020}")),
             Self::Noop => None,
         }

@@ -20,7 +20,7 @@ pub use command::{
 };
 pub use rounds::{
     CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, Participant,
-    ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord,
+    ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord, RoundReport,
 };
 use serde::{Deserialize, Serialize};
 
@@ -86,7 +86,8 @@ impl ClusterState {
     }
 
     /// Rebuilds a state from persisted parts: the revision, the latest change
-    /// of every entity, and the retained history (oldest first).
+    /// of every entity (in any order: a round's reports are folded in after
+    /// every record), and the retained history (oldest first).
     pub fn from_parts(
         revision: u64,
         entities: impl IntoIterator<Item = Change>,
@@ -95,7 +96,10 @@ impl ClusterState {
     ) -> Self {
         let mut state = Self::new(history_limit);
         state.revision = revision;
-        for change in entities {
+        let (reports, records): (Vec<Change>, Vec<Change>) = entities
+            .into_iter()
+            .partition(|c| matches!(c, Change::RoundReport { .. }));
+        for change in records.into_iter().chain(reports) {
             state.store(change);
         }
         state.history = history.into_iter().collect();
@@ -652,6 +656,15 @@ impl ClusterState {
                     .entry(record.job_id.clone())
                     .or_default()
                     .insert(record.round, *record);
+            }
+            Change::RoundReport { report } => {
+                if let Some(record) = self
+                    .rounds
+                    .get_mut(&report.job_id)
+                    .and_then(|rounds| rounds.get_mut(&report.round))
+                {
+                    record.apply_report(&report);
+                }
             }
             Change::RoundRemoved { job_id, round } => {
                 if let Some(rounds) = self.rounds.get_mut(&job_id) {

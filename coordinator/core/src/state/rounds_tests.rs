@@ -2,6 +2,7 @@
 //! interleavings of reports, deadlines, site downs and returns, and
 //! commands proposed again by a later leader.
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
@@ -727,6 +728,43 @@ fn a_cancel_or_re_placement_ends_the_open_round_at_the_commands_time() {
     }
 }
 
+/// A report's change is O(1) in participants × fragments: with 4096
+/// fragments it is as small as with one, where the round's record is tens
+/// of kilobytes (before, every report carried the record).
+#[test]
+fn a_reports_change_does_not_grow_with_the_rounds_fragments() {
+    let sites = sites();
+    let mut largest = Vec::new();
+    for fragments in [1, limits::MAX_ROUND_FRAGMENTS] {
+        let mut state = state();
+        state
+            .apply(&open(1, &sites, Vec::new(), fragments, 0))
+            .unwrap();
+        let mut bytes = 0;
+        for site in &sites {
+            let mut ends = vec![0, fragments - 1];
+            ends.dedup();
+            for f in ends {
+                for request in [contributed(1, site, f), applied(1, site, f, "h", 5)] {
+                    for event in state.apply(&request).unwrap().events {
+                        assert!(matches!(event.change, Change::RoundReport { .. }));
+                        bytes = bytes.max(serde_json::to_vec(&event.change).unwrap().len());
+                    }
+                }
+            }
+        }
+        let record = serde_json::to_vec(state.round(JOB_ID, 1).unwrap()).unwrap();
+        largest.push((bytes, record.len()));
+    }
+    let [(small, _), (large, record)] = largest[..] else {
+        unreachable!()
+    };
+    assert!(record > 50_000, "{record}");
+    // The fragment's number has more digits; nothing else grows.
+    assert!(large <= small + 8, "{small} -> {large} bytes per report");
+    assert!(large < 400, "{large}");
+}
+
 // ---- property tests -------------------------------------------------------
 
 /// One step of a random run.
@@ -1067,6 +1105,44 @@ fn report_key(command: &Command) -> Option<ReportKey> {
     }
 }
 
+/// What the coordinator's storage keeps of the applied events: each
+/// change under its key, a removal taking the keys under it + `/` too (a
+/// round's reports with the round).
+fn store_events(stored: &mut BTreeMap<String, Change>, events: &[Event]) {
+    for event in events {
+        let Some(key) = event.change.key() else {
+            continue;
+        };
+        if event.change.is_removal() {
+            let under = format!("{key}/");
+            stored.retain(|k, _| *k != key && !k.starts_with(&under));
+        } else {
+            stored.insert(key, event.change.clone());
+        }
+    }
+}
+
+/// What a watcher of the job's rounds holds after folding `events` in:
+/// records replace, reports fold into the round, removals remove.
+fn watch_rounds(watched: &mut BTreeMap<u64, RoundRecord>, events: &[Event]) {
+    for event in events {
+        match &event.change {
+            Change::Round { record } if record.job_id == JOB_ID => {
+                watched.insert(record.round, (**record).clone());
+            }
+            Change::RoundReport { report } if report.job_id == JOB_ID => {
+                if let Some(record) = watched.get_mut(&report.round) {
+                    record.apply_report(report);
+                }
+            }
+            Change::RoundRemoved { job_id, round } if job_id == JOB_ID => {
+                watched.remove(round);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Applies the commands of `ops` one by one, checking the round invariants
 /// after each and the state rebuilt from its parts at the end.
 fn run(ops: &[Op]) -> Result<(), TestCaseError> {
@@ -1078,6 +1154,11 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     let mut commits: BTreeMap<u64, RoundRecord> = BTreeMap::new();
     let mut last_committed: Option<u64> = None;
     let mut stored: std::collections::BTreeSet<ReportKey> = Default::default();
+    // What storage holds (from the state before the run, then every
+    // applied event), and what a watcher of the rounds holds.
+    let mut storage: BTreeMap<String, Change> = BTreeMap::new();
+    store_events(&mut storage, &state.events_after(0).unwrap());
+    let mut watched: BTreeMap<u64, RoundRecord> = BTreeMap::new();
     for (step, op) in ops.iter().enumerate() {
         let now = 100 + step as u64 * 97;
         let Some(request) = command_for(op, &state, &log, now, &mut lease) else {
@@ -1094,6 +1175,17 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                     admitted
                 );
                 prop_assert_eq!(applied.revision, before.revision() + 1);
+                store_events(&mut storage, &applied.events);
+                watch_rounds(&mut watched, &applied.events);
+                for event in &applied.events {
+                    if let Change::RoundReport { report } = &event.change {
+                        // A report's change names what it is about, never
+                        // the round's record (3 sites here: an abort's
+                        // disagreement names them all and stays small).
+                        let bytes = serde_json::to_vec(&event.change).unwrap().len();
+                        prop_assert!(bytes < 1024, "{} bytes: {:?}", bytes, report);
+                    }
+                }
                 if let Some(key) = key {
                     prop_assert!(stored.insert(key.clone()), "{:?} stored twice", key);
                 }
@@ -1128,6 +1220,10 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
             }
         }
         check_rounds(&state)?;
+        // A watcher folding the events holds exactly the state's rounds.
+        let kept: BTreeMap<u64, RoundRecord> =
+            state.rounds(JOB_ID).map(|r| (r.round, r.clone())).collect();
+        prop_assert_eq!(&watched, &kept, "the rounds a watcher holds");
         for round in state.rounds(JOB_ID) {
             if let Some(earlier) = commits.get(&round.round) {
                 // Committed once: it never changes again.
@@ -1156,6 +1252,15 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
         DEFAULT_HISTORY_LIMIT,
     );
     prop_assert_eq!(&rebuilt, &state);
+    // Loaded from what storage holds, rounds' records and their reports, in
+    // the reverse of the keys' order: the same state.
+    let loaded = ClusterState::from_parts(
+        state.revision(),
+        storage.into_values().rev(),
+        state.events_after(0).unwrap(),
+        DEFAULT_HISTORY_LIMIT,
+    );
+    prop_assert_eq!(&loaded, &state, "the state loaded from storage");
     if std::env::var_os("LONGHAUL_ROUNDS_STATS").is_some() {
         let rounds: Vec<_> = state.rounds(JOB_ID).collect();
         eprintln!(

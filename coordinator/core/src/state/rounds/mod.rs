@@ -34,6 +34,14 @@
 //! range, or a second apply with another hash (refused, naming the hash it
 //! already gave) is refused, and a refused command changes nothing.
 //!
+//! A report's change is a [`RoundReport`], not the round's record: what
+//! the report added (the site's contribution, or its applied hash) and
+//! what it settled (the fragment's new state, the round's outcome, if
+//! either changed), so storage and the watch history take O(1) bytes per
+//! report in the participants × fragments, and watchers fold it into the
+//! round they hold ([`RoundRecord::apply_report`]). Opening, exclusions
+//! and aborts, a few per round, still carry the whole record.
+//!
 //! The last [`ROUNDS_KEPT_PER_JOB`] rounds of each job are kept; opening one
 //! more removes the oldest, except the job's latest committed round, which
 //! stays for returning sites to catch up from. A job submitted again under
@@ -331,6 +339,87 @@ impl RoundRecord {
         }
         self.revision = revision;
         self.settle(revision, at);
+    }
+}
+
+/// One report's change to an open round, stored and watched on its own (see
+/// the module docs). Folding it into the round is idempotent and does not
+/// depend on the order of the reports, nor on whether a later whole record
+/// of the round already holds it ([`RoundRecord::apply_report`]), so a
+/// stored round loads from its record and its reports in any order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundReport {
+    pub job_id: String,
+    pub round: u64,
+    pub site: String,
+    pub fragment: u32,
+    /// The reduced fragment's hash, for an applied report; none for a
+    /// contribution.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_hash: Option<String>,
+    /// The fragment's new state, when the report settled it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fragment_state: Option<FragmentState>,
+    /// The round's outcome, when the report ended it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<RoundOutcome>,
+    /// The report's revision.
+    pub revision: u64,
+}
+
+impl RoundReport {
+    /// Whether it is an applied report (else a contribution).
+    pub fn is_applied(&self) -> bool {
+        self.applied_hash.is_some()
+    }
+}
+
+impl RoundRecord {
+    /// Folds `report` into the round: the site's contribution or applied
+    /// hash (once), the fragment's state and the round's outcome if the
+    /// report settled them and they are still open, the revision if it is
+    /// later. A report about another round, or a site that is not a
+    /// participant, changes nothing.
+    pub fn apply_report(&mut self, report: &RoundReport) {
+        if report.job_id != self.job_id || report.round != self.round {
+            return;
+        }
+        let Some(p) = self.participants.iter_mut().find(|p| p.site == report.site) else {
+            return;
+        };
+        match &report.applied_hash {
+            None => {
+                if let Err(at) = p.contributed.binary_search(&report.fragment) {
+                    p.contributed.insert(at, report.fragment);
+                }
+            }
+            Some(hash) => {
+                if let Err(at) = p
+                    .applied
+                    .binary_search_by_key(&report.fragment, |a| a.fragment)
+                {
+                    p.applied.insert(
+                        at,
+                        AppliedFragment {
+                            fragment: report.fragment,
+                            hash: hash.clone(),
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(state) = &report.fragment_state
+            && let Some(slot) = self.fragments.get_mut(report.fragment as usize)
+            && *slot == FragmentState::Open
+        {
+            *slot = state.clone();
+        }
+        if let Some(outcome) = &report.outcome
+            && self.is_open()
+        {
+            self.outcome = outcome.clone();
+        }
+        self.revision = self.revision.max(report.revision);
     }
 }
 

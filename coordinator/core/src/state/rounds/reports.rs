@@ -3,7 +3,7 @@
 //! the round's change.
 
 use super::{
-    AppliedFragment, Exclusion, ExclusionReason, Report, RoundOutcome, RoundRecord, round_change,
+    Exclusion, ExclusionReason, Report, RoundOutcome, RoundRecord, RoundReport, round_change,
 };
 use crate::state::{ApplyError, Change, ClusterState};
 
@@ -131,12 +131,19 @@ impl ClusterState {
             });
         }
         Self::check_counts(record, index, report)?;
-        let mut record = record.clone();
-        let contributed = &mut record.participants[index].contributed;
-        let at = contributed.partition_point(|&f| f < report.fragment);
-        contributed.insert(at, report.fragment);
-        record.revision = revision;
-        Ok(vec![round_change(record)])
+        // A contribution settles nothing: only applied hashes count.
+        Ok(vec![Change::RoundReport {
+            report: RoundReport {
+                job_id: record.job_id.clone(),
+                round: record.round,
+                site: report.site_id.to_string(),
+                fragment: report.fragment,
+                applied_hash: None,
+                fragment_state: None,
+                outcome: None,
+                revision,
+            },
+        }])
     }
 
     pub(in crate::state) fn check_applied(
@@ -190,19 +197,26 @@ impl ClusterState {
                 ),
             ));
         }
-        let mut record = record.clone();
-        let applied = &mut record.participants[index].applied;
-        let at = applied.partition_point(|a| a.fragment < report.fragment);
-        applied.insert(
-            at,
-            AppliedFragment {
-                fragment: report.fragment,
-                hash: hash.to_string(),
-            },
-        );
-        record.revision = revision;
-        record.settle_reported(report.fragment as usize, revision, report.at_unix_ms);
-        Ok(vec![round_change(record)])
+        let mut delta = RoundReport {
+            job_id: record.job_id.clone(),
+            round: record.round,
+            site: report.site_id.to_string(),
+            fragment: report.fragment,
+            applied_hash: Some(hash.to_string()),
+            fragment_state: None,
+            outcome: None,
+            revision,
+        };
+        // Settled on a copy, to learn what the report settles; only that goes
+        // into the change, not the copy.
+        let mut after = record.clone();
+        after.apply_report(&delta);
+        let f = report.fragment as usize;
+        after.settle_reported(f, revision, report.at_unix_ms);
+        delta.fragment_state =
+            (after.fragments[f] != record.fragments[f]).then(|| after.fragments[f].clone());
+        delta.outcome = (after.outcome != record.outcome).then(|| after.outcome.clone());
+        Ok(vec![Change::RoundReport { report: delta }])
     }
 
     pub(in crate::state) fn check_exclude(
