@@ -27,8 +27,8 @@ use std::time::Duration;
 use longhaul_core::cost::CostParams;
 use longhaul_core::placement::CrossSiteMode;
 use longhaul_core::state::{
-    Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, Liveness,
-    Request, RoundOutcome, RoundRecord, RoundReport,
+    Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, LinkCodec,
+    Liveness, Request, RoundOutcome, RoundRecord, RoundReport,
 };
 use longhaul_core::sync::schedule_of;
 use longhaul_proto::v1 as pb;
@@ -82,18 +82,19 @@ impl RoundTiming {
 }
 
 /// What the sync schedule says about one round of a placed DiLoCo job:
-/// fragments, codec bits and the predicted outer step; one uncompressed
-/// fragment and no prediction when there is none. The schedule is the one
+/// fragments, codec bits (the widest), the codec of each link and the
+/// predicted outer step; one uncompressed fragment, no links and no
+/// prediction when there is none. The schedule is the one
 /// placement costed the plan with and `GetSyncSchedule` serves
 /// ([`longhaul_core::sync::schedule_of`]), so a round and the schedule
 /// never disagree; only a plan stored before placement ran the planner is
 /// planned here.
-fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Option<f64>) {
+fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Vec<LinkCodec>, Option<f64>) {
     let Some(job) = state.job(job_id) else {
-        return (1, 0, None);
+        return (1, 0, Vec::new(), None);
     };
     let Some(plan) = job.placement.plan() else {
-        return (1, 0, None);
+        return (1, 0, Vec::new(), None);
     };
     let links: Vec<_> = if plan.sync.is_some() {
         Vec::new()
@@ -104,11 +105,12 @@ fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Option<f64>) {
         Ok(sync) => (
             sync.fragments.max(1),
             sync.bits(),
+            LinkCodec::of_schedule(&sync),
             Some(sync.outer_step_seconds),
         ),
         Err(error) => {
             tracing::debug!(job = job_id, %error, "no sync schedule for the job; one fragment, uncompressed");
-            (1, 0, None)
+            (1, 0, Vec::new(), None)
         }
     }
 }
@@ -175,7 +177,7 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                 if participants.is_empty() {
                     continue;
                 }
-                let (fragments, codec_bits, outer_step) = planned(state, &job.id);
+                let (fragments, codec_bits, links, outer_step) = planned(state, &job.id);
                 let deadline = timing.deadline(outer_step).as_millis() as u64;
                 let fragments = fragments.min(longhaul_core::limits::MAX_ROUND_FRAGMENTS);
                 commands.push(Command::OpenRound {
@@ -185,6 +187,7 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                     participants,
                     fragments,
                     codec_bits,
+                    links,
                     deadline_unix_ms: now_unix_ms.saturating_add(deadline.max(1)),
                     at_unix_ms: now_unix_ms,
                 });
@@ -502,6 +505,18 @@ pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
             .waiting_on()
             .into_iter()
             .map(str::to_string)
+            .collect(),
+        links: record
+            .links
+            .iter()
+            .map(|l| pb::RoundLinkCodec {
+                site_a: l.between[0].clone(),
+                site_b: l.between[1].clone(),
+                bits: l.bits,
+                block_size: l.block_size,
+                error_feedback: l.error_feedback,
+                zstd: l.zstd,
+            })
             .collect(),
     }
 }

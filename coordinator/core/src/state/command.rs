@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rounds::{CatchUp, ExclusionReason, RoundRecord, RoundReport};
+use super::rounds::{CatchUp, ExclusionReason, LinkCodec, RoundRecord, RoundReport};
 use crate::job::JobSpec;
 use crate::placement::Plan;
 use crate::topology::{DomainGroup, Site, WanLink};
@@ -122,8 +122,13 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         catch_up: Vec<CatchUp>,
         fragments: u32,
-        /// Bits per value of the pseudo-gradient codec (0: uncompressed).
+        /// Bits per value of the pseudo-gradient codec (0: uncompressed):
+        /// the widest of `links`.
         codec_bits: u32,
+        /// The codec of each link, the job's sync schedule's (empty in
+        /// commands logged before rounds carried them).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        links: Vec<LinkCodec>,
         deadline_unix_ms: u64,
         at_unix_ms: u64,
     },

@@ -19,7 +19,7 @@ pub use command::{
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
 };
 pub use rounds::{
-    CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, Participant,
+    CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, LinkCodec, Participant,
     ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord, RoundReport,
 };
 use serde::{Deserialize, Serialize};
@@ -540,6 +540,7 @@ impl ClusterState {
                 catch_up,
                 fragments,
                 codec_bits,
+                links,
                 deadline_unix_ms,
                 at_unix_ms,
             } => self.check_open_round(
@@ -550,6 +551,7 @@ impl ClusterState {
                     catch_up,
                     fragments: *fragments,
                     codec_bits: *codec_bits,
+                    links,
                     deadline_unix_ms: *deadline_unix_ms,
                     at_unix_ms: *at_unix_ms,
                 },

@@ -96,6 +96,7 @@ fn open(
         catch_up,
         fragments,
         codec_bits: 4,
+        links: Vec::new(),
         deadline_unix_ms: at + 1_000,
         at_unix_ms: at,
     })
@@ -763,6 +764,65 @@ fn a_reports_change_does_not_grow_with_the_rounds_fragments() {
     // The fragment's number has more digits; nothing else grows.
     assert!(large <= small + 8, "{small} -> {large} bytes per report");
     assert!(large < 400, "{large}");
+}
+
+/// A round carries the codec of each link as the job's sync schedule has
+/// it, its width their widest; anything else is refused, naming the field.
+#[test]
+fn a_round_carries_the_schedules_codec_per_link_checked() {
+    let sites = sites();
+    let sync = placed().1.sync.as_ref().unwrap();
+    let links = LinkCodec::of_schedule(sync);
+    assert!(!links.is_empty());
+    let widest = sync.bits();
+    let with = |links: Vec<LinkCodec>, bits: u32| {
+        let mut request = open(1, &sites, Vec::new(), 1, 0);
+        if let Command::OpenRound {
+            links: l,
+            codec_bits,
+            ..
+        } = &mut request.command
+        {
+            *l = links;
+            *codec_bits = bits;
+        }
+        request
+    };
+    let mut state = state();
+    state.apply(&with(links.clone(), widest)).unwrap();
+    assert_eq!(state.round(JOB_ID, 1).unwrap().links, links);
+
+    let changed = |f: &dyn Fn(&mut LinkCodec)| {
+        let mut links = links.clone();
+        f(&mut links[0]);
+        links
+    };
+    let mut twice = links.clone();
+    twice.push(links[0].clone());
+    let cases = [
+        (links.clone(), widest + 1, "codec_bits"),
+        (twice, widest, &*format!("links[{}].between", links.len())),
+        (
+            changed(&|l| l.between[1] = "atlantis".into()),
+            widest,
+            "links[0].between",
+        ),
+        (
+            changed(&|l| l.between[1] = l.between[0].clone()),
+            widest,
+            "links[0].between",
+        ),
+        (changed(&|l| l.bits = 33), widest, "links[0].bits"),
+        (
+            changed(&|l| l.block_size = 0),
+            widest,
+            "links[0].block_size",
+        ),
+        (changed(&|l| l.zstd = !l.zstd), widest, "links"),
+    ];
+    for (links, bits, field) in cases {
+        refused(&mut self::state(), &with(links, bits), field);
+    }
 }
 
 // ---- property tests -------------------------------------------------------

@@ -170,6 +170,41 @@ pub enum RoundOutcome {
     },
 }
 
+/// The codec one link of a round's collective carries, as the sync
+/// planner chose it for the job's schedule: what the two sites' agents
+/// encode and decode the pseudo-gradients on that link with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkCodec {
+    pub between: [String; 2],
+    /// Bits per element (0: uncompressed).
+    pub bits: u32,
+    /// Elements per scale block.
+    pub block_size: u32,
+    pub error_feedback: bool,
+    pub zstd: bool,
+}
+
+impl LinkCodec {
+    /// The planner's codec of each link of `sync`, in its order.
+    pub fn of_schedule(sync: &crate::sync::SyncPlan) -> Vec<Self> {
+        sync.links
+            .iter()
+            .map(|l| Self {
+                between: l.between.clone(),
+                bits: l.bits,
+                block_size: l.block_size,
+                error_feedback: l.error_feedback,
+                zstd: l.zstd,
+            })
+            .collect()
+    }
+
+    fn joins(&self, a: &str, b: &str) -> bool {
+        let [x, y] = &self.between;
+        (x == a && y == b) || (x == b && y == a)
+    }
+}
+
 /// One outer round of a job.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoundRecord {
@@ -179,7 +214,12 @@ pub struct RoundRecord {
     pub participants: Vec<Participant>,
     /// One per fragment (P of them).
     pub fragments: Vec<FragmentState>,
+    /// The round's codec width: the widest of `links`.
     pub codec_bits: u32,
+    /// The codec of each link of the collective, from the job's sync
+    /// schedule (empty in rounds opened before rounds carried them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub links: Vec<LinkCodec>,
     pub opened_at_unix_ms: u64,
     pub deadline_unix_ms: u64,
     pub opened_revision: u64,
@@ -431,6 +471,7 @@ pub(in crate::state) struct OpenRound<'a> {
     pub catch_up: &'a [CatchUp],
     pub fragments: u32,
     pub codec_bits: u32,
+    pub links: &'a [LinkCodec],
     pub deadline_unix_ms: u64,
     pub at_unix_ms: u64,
 }

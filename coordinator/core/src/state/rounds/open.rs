@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    FragmentState, OpenRound, Participant, ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord,
-    round_change,
+    FragmentState, LinkCodec, OpenRound, Participant, ROUNDS_KEPT_PER_JOB, RoundOutcome,
+    RoundRecord, round_change,
 };
 use crate::placement::CrossSiteMode;
 use crate::state::{ApplyError, Change, ClusterState, JobState, Liveness};
@@ -120,6 +120,7 @@ impl ClusterState {
                 ),
             ));
         }
+        check_links(open, plan)?;
         if open.deadline_unix_ms <= open.at_unix_ms {
             return Err(ApplyError::invalid(
                 "deadline_unix_ms",
@@ -188,6 +189,7 @@ impl ClusterState {
             participants,
             fragments: vec![FragmentState::Open; open.fragments as usize],
             codec_bits: open.codec_bits,
+            links: open.links.to_vec(),
             opened_at_unix_ms: open.at_unix_ms,
             deadline_unix_ms: open.deadline_unix_ms,
             opened_revision: revision,
@@ -211,4 +213,72 @@ impl ClusterState {
         );
         Ok(changes)
     }
+}
+
+/// A round's per-link codecs: each joins two of the job's replica sites,
+/// once; a width of at most 32 bits, with blocks for a quantised one; the
+/// round's `codec_bits` is their widest; and, for a plan that holds its
+/// sync schedule, exactly the schedule's codecs, so every agent of the
+/// round encodes each link as the planner decided. None (a command logged
+/// before rounds carried them) passes.
+fn check_links(open: &OpenRound<'_>, plan: &crate::placement::Plan) -> Result<(), ApplyError> {
+    if open.links.is_empty() {
+        return Ok(());
+    }
+    for (i, link) in open.links.iter().enumerate() {
+        let field = |name: &str| format!("links[{i}].{name}");
+        let [a, b] = &link.between;
+        if a == b {
+            return Err(ApplyError::invalid(
+                field("between"),
+                format!("a link joins two different sites, found {a:?} twice"),
+            ));
+        }
+        if let Some(site) = [a, b].into_iter().find(|s| !plan.site_order.contains(s)) {
+            return Err(ApplyError::precondition(
+                field("between"),
+                format!("site {site:?} runs no replica of job {:?}", open.job_id),
+            ));
+        }
+        if open.links[..i].iter().any(|l| l.joins(a, b)) {
+            return Err(ApplyError::invalid(
+                field("between"),
+                format!("the link between {a:?} and {b:?} is listed twice"),
+            ));
+        }
+        if link.bits > 32 {
+            return Err(ApplyError::invalid(
+                field("bits"),
+                format!("must be at most 32 (0: uncompressed), found {}", link.bits),
+            ));
+        }
+        if (1..16).contains(&link.bits) && link.block_size == 0 {
+            return Err(ApplyError::invalid(
+                field("block_size"),
+                format!("a {}-bit codec needs blocks of at least 1", link.bits),
+            ));
+        }
+    }
+    let widest = open.links.iter().map(|l| l.bits).max().unwrap_or(0);
+    if open.codec_bits != widest {
+        return Err(ApplyError::invalid(
+            "codec_bits",
+            format!(
+                "is {} but the widest codec of the round's links is {widest} bits",
+                open.codec_bits
+            ),
+        ));
+    }
+    if let Some(sync) = &plan.sync
+        && open.links != LinkCodec::of_schedule(sync).as_slice()
+    {
+        return Err(ApplyError::precondition(
+            "links",
+            format!(
+                "the codecs differ from job {:?}'s sync schedule (re-placed since?)",
+                open.job_id
+            ),
+        ));
+    }
+    Ok(())
 }
