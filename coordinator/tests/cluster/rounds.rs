@@ -20,8 +20,8 @@ use longhaul_proto::v1::agent_service_client::AgentServiceClient;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::processes::{cluster, leader};
-use crate::util::{client, eventually, leader_of, replica_configs};
+use crate::processes::{cluster, http_get, leader};
+use crate::util::{client, eventually, free_addr, leader_of, replica_configs};
 
 const TOPOLOGY: &str = include_str!("fixtures/three-continents.toml");
 const JOB: &str = include_str!("../../../deploy/examples/dense-400b.job.toml");
@@ -614,10 +614,69 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
     )
     .await;
     assert_eq!(schedule.job_id, JOB_ID);
+    // The round carries the schedule's codec of every link, its width the
+    // widest.
+    let round = schedule.current_round.as_ref().unwrap();
+    let carried: Vec<_> = round
+        .links
+        .iter()
+        .map(|l| {
+            (
+                &l.site_a,
+                &l.site_b,
+                l.bits,
+                l.block_size,
+                l.error_feedback,
+                l.zstd,
+            )
+        })
+        .collect();
+    let planned: Vec<_> = schedule
+        .links
+        .iter()
+        .map(|l| {
+            (
+                &l.site_a,
+                &l.site_b,
+                l.bits,
+                l.block_size,
+                l.error_feedback,
+                l.zstd,
+            )
+        })
+        .collect();
+    assert!(!carried.is_empty());
+    assert_eq!(carried, planned);
+    assert_eq!(
+        Some(round.codec_bits),
+        round.links.iter().map(|l| l.bits).max()
+    );
     drop(stand_ins);
     for replica in replicas.into_iter().flatten() {
         replica.stop().await;
     }
+}
+
+/// Waits (20 s at most) until the replica's `/metrics` at `addr` shows
+/// every one of `wanted`.
+async fn metrics_show(addr: SocketAddr, wanted: &[&str]) {
+    let mut last = String::new();
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(body) = http_get(addr, "/metrics").await {
+                if wanted.iter().all(|w| body.contains(w)) {
+                    return;
+                }
+                last = body;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "{addr}/metrics lacks some of {wanted:?}:\n{last}"
+    );
 }
 
 /// Real replica processes and three stand-ins: rounds commit; a site that
@@ -631,12 +690,15 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
     const TTL: Duration = Duration::from_secs(3);
     let dir = tempfile::tempdir().unwrap();
     let mut processes = cluster(dir.path(), 3);
-    for p in &mut processes {
+    let metrics: Vec<SocketAddr> = processes.iter().map(|_| free_addr()).collect();
+    for (p, metrics) in processes.iter_mut().zip(&metrics) {
         p.extra_args = vec![
             "--round-deadline".into(),
             "6s".into(),
             "--lease-ttl".into(),
             "3s".into(),
+            "--metrics-listen".into(),
+            metrics.to_string(),
         ];
         p.start();
     }
@@ -659,6 +721,20 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
             .then_some(())
     })
     .await;
+    // Every replica counts the rounds it applied; the leader, which opened
+    // them, also shows the bytes the schedule plans per outer step.
+    let leading = leader(&processes).await as usize - 1;
+    for (i, addr) in metrics.iter().enumerate() {
+        let mut wanted = vec![
+            "longhaul_rounds_opened_total",
+            "longhaul_rounds_ended_total{outcome=\"committed\"}",
+            "longhaul_round_duration_seconds",
+        ];
+        if i == leading {
+            wanted.push("longhaul_sync_planned_bytes_per_outer_step{job=\"dense-400b\"}");
+        }
+        metrics_show(*addr, &wanted).await;
+    }
 
     // paris stops reporting; once a round waits only on paris, it dies.
     let victim = &stand_ins[0];
@@ -717,6 +793,14 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
         .filter(|p| p.site_id != victim.site)
     {
         assert!(!p.excluded, "{p:?}");
+    }
+    // The exclusion is counted, by its reason, on every replica.
+    let exclusion = format!(
+        "longhaul_round_exclusions_total{{reason=\"{}\"}}",
+        excluded.exclusion_reason
+    );
+    for addr in &metrics {
+        metrics_show(*addr, &[exclusion.as_str()]).await;
     }
 
     // paris comes back: the job is placed on it again, and it takes part in a
