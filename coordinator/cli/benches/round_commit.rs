@@ -22,6 +22,7 @@
 //!   commit;
 //! - the commit on the leader's round watch (`WatchRounds`);
 //! - the commit on every replica's round watch (the slowest of the three);
+//!
 //! and, on the leader's watch, the round from its opening to its commit
 //! (2 × M × P reports in three waves, and the last one).
 //!
@@ -202,22 +203,22 @@ async fn start_cluster(
         Some(km) => {
             let mut specs = Vec::new();
             let mut one_way = u64::MAX;
-            for i in 0..3 {
-                for j in i + 1..3 {
-                    let config = link_config(topology, SITES[i], SITES[j], km);
+            for (i, a) in SITES.iter().enumerate() {
+                for b in &SITES[i + 1..] {
+                    let config = link_config(topology, a, b, km);
                     one_way = one_way.min(config.one_way_ns());
-                    specs.push(LinkSpec::symmetric(SITES[i], SITES[j], config));
+                    specs.push(LinkSpec::symmetric(a, b, config));
                 }
             }
             let emulator = Emulator::new(settings.seed, specs)?;
-            for i in 0..3 {
+            for (i, from) in SITES.iter().enumerate() {
                 for (j, addr) in addrs.iter().enumerate() {
                     if i == j {
                         reach.insert((i, j), *addr);
                         continue;
                     }
                     let (tcp, udp) = emulator
-                        .expose(SITES[i], SITES[j], "127.0.0.1".parse()?, *addr)
+                        .expose(from, SITES[j], "127.0.0.1".parse()?, *addr)
                         .await?;
                     reach.insert((i, j), tcp.local_addr());
                     proxies.push((tcp, udp));
@@ -246,7 +247,10 @@ async fn start_cluster(
                 .arg(cluster.join(","))
                 .arg("--tick-interval")
                 .arg(format!("{}ms", tick.as_millis()))
-                .args(["--round-deadline", "60s", "--log", "warn"])
+                // Leases long enough that a loaded machine does not expire
+                // them: the bench is about rounds.
+                .args(["--round-deadline", "60s", "--lease-ttl", "10s"])
+                .args(["--log", "warn"])
                 .stdout(std::process::Stdio::null())
                 .stderr(log),
         )?;
@@ -311,8 +315,8 @@ async fn set_up(
     let mut renewals = JoinSet::new();
     for site in SITES {
         let inventory = topology.site(site).map(site_to_wire);
-        let mut agent = AgentServiceClient::new(channel(leader)?);
-        let registered = retry("register", || {
+        let agent = AgentServiceClient::new(channel(leader)?);
+        let register = move || {
             let request = pb::RegisterRequest {
                 site_id: site.into(),
                 inventory: inventory.clone(),
@@ -320,11 +324,11 @@ async fn set_up(
             };
             let mut agent = agent.clone();
             async move { agent.register(timed(request)).await }
-        })
-        .await?
-        .into_inner();
+        };
+        let mut registered = retry("register", register.clone()).await?.into_inner();
         let every =
             Duration::from_millis(registered.lease_ttl_ms / 5).max(Duration::from_millis(50));
+        let mut agent = AgentServiceClient::new(channel(leader)?);
         renewals.spawn(async move {
             loop {
                 tokio::time::sleep(every).await;
@@ -332,8 +336,21 @@ async fn set_up(
                     site_id: site.into(),
                     lease_id: registered.lease_id,
                 };
-                if let Err(status) = agent.keep_alive(timed(request)).await {
-                    eprintln!("  warning: {site}'s lease renewal failed: {status}");
+                let Err(status) = agent.keep_alive(timed(request)).await else {
+                    continue;
+                };
+                eprintln!(
+                    "  warning: {site}'s lease renewal failed: {}",
+                    status.message()
+                );
+                // The lease is gone (the site was marked down): register
+                // again, as an agent does.
+                if matches!(
+                    status.code(),
+                    tonic::Code::FailedPrecondition | tonic::Code::NotFound
+                ) && let Ok(again) = register().await
+                {
+                    registered = again.into_inner();
                 }
             }
         });
