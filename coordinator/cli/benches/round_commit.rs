@@ -584,6 +584,12 @@ async fn run_rounds(
                 status.message(),
                 ended.map(|r| r.state())
             );
+            // A round still open (a report's outcome was unknown across a
+            // leader change) is reported again: the same reports are
+            // answered as the first.
+            if ended.is_some_and(|r| r.state() == pb::RoundState::Open) {
+                next = round.round_id;
+            }
             continue;
         }
         let request = pb::ReportAppliedRequest {
