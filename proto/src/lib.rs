@@ -3,6 +3,7 @@
 //! The core never depends on this crate.
 
 pub mod convert;
+pub mod rounds;
 
 /// Version 1 of the API.
 #[allow(

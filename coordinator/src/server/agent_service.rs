@@ -476,6 +476,7 @@ impl AgentService for AgentServiceImpl {
                         revision: r.revision,
                         round: Some(super::rounds::round_to_wire(r)),
                         sync_point: false,
+                        report: None,
                     })
                     .collect::<Vec<_>>();
                 (open, state.revision())
@@ -485,7 +486,7 @@ impl AgentService for AgentServiceImpl {
                     .map_err(|e| Status::out_of_range(format!("field `after_revision`: {e}")))?;
                 let backlog = events
                     .iter()
-                    .filter_map(|e| super::rounds::round_event_for(e, &site))
+                    .filter_map(|e| super::rounds::round_event_for(e, &site, &state))
                     .collect();
                 (backlog, state.revision().max(body.after_revision))
             }
@@ -495,6 +496,7 @@ impl AgentService for AgentServiceImpl {
             revision: last,
             round: None,
             sync_point: true,
+            report: None,
         };
         let stream = async_stream(move |tx| async move {
             for event in backlog.into_iter().chain([sync_point]) {
@@ -502,8 +504,9 @@ impl AgentService for AgentServiceImpl {
                     return;
                 }
             }
+            let reader = state.clone();
             follow_live(live, state, last, &tx, |event| {
-                super::rounds::round_event_for(event, &site)
+                super::rounds::round_event_for(event, &site, &reader.read())
             })
             .await;
         });

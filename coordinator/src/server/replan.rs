@@ -235,6 +235,7 @@ pub fn spawn(raft: RaftHandle) {
                 let command = Command::SetPlacement {
                     job_id: change.job_id.clone(),
                     placement: change.placement,
+                    at_unix_ms: super::service::now_unix_ms(),
                 };
                 match raft.propose(Request::new(command)).await {
                     Ok(ApplyResponse::Applied { .. }) => {}
@@ -373,6 +374,7 @@ mod tests {
                 .apply(&Request::new(Command::SetPlacement {
                     job_id: change.job_id,
                     placement: change.placement,
+                    at_unix_ms: 0,
                 }))
                 .unwrap();
         };

@@ -27,8 +27,8 @@ use std::time::Duration;
 use longhaul_core::cost::CostParams;
 use longhaul_core::placement::CrossSiteMode;
 use longhaul_core::state::{
-    Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, Liveness,
-    Request, RoundOutcome, RoundRecord,
+    Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, LinkCodec,
+    Liveness, Request, RoundOutcome, RoundRecord, RoundReport,
 };
 use longhaul_core::sync::schedule_of;
 use longhaul_proto::v1 as pb;
@@ -82,18 +82,19 @@ impl RoundTiming {
 }
 
 /// What the sync schedule says about one round of a placed DiLoCo job:
-/// fragments, codec bits and the predicted outer step; one uncompressed
-/// fragment and no prediction when there is none. The schedule is the one
+/// fragments, codec bits (the widest), the codec of each link and the
+/// predicted outer step; one uncompressed fragment, no links and no
+/// prediction when there is none. The schedule is the one
 /// placement costed the plan with and `GetSyncSchedule` serves
 /// ([`longhaul_core::sync::schedule_of`]), so a round and the schedule
 /// never disagree; only a plan stored before placement ran the planner is
 /// planned here.
-fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Option<f64>) {
+fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Vec<LinkCodec>, Option<f64>) {
     let Some(job) = state.job(job_id) else {
-        return (1, 0, None);
+        return (1, 0, Vec::new(), None);
     };
     let Some(plan) = job.placement.plan() else {
-        return (1, 0, None);
+        return (1, 0, Vec::new(), None);
     };
     let links: Vec<_> = if plan.sync.is_some() {
         Vec::new()
@@ -104,11 +105,12 @@ fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Option<f64>) {
         Ok(sync) => (
             sync.fragments.max(1),
             sync.bits(),
+            LinkCodec::of_schedule(&sync),
             Some(sync.outer_step_seconds),
         ),
         Err(error) => {
             tracing::debug!(job = job_id, %error, "no sync schedule for the job; one fragment, uncompressed");
-            (1, 0, None)
+            (1, 0, Vec::new(), None)
         }
     }
 }
@@ -175,7 +177,7 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                 if participants.is_empty() {
                     continue;
                 }
-                let (fragments, codec_bits, outer_step) = planned(state, &job.id);
+                let (fragments, codec_bits, links, outer_step) = planned(state, &job.id);
                 let deadline = timing.deadline(outer_step).as_millis() as u64;
                 let fragments = fragments.min(longhaul_core::limits::MAX_ROUND_FRAGMENTS);
                 commands.push(Command::OpenRound {
@@ -185,6 +187,7 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                     participants,
                     fragments,
                     codec_bits,
+                    links,
                     deadline_unix_ms: now_unix_ms.saturating_add(deadline.max(1)),
                     at_unix_ms: now_unix_ms,
                 });
@@ -245,11 +248,15 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
             tokio::select! {
                 event = events.recv() => match event {
                     Ok(event) => {
-                        record_metrics(&event);
-                        if !matches!(
-                            event.change,
-                            Change::Round { .. } | Change::Job { .. } | Change::Site { .. }
-                        ) {
+                        record_metrics(&event, &raft.state().read());
+                        // A report matters only when it ended its round:
+                        // the next one may open.
+                        let wakes = match &event.change {
+                            Change::Round { .. } | Change::Job { .. } | Change::Site { .. } => true,
+                            Change::RoundReport { report } => report.outcome.is_some(),
+                            _ => false,
+                        };
+                        if !wakes {
                             continue;
                         }
                     }
@@ -322,10 +329,16 @@ fn record_planned_bytes(state: &ClusterState, job_id: &str) {
         .set(sync.bytes_per_outer_step);
 }
 
-/// Each replica counts the round transitions it applies.
-fn record_metrics(event: &Event) {
-    let Change::Round { record } = &event.change else {
-        return;
+/// Each replica counts the round transitions it applies (`state`, at or
+/// after the event, gives a report's round its opening time).
+fn record_metrics(event: &Event, state: &ClusterState) {
+    let record = match &event.change {
+        Change::Round { record } => record,
+        Change::RoundReport { report } => {
+            record_report_metrics(report, state);
+            return;
+        }
+        _ => return,
     };
     if record.opened_revision == event.revision {
         metrics::counter!("longhaul_rounds_opened_total").increment(1);
@@ -357,13 +370,87 @@ fn record_metrics(event: &Event) {
     }
 }
 
+/// The end of a round by a report: the same counters as a record's end.
+fn record_report_metrics(report: &RoundReport, state: &ClusterState) {
+    let (outcome, ended) = match &report.outcome {
+        None | Some(RoundOutcome::Open) => return,
+        Some(RoundOutcome::Committed { at_unix_ms, .. }) => ("committed", *at_unix_ms),
+        Some(RoundOutcome::Aborted { at_unix_ms, .. }) => ("aborted", *at_unix_ms),
+    };
+    metrics::counter!("longhaul_rounds_ended_total", "outcome" => outcome).increment(1);
+    if let Some(opened) = state
+        .round(&report.job_id, report.round)
+        .map(|r| r.opened_at_unix_ms)
+        .filter(|&opened| ended >= opened)
+    {
+        let seconds = (ended - opened) as f64 / 1000.0;
+        metrics::histogram!("longhaul_round_duration_seconds", "outcome" => outcome)
+            .record(seconds);
+    }
+}
+
+/// A round's outcome as the API names it: state, reason, end time.
+fn outcome_to_wire(outcome: &RoundOutcome) -> (pb::RoundState, String, u64) {
+    match outcome {
+        RoundOutcome::Open => (pb::RoundState::Open, String::new(), 0),
+        RoundOutcome::Committed { at_unix_ms, .. } => {
+            (pb::RoundState::Committed, String::new(), *at_unix_ms)
+        }
+        RoundOutcome::Aborted {
+            reason, at_unix_ms, ..
+        } => (pb::RoundState::Aborted, reason.clone(), *at_unix_ms),
+    }
+}
+
+fn fragment_to_wire(fragment: u32, state: &FragmentState) -> pb::RoundFragment {
+    let (name, hash, disagreement) = match state {
+        FragmentState::Open => ("open", String::new(), Vec::new()),
+        FragmentState::Committed { hash, .. } => ("committed", hash.clone(), Vec::new()),
+        FragmentState::Aborted { disagreement, .. } => (
+            "aborted",
+            String::new(),
+            disagreement
+                .iter()
+                .map(|g| pb::HashGroup {
+                    hash: g.hash.clone(),
+                    site_ids: g.sites.clone(),
+                })
+                .collect(),
+        ),
+    };
+    pb::RoundFragment {
+        fragment,
+        state: name.to_string(),
+        hash,
+        disagreement,
+    }
+}
+
+/// A report's change to a round as the watches send it.
+pub fn round_report_to_wire(report: &RoundReport) -> pb::RoundReport {
+    let (state, reason, ended_at_unix_ms) =
+        outcome_to_wire(report.outcome.as_ref().unwrap_or(&RoundOutcome::Open));
+    pb::RoundReport {
+        job_id: report.job_id.clone(),
+        round_id: report.round,
+        site_id: report.site.clone(),
+        fragment: report.fragment,
+        applied: report.is_applied(),
+        hash: report.applied_hash.clone().unwrap_or_default(),
+        fragment_state: report
+            .fragment_state
+            .as_ref()
+            .map(|f| fragment_to_wire(report.fragment, f)),
+        state: state as i32,
+        reason,
+        ended_at_unix_ms,
+        revision: report.revision,
+    }
+}
+
 /// A round as the API returns it.
 pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
-    let (state, reason) = match &record.outcome {
-        RoundOutcome::Open => (pb::RoundState::Open, String::new()),
-        RoundOutcome::Committed { .. } => (pb::RoundState::Committed, String::new()),
-        RoundOutcome::Aborted { reason, .. } => (pb::RoundState::Aborted, reason.clone()),
-    };
+    let (state, reason, _) = outcome_to_wire(&record.outcome);
     pb::OuterRound {
         round_id: record.round,
         participants: record.participants.iter().map(|p| p.site.clone()).collect(),
@@ -412,36 +499,24 @@ pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
             .fragments
             .iter()
             .enumerate()
-            .map(|(f, state)| {
-                let (name, hash, disagreement) = match state {
-                    FragmentState::Open => ("open", String::new(), Vec::new()),
-                    FragmentState::Committed { hash, .. } => {
-                        ("committed", hash.clone(), Vec::new())
-                    }
-                    FragmentState::Aborted { disagreement, .. } => (
-                        "aborted",
-                        String::new(),
-                        disagreement
-                            .iter()
-                            .map(|g| pb::HashGroup {
-                                hash: g.hash.clone(),
-                                site_ids: g.sites.clone(),
-                            })
-                            .collect(),
-                    ),
-                };
-                pb::RoundFragment {
-                    fragment: f as u32,
-                    state: name.to_string(),
-                    hash,
-                    disagreement,
-                }
-            })
+            .map(|(f, state)| fragment_to_wire(f as u32, state))
             .collect(),
         waiting_on: record
             .waiting_on()
             .into_iter()
             .map(str::to_string)
+            .collect(),
+        links: record
+            .links
+            .iter()
+            .map(|l| pb::RoundLinkCodec {
+                site_a: l.between[0].clone(),
+                site_b: l.between[1].clone(),
+                bits: l.bits,
+                block_size: l.block_size,
+                error_feedback: l.error_feedback,
+                zstd: l.zstd,
+            })
             .collect(),
     }
 }
@@ -453,238 +528,32 @@ pub fn current_round(state: &ClusterState, job_id: &str) -> Option<pb::OuterRoun
 }
 
 /// The round event for `site` that the change at `event` implies: a round
-/// it takes part in.
-pub fn round_event_for(event: &Event, site: &str) -> Option<pb::RoundEvent> {
+/// it takes part in, or a report's change to one (`state`, at or after the
+/// event, names a report's round's participants, which never change; a
+/// round no longer kept is sent anyway).
+pub fn round_event_for(event: &Event, site: &str, state: &ClusterState) -> Option<pb::RoundEvent> {
     match &event.change {
         Change::Round { record } if record.participant(site).is_some() => Some(pb::RoundEvent {
             revision: event.revision,
             round: Some(round_to_wire(record)),
             sync_point: false,
+            report: None,
         }),
+        Change::RoundReport { report }
+            if state
+                .round(&report.job_id, report.round)
+                .is_none_or(|r| r.participant(site).is_some()) =>
+        {
+            Some(pb::RoundEvent {
+                revision: event.revision,
+                round: None,
+                sync_point: false,
+                report: Some(round_report_to_wire(report)),
+            })
+        }
         _ => None,
     }
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
-
-    use longhaul_core::state::{Command, Placement, Request};
-    use longhaul_core::{JobSpec, Topology};
-
-    use super::*;
-
-    const TOPOLOGY: &str = include_str!("../../../deploy/examples/three-sites-two-continents.toml");
-    const JOB: &str = include_str!("../../../deploy/examples/dense-400b.job.toml");
-
-    fn state() -> ClusterState {
-        let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
-        let mut state = ClusterState::default();
-        for site in &topology.sites {
-            state
-                .apply(&Request::new(Command::RegisterSite {
-                    site: site.clone(),
-                    data_address: String::new(),
-                    at_unix_ms: 0,
-                    lease_id: 1,
-                    lease_ttl_ms: 0,
-                }))
-                .unwrap();
-        }
-        for link in &topology.links {
-            state
-                .apply(&Request::new(Command::PutLink { link: link.clone() }))
-                .unwrap();
-        }
-        let spec = JobSpec::from_toml("j.toml", JOB).unwrap();
-        let plan = longhaul_core::placement::place(&topology, &spec).unwrap();
-        state
-            .apply(&Request::new(Command::SubmitJob {
-                job_id: "dense".into(),
-                spec,
-                placement: Placement::placed(plan),
-            }))
-            .unwrap();
-        state
-    }
-
-    fn apply(state: &mut ClusterState, commands: Vec<Command>) {
-        for command in commands {
-            state.apply(&Request::new(command)).unwrap();
-        }
-    }
-
-    #[test]
-    fn the_driver_opens_a_round_resumes_it_and_excludes_stragglers_at_the_deadline() {
-        let mut state = state();
-        let timing = RoundTiming {
-            fixed: Some(Duration::from_secs(5)),
-            ..RoundTiming::default()
-        };
-        let opened = round_actions(&state, 1_000, &timing);
-        assert_eq!(opened.len(), 1, "{opened:?}");
-        let Command::OpenRound {
-            round,
-            participants,
-            deadline_unix_ms,
-            fragments,
-            ..
-        } = &opened[0]
-        else {
-            panic!("{opened:?}");
-        };
-        assert_eq!((*round, *deadline_unix_ms), (1, 6_000));
-        assert!(participants.len() >= 2, "{participants:?}");
-        assert!(*fragments >= 1);
-        let participants = participants.clone();
-        apply(&mut state, opened);
-        // A leader (this one, or the next) resumes the open round: nothing
-        // to do before the deadline.
-        assert!(round_actions(&state, 5_999, &timing).is_empty());
-        let first = &participants[0];
-        for f in 0..state.open_round("dense").unwrap().fragments.len() as u32 {
-            apply(
-                &mut state,
-                vec![
-                    Command::ReportContributed {
-                        job_id: "dense".into(),
-                        round: 1,
-                        site_id: first.clone(),
-                        fragment: f,
-                        at_unix_ms: 2_000,
-                    },
-                    Command::ReportApplied {
-                        job_id: "dense".into(),
-                        round: 1,
-                        site_id: first.clone(),
-                        fragment: f,
-                        hash: "h".into(),
-                        at_unix_ms: 2_000,
-                    },
-                ],
-            );
-        }
-        let excluded = round_actions(&state, 6_000, &timing);
-        assert_eq!(excluded.len(), participants.len() - 1, "{excluded:?}");
-        assert!(excluded.iter().all(|c| matches!(
-            c,
-            Command::ExcludeParticipant { reason: ExclusionReason::DeadlineMissed, site_id, .. } if site_id != first
-        )));
-        apply(&mut state, excluded);
-        assert!(state.round("dense", 1).unwrap().is_committed());
-        // The next round opens at once, and the excluded sites, up, are in it
-        // with a catch-up from the site that applied round 1.
-        let next = round_actions(&state, 6_001, &timing);
-        let Command::OpenRound {
-            round, catch_up, ..
-        } = &next[0]
-        else {
-            panic!("{next:?}");
-        };
-        assert_eq!(*round, 2);
-        assert_eq!(catch_up.len(), participants.len() - 1);
-        assert!(
-            catch_up
-                .iter()
-                .all(|c| c.from_round == 1 && &c.from_site == first)
-        );
-    }
-
-    /// Rounds applied through the coordinator's state machine come back the
-    /// same from its table after a restart, and from a snapshot installed
-    /// on another replica.
-    #[test]
-    fn rounds_survive_a_restart_and_a_snapshot() {
-        use crate::consensus::StateMachine;
-        use crate::server::state_machine::CoordinatorStateMachine;
-
-        let mut reference = state();
-        let timing = RoundTiming {
-            fixed: Some(Duration::from_secs(5)),
-            ..RoundTiming::default()
-        };
-        let mut commands: Vec<Command> = Vec::new();
-        let mut scratch = reference.clone();
-        let opened = round_actions(&scratch, 1_000, &timing);
-        apply(&mut scratch, opened.clone());
-        commands.extend(opened);
-        let excluded = round_actions(&scratch, 9_000, &timing);
-        apply(&mut scratch, excluded.clone());
-        commands.extend(excluded);
-        let reopened = round_actions(&scratch, 9_001, &timing);
-        commands.extend(reopened);
-
-        let dir = tempfile::tempdir().unwrap();
-        let db = redb::Database::create(dir.path().join("a.redb")).unwrap();
-        let mut machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
-        // Rebuild the reference through the machine: every command of the
-        // setup and of the rounds applied in one transaction.
-        let setup = {
-            let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
-            let mut out = Vec::new();
-            for site in &topology.sites {
-                out.push(Command::RegisterSite {
-                    site: site.clone(),
-                    data_address: String::new(),
-                    at_unix_ms: 0,
-                    lease_id: 1,
-                    lease_ttl_ms: 0,
-                });
-            }
-            for link in &topology.links {
-                out.push(Command::PutLink { link: link.clone() });
-            }
-            out.push(Command::SubmitJob {
-                job_id: "dense".into(),
-                spec: reference.job("dense").unwrap().spec.clone(),
-                placement: reference.job("dense").unwrap().placement.clone(),
-            });
-            out
-        };
-        let txn = db.begin_write().unwrap();
-        for (i, command) in setup.iter().chain(&commands).enumerate() {
-            let data = serde_json::to_vec(&Request::new(command.clone())).unwrap();
-            let response = machine.apply(&txn, i as u64 + 1, &data).unwrap();
-            let response: ApplyResponse = serde_json::from_slice(&response).unwrap();
-            assert!(
-                matches!(response, ApplyResponse::Applied { .. }),
-                "{} refused: {response:?}",
-                command.name()
-            );
-        }
-        txn.commit().unwrap();
-        apply(&mut reference, commands);
-        assert_eq!(*machine.shared().read(), reference);
-        assert!(reference.round("dense", 2).is_some_and(|r| r.is_open()));
-
-        let loaded = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
-        assert_eq!(*loaded.shared().read(), reference, "after a restart");
-
-        let snapshot = machine.snapshot(&db.begin_read().unwrap()).unwrap();
-        let other = redb::Database::create(dir.path().join("b.redb")).unwrap();
-        let mut installed = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
-        let txn = other.begin_write().unwrap();
-        installed.restore(&txn, &snapshot).unwrap();
-        txn.commit().unwrap();
-        assert_eq!(*installed.shared().read(), reference, "after a snapshot");
-        let reloaded = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
-        assert_eq!(
-            *reloaded.shared().read(),
-            reference,
-            "a snapshot's state after a restart"
-        );
-    }
-
-    #[test]
-    fn a_deadline_follows_the_prediction_with_slack_and_a_floor() {
-        let timing = RoundTiming::default();
-        assert_eq!(timing.deadline(Some(600.0)), Duration::from_secs(1200));
-        assert_eq!(timing.deadline(Some(1.0)), Duration::from_secs(30));
-        assert_eq!(timing.deadline(None), Duration::from_secs(30));
-        assert_eq!(timing.deadline(Some(f64::NAN)), Duration::from_secs(30));
-        assert_eq!(
-            timing.deadline(Some(1e30)),
-            Duration::from_secs(365 * 24 * 3600)
-        );
-    }
-}
+mod tests;

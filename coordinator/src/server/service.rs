@@ -533,6 +533,7 @@ impl Coordinator for CoordinatorService {
         let command = StateRequest {
             command: Command::CancelJob {
                 job_id: body.job_id,
+                at_unix_ms: now_unix_ms(),
             },
             expected_revision: expected(body.expected_revision),
         };
@@ -760,6 +761,9 @@ fn watch_event(event: &Event) -> pb::WatchEvent {
         Change::Link { record } => Some(E::Link(convert::link_status(record))),
         Change::Job { record } => Some(E::Job(convert::job(record))),
         Change::Round { record } => Some(E::Round(super::rounds::round_to_wire(record))),
+        Change::RoundReport { report } => {
+            Some(E::RoundReport(super::rounds::round_report_to_wire(report)))
+        }
         Change::Member { .. }
         | Change::MemberRemoved { .. }
         | Change::RoundRemoved { .. }

@@ -5,8 +5,13 @@
 //! Table layout (keys are UTF-8):
 //! - `meta/revision` → the revision, 8 bytes little-endian;
 //! - `entity/<key>` → the latest [`Change`] of an entity (JSON), e.g.
-//!   `entity/site/north`, `entity/round/<job>/<round, 20 digits>` (removed
-//!   when the round falls out of the rounds kept for its job);
+//!   `entity/site/north`, `entity/round/<job>/<round, 20 digits>`, and
+//!   under it each report of the round,
+//!   `…/<site>/<fragment, 10 digits>/contributed|applied`, written alone
+//!   (O(1) bytes per report; the round's record is written at its opening,
+//!   exclusions and abort); a removal removes the entity's key and the keys
+//!   under it (the round and its reports, when it falls out of the rounds
+//!   kept for its job);
 //! - `history/<revision, 20 digits>/<n>` → the n-th [`Event`] of a revision
 //!   (JSON), for watches that resume after a restart (`n` is not padded,
 //!   so loading orders the events by the numbers, not by the keys).
@@ -218,7 +223,18 @@ impl StateMachine for CoordinatorStateMachine {
                         let change = serde_json::to_vec(&event.change)?;
                         match (&event.change, event.change.key()) {
                             (change, Some(key)) if change.is_removal() => {
-                                table.remove(format!("{ENTITY_PREFIX}{key}").as_bytes())?;
+                                let key = format!("{ENTITY_PREFIX}{key}");
+                                table.remove(key.as_bytes())?;
+                                // And its parts (a round's reports): the keys
+                                // from KEY/ up to KEY0, '0' following '/'.
+                                let (start, end) = (format!("{key}/"), format!("{key}0"));
+                                let mut parts = Vec::new();
+                                for item in table.range(start.as_bytes()..end.as_bytes())? {
+                                    parts.push(item?.0.value().to_vec());
+                                }
+                                for part in parts {
+                                    table.remove(part.as_slice())?;
+                                }
                             }
                             (_, Some(key)) => {
                                 let key = format!("{ENTITY_PREFIX}{key}");
@@ -364,6 +380,7 @@ mod tests {
             state
                 .apply(&Request::new(Command::CancelJob {
                     job_id: "placed".into(),
+                    at_unix_ms: 0,
                 }))
                 .unwrap()
                 .events,

@@ -254,7 +254,7 @@ async fn acknowledged_writes_survive_kill_minus_nine_at_random_points() {
 }
 
 /// `GET path` over plain HTTP/1.0; returns the body.
-async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+pub(crate) async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
     // HTTP/1.1 with `Connection: close`, so the server ends the response.

@@ -20,8 +20,8 @@ use longhaul_proto::v1::agent_service_client::AgentServiceClient;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::processes::{cluster, leader};
-use crate::util::{client, eventually, leader_of, replica_configs};
+use crate::processes::{cluster, http_get, leader};
+use crate::util::{client, eventually, free_addr, leader_of, replica_configs};
 
 const TOPOLOGY: &str = include_str!("fixtures/three-continents.toml");
 const JOB: &str = include_str!("../../../deploy/examples/dense-400b.job.toml");
@@ -375,14 +375,51 @@ async fn any_rounds(addrs: &[SocketAddr]) -> Option<Vec<pb::OuterRound>> {
     None
 }
 
-/// The next round on the watch (a default one for a sync point), within 30 s.
-async fn next_round(watch: &mut tonic::Streaming<pb::RoundEvent>) -> pb::OuterRound {
-    let event = tokio::time::timeout(Duration::from_secs(30), watch.message())
-        .await
-        .expect("a round event within 30 s")
-        .unwrap()
-        .expect("the round watch goes on");
-    event.round.unwrap_or_default()
+/// The round watch as an agent holds it: each round sent, with the reports
+/// sent after it folded in.
+struct RoundWatch {
+    stream: tonic::Streaming<pb::RoundEvent>,
+    rounds: std::collections::BTreeMap<u64, pb::OuterRound>,
+}
+
+impl RoundWatch {
+    async fn start(addr: SocketAddr, site: &str) -> Self {
+        let stream = agent(addr)
+            .watch_rounds(pb::WatchRoundsRequest {
+                site_id: site.into(),
+                after_revision: 0,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        Self {
+            stream,
+            rounds: Default::default(),
+        }
+    }
+
+    /// The round the next event changed, as held after it (a default one
+    /// for a sync point), within 30 s.
+    async fn next_round(&mut self) -> pb::OuterRound {
+        let event = tokio::time::timeout(Duration::from_secs(30), self.stream.message())
+            .await
+            .expect("a round event within 30 s")
+            .unwrap()
+            .expect("the round watch goes on");
+        if let Some(round) = event.round {
+            self.rounds.insert(round.round_id, round.clone());
+            return round;
+        }
+        let Some(report) = event.report else {
+            return pb::OuterRound::default();
+        };
+        let round = self
+            .rounds
+            .get_mut(&report.round_id)
+            .expect("a report about a round the watch sent");
+        longhaul_proto::rounds::apply_round_report(round, &report);
+        round.clone()
+    }
 }
 
 fn participant<'a>(round: &'a pb::OuterRound, site: &str) -> Option<&'a pb::RoundParticipant> {
@@ -413,17 +450,10 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
         .collect();
     place_job(&addrs).await;
 
-    let mut watch = agent(addrs[1])
-        .watch_rounds(pb::WatchRoundsRequest {
-            site_id: "paris".into(),
-            after_revision: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut opened = next_round(&mut watch).await;
+    let mut watch = RoundWatch::start(addrs[1], "paris").await;
+    let mut opened = watch.next_round().await;
     while opened.round_id == 0 {
-        opened = next_round(&mut watch).await;
+        opened = watch.next_round().await;
     }
     assert_eq!(opened.round_id, 1);
     assert_eq!(opened.state(), pb::RoundState::Open);
@@ -546,7 +576,7 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
         stand_in.reporting.store(true, Ordering::SeqCst);
     }
     let committed = loop {
-        let round = next_round(&mut watch).await;
+        let round = watch.next_round().await;
         if round.round_id == 1 && round.state() == pb::RoundState::Committed {
             break round;
         }
@@ -584,10 +614,69 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
     )
     .await;
     assert_eq!(schedule.job_id, JOB_ID);
+    // The round carries the schedule's codec of every link, its width the
+    // widest.
+    let round = schedule.current_round.as_ref().unwrap();
+    let carried: Vec<_> = round
+        .links
+        .iter()
+        .map(|l| {
+            (
+                &l.site_a,
+                &l.site_b,
+                l.bits,
+                l.block_size,
+                l.error_feedback,
+                l.zstd,
+            )
+        })
+        .collect();
+    let planned: Vec<_> = schedule
+        .links
+        .iter()
+        .map(|l| {
+            (
+                &l.site_a,
+                &l.site_b,
+                l.bits,
+                l.block_size,
+                l.error_feedback,
+                l.zstd,
+            )
+        })
+        .collect();
+    assert!(!carried.is_empty());
+    assert_eq!(carried, planned);
+    assert_eq!(
+        Some(round.codec_bits),
+        round.links.iter().map(|l| l.bits).max()
+    );
     drop(stand_ins);
     for replica in replicas.into_iter().flatten() {
         replica.stop().await;
     }
+}
+
+/// Waits (20 s at most) until the replica's `/metrics` at `addr` shows
+/// every one of `wanted`.
+async fn metrics_show(addr: SocketAddr, wanted: &[&str]) {
+    let mut last = String::new();
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Some(body) = http_get(addr, "/metrics").await {
+                if wanted.iter().all(|w| body.contains(w)) {
+                    return;
+                }
+                last = body;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        found.is_ok(),
+        "{addr}/metrics lacks some of {wanted:?}:\n{last}"
+    );
 }
 
 /// Real replica processes and three stand-ins: rounds commit; a site that
@@ -601,12 +690,15 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
     const TTL: Duration = Duration::from_secs(3);
     let dir = tempfile::tempdir().unwrap();
     let mut processes = cluster(dir.path(), 3);
-    for p in &mut processes {
+    let metrics: Vec<SocketAddr> = processes.iter().map(|_| free_addr()).collect();
+    for (p, metrics) in processes.iter_mut().zip(&metrics) {
         p.extra_args = vec![
             "--round-deadline".into(),
             "6s".into(),
             "--lease-ttl".into(),
             "3s".into(),
+            "--metrics-listen".into(),
+            metrics.to_string(),
         ];
         p.start();
     }
@@ -629,6 +721,20 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
             .then_some(())
     })
     .await;
+    // Every replica counts the rounds it applied; the leader, which opened
+    // them, also shows the bytes the schedule plans per outer step.
+    let leading = leader(&processes).await as usize - 1;
+    for (i, addr) in metrics.iter().enumerate() {
+        let mut wanted = vec![
+            "longhaul_rounds_opened_total",
+            "longhaul_rounds_ended_total{outcome=\"committed\"}",
+            "longhaul_round_duration_seconds",
+        ];
+        if i == leading {
+            wanted.push("longhaul_sync_planned_bytes_per_outer_step{job=\"dense-400b\"}");
+        }
+        metrics_show(*addr, &wanted).await;
+    }
 
     // paris stops reporting; once a round waits only on paris, it dies.
     let victim = &stand_ins[0];
@@ -687,6 +793,14 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
         .filter(|p| p.site_id != victim.site)
     {
         assert!(!p.excluded, "{p:?}");
+    }
+    // The exclusion is counted, by its reason, on every replica.
+    let exclusion = format!(
+        "longhaul_round_exclusions_total{{reason=\"{}\"}}",
+        excluded.exclusion_reason
+    );
+    for addr in &metrics {
+        metrics_show(*addr, &[exclusion.as_str()]).await;
     }
 
     // paris comes back: the job is placed on it again, and it takes part in a
@@ -807,13 +921,23 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
             break;
         };
         last = event.revision;
-        let Some(pb::watch_event::Event::Round(round)) = event.event else {
-            continue;
+        // A round commits with a report (or an exclusion, whose event
+        // carries the whole round): counted on the event that committed it.
+        let (round_id, committed) = match event.event {
+            Some(pb::watch_event::Event::Round(round)) => {
+                if round.opened_revision == event.revision {
+                    opened.push(round.round_id);
+                }
+                let committed =
+                    round.state() == pb::RoundState::Committed && round.revision == event.revision;
+                (round.round_id, committed)
+            }
+            Some(pb::watch_event::Event::RoundReport(report)) => {
+                (report.round_id, report.state() == pb::RoundState::Committed)
+            }
+            _ => continue,
         };
-        if round.opened_revision == event.revision {
-            opened.push(round.round_id);
-        }
-        if round.round_id == open.round_id && round.state() == pb::RoundState::Committed {
+        if round_id == open.round_id && committed {
             commits += 1;
         }
     }

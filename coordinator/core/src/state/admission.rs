@@ -132,11 +132,13 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             }
             placement_bounds(&root.key("placement"), placement, &mut out);
         }
-        Command::SetPlacement { job_id, placement } => {
+        Command::SetPlacement {
+            job_id, placement, ..
+        } => {
             id(root.key("job_id"), job_id, &mut out);
             placement_bounds(&root.key("placement"), placement, &mut out);
         }
-        Command::CancelJob { job_id } => id(root.key("job_id"), job_id, &mut out),
+        Command::CancelJob { job_id, .. } => id(root.key("job_id"), job_id, &mut out),
         Command::PutMember { member } => {
             let path = root.key("member");
             check_len(
@@ -160,6 +162,7 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             participants,
             catch_up,
             fragments,
+            links,
             ..
         } => {
             id(root.key("job_id"), job_id, &mut out);
@@ -173,6 +176,20 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             );
             for (i, site) in participants.iter().enumerate() {
                 id(path.index(i), site, &mut out);
+            }
+            let path = root.key("links");
+            // A full mesh of the most sites a round may have.
+            check_entries(
+                &path,
+                links.len(),
+                limits::MAX_SITES * (limits::MAX_SITES - 1) / 2,
+                "links",
+                &mut out,
+            );
+            for (i, link) in links.iter().enumerate() {
+                for (j, site) in link.between.iter().enumerate() {
+                    id(path.index(i).key("between").index(j), site, &mut out);
+                }
             }
             let path = root.key("catch_up");
             check_entries(&path, catch_up.len(), limits::MAX_SITES, "sites", &mut out);

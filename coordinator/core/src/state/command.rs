@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::rounds::{CatchUp, ExclusionReason, RoundRecord};
+use super::rounds::{CatchUp, ExclusionReason, LinkCodec, RoundRecord, RoundReport};
 use crate::job::JobSpec;
 use crate::placement::Plan;
 use crate::topology::{DomainGroup, Site, WanLink};
@@ -92,9 +92,17 @@ pub enum Command {
     SetPlacement {
         job_id: String,
         placement: Placement,
+        /// When the proposer decided it: the end or exclusion time of what
+        /// it does to the job's open round (0 in commands logged before it
+        /// was carried: the round's opening time stands in).
+        #[serde(default)]
+        at_unix_ms: u64,
     },
     CancelJob {
         job_id: String,
+        /// As for `SetPlacement`.
+        #[serde(default)]
+        at_unix_ms: u64,
     },
     /// Record a coordinator replica's addresses (membership itself is Raft's
     /// configuration; this is what operators see).
@@ -114,8 +122,13 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         catch_up: Vec<CatchUp>,
         fragments: u32,
-        /// Bits per value of the pseudo-gradient codec (0: uncompressed).
+        /// Bits per value of the pseudo-gradient codec (0: uncompressed):
+        /// the widest of `links`.
         codec_bits: u32,
+        /// The codec of each link, the job's sync schedule's (empty in
+        /// commands logged before rounds carried them).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        links: Vec<LinkCodec>,
         deadline_unix_ms: u64,
         at_unix_ms: u64,
     },
@@ -398,7 +411,14 @@ pub enum Change {
     Round {
         record: Box<RoundRecord>,
     },
-    /// A round that fell out of the rounds kept for its job.
+    /// One report's change to a round: what it added and settled, not the
+    /// round (see `rounds.rs`). Stored beside the round's record, under its
+    /// key + `/SITE/FRAGMENT/contributed|applied`.
+    RoundReport {
+        report: RoundReport,
+    },
+    /// A round that fell out of the rounds kept for its job, with its
+    /// reports.
     RoundRemoved {
         job_id: String,
         round: u64,
@@ -414,14 +434,17 @@ impl Change {
             Self::Link { .. } => "link",
             Self::Job { .. } => "job",
             Self::Member { .. } | Self::MemberRemoved { .. } => "member",
-            Self::Round { .. } | Self::RoundRemoved { .. } => "round",
+            Self::Round { .. } | Self::RoundReport { .. } | Self::RoundRemoved { .. } => "round",
             Self::Noop => "noop",
         }
     }
 
     /// The key under which the entity is stored: `site/ID`, `link/A/B`,
     /// `job/ID`, `member/ID`, `round/JOB/ROUND` (20 digits, so keys sort
-    /// by round); `None` for changes that store nothing.
+    /// by round), a round's report under the round's key +
+    /// `/SITE/FRAGMENT/contributed|applied` (the fragment in 10 digits);
+    /// `None` for changes that store nothing. A removal removes the
+    /// entity's key and every key under it + `/`.
     pub fn key(&self) -> Option<String> {
         match self {
             Self::Site { record } => Some(format!("site/{}", record.site.id)),
@@ -434,6 +457,18 @@ impl Change {
             Self::Member { member } => Some(format!("member/{}", member.id)),
             Self::MemberRemoved { member_id } => Some(format!("member/{member_id}")),
             Self::Round { record } => Some(format!("round/{}/{:020}", record.job_id, record.round)),
+            Self::RoundReport { report } => Some(format!(
+                "round/{}/{:020}/{}/{:010}/{}",
+                report.job_id,
+                report.round,
+                report.site,
+                report.fragment,
+                if report.is_applied() {
+                    "applied"
+                } else {
+                    "contributed"
+                }
+            )),
             Self::RoundRemoved { job_id, round } => Some(format!("round/{job_id}/{round:020}")),
             Self::Noop => None,
         }

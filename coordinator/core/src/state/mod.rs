@@ -20,8 +20,8 @@ pub use command::{
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
 };
 pub use rounds::{
-    CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, Participant,
-    ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord,
+    CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, LinkCodec, Participant,
+    ROUNDS_KEPT_PER_JOB, RoundOutcome, RoundRecord, RoundReport,
 };
 use serde::{Deserialize, Serialize};
 
@@ -93,7 +93,8 @@ impl ClusterState {
     }
 
     /// Rebuilds a state from persisted parts: the revision, the latest change
-    /// of every entity, and the retained history (oldest first).
+    /// of every entity (in any order: a round's reports are folded in after
+    /// every record), and the retained history (oldest first).
     pub fn from_parts(
         revision: u64,
         entities: impl IntoIterator<Item = Change>,
@@ -102,7 +103,10 @@ impl ClusterState {
     ) -> Self {
         let mut state = Self::new(history_limit);
         state.revision = revision;
-        for change in entities {
+        let (reports, records): (Vec<Change>, Vec<Change>) = entities
+            .into_iter()
+            .partition(|c| matches!(c, Change::RoundReport { .. }));
+        for change in records.into_iter().chain(reports) {
             state.store(change);
         }
         state.history = history.into_iter().collect();
@@ -495,7 +499,11 @@ impl ClusterState {
                 }));
                 changes
             }
-            Command::SetPlacement { job_id, placement } => {
+            Command::SetPlacement {
+                job_id,
+                placement,
+                at_unix_ms,
+            } => {
                 let job = self.live_job(job_id)?;
                 let mut changes = vec![Change::Job {
                     record: JobRecord {
@@ -506,10 +514,15 @@ impl ClusterState {
                     },
                 }];
                 // No report counts past a re-placement.
-                changes.extend(self.apply_placement_to_round(job_id, placement, revision));
+                changes.extend(self.apply_placement_to_round(
+                    job_id,
+                    placement,
+                    *at_unix_ms,
+                    revision,
+                ));
                 changes
             }
-            Command::CancelJob { job_id } => {
+            Command::CancelJob { job_id, at_unix_ms } => {
                 let job = self.live_job(job_id)?;
                 let mut changes = vec![Change::Job {
                     record: JobRecord {
@@ -518,7 +531,7 @@ impl ClusterState {
                         ..job.clone()
                     },
                 }];
-                changes.extend(self.abort_for_cancel(job_id, revision));
+                changes.extend(self.abort_for_cancel(job_id, *at_unix_ms, revision));
                 changes
             }
             Command::PutMember { member } => {
@@ -551,6 +564,7 @@ impl ClusterState {
                 catch_up,
                 fragments,
                 codec_bits,
+                links,
                 deadline_unix_ms,
                 at_unix_ms,
             } => self.check_open_round(
@@ -561,6 +575,7 @@ impl ClusterState {
                     catch_up,
                     fragments: *fragments,
                     codec_bits: *codec_bits,
+                    links,
                     deadline_unix_ms: *deadline_unix_ms,
                     at_unix_ms: *at_unix_ms,
                 },
@@ -668,6 +683,15 @@ impl ClusterState {
                     .entry(record.job_id.clone())
                     .or_default()
                     .insert(record.round, *record);
+            }
+            Change::RoundReport { report } => {
+                if let Some(record) = self
+                    .rounds
+                    .get_mut(&report.job_id)
+                    .and_then(|rounds| rounds.get_mut(&report.round))
+                {
+                    record.apply_report(&report);
+                }
             }
             Change::RoundRemoved { job_id, round } => {
                 if let Some(rounds) = self.rounds.get_mut(&job_id) {

@@ -75,6 +75,7 @@ fn a_refused_command_changes_nothing() {
         )),
         state.apply(&Request::new(Command::CancelJob {
             job_id: "nope".into(),
+            at_unix_ms: 0,
         })),
         state.apply(&Request::new(Command::PutMember {
             member: Member {
@@ -235,11 +236,13 @@ fn jobs_are_submitted_once_and_cancelled_once() {
     state
         .apply(&Request::new(Command::CancelJob {
             job_id: "llama".into(),
+            at_unix_ms: 0,
         }))
         .unwrap();
     assert!(matches!(
         state.apply(&Request::new(Command::CancelJob {
-            job_id: "llama".into()
+            job_id: "llama".into(),
+            at_unix_ms: 0,
         })),
         Err(ApplyError::FailedPrecondition { .. })
     ));
@@ -545,6 +548,7 @@ fn admission_refuses_what_apply_would_refuse_with_the_same_error() {
         submit("llama"),
         Request::new(Command::CancelJob {
             job_id: "nope".into(),
+            at_unix_ms: 0,
         }),
         Request::expecting(
             Command::Noop {
@@ -641,6 +645,7 @@ fn admission_bounds_every_string_and_list_and_quotes_a_short_prefix() {
         (
             Command::CancelJob {
                 job_id: huge.clone(),
+                at_unix_ms: 0,
             },
             "job_id",
         ),

@@ -1,0 +1,358 @@
+//! The round driver, rounds in the state machine's table, deadlines.
+
+#![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+use longhaul_core::state::{Command, Placement, Request};
+use longhaul_core::{JobSpec, Topology};
+
+use super::*;
+
+const TOPOLOGY: &str = include_str!("../../../../deploy/examples/three-sites-two-continents.toml");
+const JOB: &str = include_str!("../../../../deploy/examples/dense-400b.job.toml");
+
+fn state() -> ClusterState {
+    let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
+    let mut state = ClusterState::default();
+    for site in &topology.sites {
+        state
+            .apply(&Request::new(Command::RegisterSite {
+                site: site.clone(),
+                data_address: String::new(),
+                at_unix_ms: 0,
+                lease_id: 1,
+                lease_ttl_ms: 0,
+            }))
+            .unwrap();
+    }
+    for link in &topology.links {
+        state
+            .apply(&Request::new(Command::PutLink { link: link.clone() }))
+            .unwrap();
+    }
+    let spec = JobSpec::from_toml("j.toml", JOB).unwrap();
+    let plan = longhaul_core::placement::place(&topology, &spec).unwrap();
+    state
+        .apply(&Request::new(Command::SubmitJob {
+            job_id: "dense".into(),
+            spec,
+            placement: Placement::placed(plan),
+        }))
+        .unwrap();
+    state
+}
+
+fn apply(state: &mut ClusterState, commands: Vec<Command>) {
+    for command in commands {
+        state.apply(&Request::new(command)).unwrap();
+    }
+}
+
+#[test]
+fn the_driver_opens_a_round_resumes_it_and_excludes_stragglers_at_the_deadline() {
+    let mut state = state();
+    let timing = RoundTiming {
+        fixed: Some(Duration::from_secs(5)),
+        ..RoundTiming::default()
+    };
+    let opened = round_actions(&state, 1_000, &timing);
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    let Command::OpenRound {
+        round,
+        participants,
+        deadline_unix_ms,
+        fragments,
+        ..
+    } = &opened[0]
+    else {
+        panic!("{opened:?}");
+    };
+    assert_eq!((*round, *deadline_unix_ms), (1, 6_000));
+    assert!(participants.len() >= 2, "{participants:?}");
+    assert!(*fragments >= 1);
+    let participants = participants.clone();
+    apply(&mut state, opened);
+    // A leader (this one, or the next) resumes the open round: nothing
+    // to do before the deadline.
+    assert!(round_actions(&state, 5_999, &timing).is_empty());
+    let first = &participants[0];
+    for f in 0..state.open_round("dense").unwrap().fragments.len() as u32 {
+        apply(
+            &mut state,
+            vec![
+                Command::ReportContributed {
+                    job_id: "dense".into(),
+                    round: 1,
+                    site_id: first.clone(),
+                    fragment: f,
+                    at_unix_ms: 2_000,
+                },
+                Command::ReportApplied {
+                    job_id: "dense".into(),
+                    round: 1,
+                    site_id: first.clone(),
+                    fragment: f,
+                    hash: "h".into(),
+                    at_unix_ms: 2_000,
+                },
+            ],
+        );
+    }
+    let excluded = round_actions(&state, 6_000, &timing);
+    assert_eq!(excluded.len(), participants.len() - 1, "{excluded:?}");
+    assert!(excluded.iter().all(|c| matches!(
+        c,
+        Command::ExcludeParticipant { reason: ExclusionReason::DeadlineMissed, site_id, .. } if site_id != first
+    )));
+    apply(&mut state, excluded);
+    assert!(state.round("dense", 1).unwrap().is_committed());
+    // The next round opens at once, and the excluded sites, up, are in it
+    // with a catch-up from the site that applied round 1.
+    let next = round_actions(&state, 6_001, &timing);
+    let Command::OpenRound {
+        round, catch_up, ..
+    } = &next[0]
+    else {
+        panic!("{next:?}");
+    };
+    assert_eq!(*round, 2);
+    assert_eq!(catch_up.len(), participants.len() - 1);
+    assert!(
+        catch_up
+            .iter()
+            .all(|c| c.from_round == 1 && &c.from_site == first)
+    );
+}
+
+/// Rounds applied through the coordinator's state machine come back the
+/// same from its table after a restart, and from a snapshot installed
+/// on another replica.
+#[test]
+fn rounds_survive_a_restart_and_a_snapshot() {
+    use crate::consensus::StateMachine;
+    use crate::server::state_machine::CoordinatorStateMachine;
+
+    let mut reference = state();
+    let timing = RoundTiming {
+        fixed: Some(Duration::from_secs(5)),
+        ..RoundTiming::default()
+    };
+    let mut commands: Vec<Command> = Vec::new();
+    let mut scratch = reference.clone();
+    let opened = round_actions(&scratch, 1_000, &timing);
+    apply(&mut scratch, opened.clone());
+    commands.extend(opened);
+    let excluded = round_actions(&scratch, 9_000, &timing);
+    apply(&mut scratch, excluded.clone());
+    commands.extend(excluded);
+    let reopened = round_actions(&scratch, 9_001, &timing);
+    commands.extend(reopened);
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("a.redb")).unwrap();
+    let mut machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+    // Rebuild the reference through the machine: every command of the
+    // setup and of the rounds applied in one transaction.
+    let setup = {
+        let topology = Topology::from_toml("t.toml", TOPOLOGY).unwrap();
+        let mut out = Vec::new();
+        for site in &topology.sites {
+            out.push(Command::RegisterSite {
+                site: site.clone(),
+                data_address: String::new(),
+                at_unix_ms: 0,
+                lease_id: 1,
+                lease_ttl_ms: 0,
+            });
+        }
+        for link in &topology.links {
+            out.push(Command::PutLink { link: link.clone() });
+        }
+        out.push(Command::SubmitJob {
+            job_id: "dense".into(),
+            spec: reference.job("dense").unwrap().spec.clone(),
+            placement: reference.job("dense").unwrap().placement.clone(),
+        });
+        out
+    };
+    let txn = db.begin_write().unwrap();
+    for (i, command) in setup.iter().chain(&commands).enumerate() {
+        let data = serde_json::to_vec(&Request::new(command.clone())).unwrap();
+        let response = machine.apply(&txn, i as u64 + 1, &data).unwrap();
+        let response: ApplyResponse = serde_json::from_slice(&response).unwrap();
+        assert!(
+            matches!(response, ApplyResponse::Applied { .. }),
+            "{} refused: {response:?}",
+            command.name()
+        );
+    }
+    txn.commit().unwrap();
+    apply(&mut reference, commands);
+    assert_eq!(*machine.shared().read(), reference);
+    assert!(reference.round("dense", 2).is_some_and(|r| r.is_open()));
+
+    let loaded = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+    assert_eq!(*loaded.shared().read(), reference, "after a restart");
+
+    let snapshot = machine.snapshot(&db.begin_read().unwrap()).unwrap();
+    let other = redb::Database::create(dir.path().join("b.redb")).unwrap();
+    let mut installed = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
+    let txn = other.begin_write().unwrap();
+    installed.restore(&txn, &snapshot).unwrap();
+    txn.commit().unwrap();
+    assert_eq!(*installed.shared().read(), reference, "after a snapshot");
+    let reloaded = CoordinatorStateMachine::load(&other.begin_read().unwrap()).unwrap();
+    assert_eq!(
+        *reloaded.shared().read(),
+        reference,
+        "a snapshot's state after a restart"
+    );
+}
+
+/// Each report is stored alone under its round's key (the round's
+/// record is not written again), loads back into the round after a
+/// restart, and goes with the round when the round is removed.
+#[test]
+fn a_rounds_reports_are_stored_alone_load_back_and_go_with_the_round() {
+    use redb::ReadableTable;
+
+    use crate::consensus::StateMachine;
+    use crate::consensus::storage::STATE_MACHINE;
+    use crate::server::state_machine::CoordinatorStateMachine;
+
+    let reference = state();
+    let timing = RoundTiming {
+        fixed: Some(Duration::from_secs(5)),
+        ..RoundTiming::default()
+    };
+    let mut commands = round_actions(&reference, 1_000, &timing);
+    let Command::OpenRound {
+        participants,
+        fragments,
+        ..
+    } = commands[0].clone()
+    else {
+        panic!("{commands:?}");
+    };
+    for site in &participants {
+        for fragment in 0..fragments {
+            commands.push(Command::ReportContributed {
+                job_id: "dense".into(),
+                round: 1,
+                site_id: site.clone(),
+                fragment,
+                at_unix_ms: 2_000,
+            });
+            commands.push(Command::ReportApplied {
+                job_id: "dense".into(),
+                round: 1,
+                site_id: site.clone(),
+                fragment,
+                hash: format!("h{fragment}"),
+                at_unix_ms: 2_000,
+            });
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let db = redb::Database::create(dir.path().join("a.redb")).unwrap();
+    let mut machine = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+    let live = machine.shared();
+    let txn = db.begin_write().unwrap();
+    let mut index = 0;
+    let mut run = |txn: &redb::WriteTransaction, command: &Command| {
+        index += 1;
+        let data = serde_json::to_vec(&Request::new(command.clone())).unwrap();
+        let response = machine.apply(txn, index, &data).unwrap();
+        let response: ApplyResponse = serde_json::from_slice(&response).unwrap();
+        assert!(
+            matches!(response, ApplyResponse::Applied { .. }),
+            "{response:?}"
+        );
+    };
+    // The setup straight into the machine's state, then the round.
+    for change in reference.entities() {
+        let command = match change {
+            Change::Site { record } => Command::RegisterSite {
+                site: record.site,
+                data_address: String::new(),
+                at_unix_ms: 0,
+                lease_id: 1,
+                lease_ttl_ms: 0,
+            },
+            Change::Link { record } => Command::PutLink {
+                link: record.configured,
+            },
+            Change::Job { record } => Command::SubmitJob {
+                job_id: record.id,
+                spec: record.spec,
+                placement: record.placement,
+            },
+            _ => continue,
+        };
+        run(&txn, &command);
+    }
+    for command in &commands {
+        run(&txn, command);
+    }
+    txn.commit().unwrap();
+    assert!(live.read().round("dense", 1).unwrap().is_committed());
+    let round_keys = |db: &redb::Database| -> Vec<(String, usize)> {
+        let txn = db.begin_read().unwrap();
+        let table = txn.open_table(STATE_MACHINE).unwrap();
+        table
+            .iter()
+            .unwrap()
+            .map(|item| {
+                let (key, value) = item.unwrap();
+                (
+                    String::from_utf8(key.value().to_vec()).unwrap(),
+                    value.value().len(),
+                )
+            })
+            .filter(|(key, _)| key.starts_with("entity/round/"))
+            .collect()
+    };
+    let keys = round_keys(&db);
+    // The record and one key per report.
+    let reports = participants.len() * fragments as usize * 2;
+    assert_eq!(keys.len(), 1 + reports, "{keys:?}");
+    let record = keys[0].1;
+    assert!(keys[1..].iter().all(|(_, bytes)| *bytes < 400), "{keys:?}");
+    assert!(keys[0].0.ends_with("/00000000000000000001"), "{keys:?}");
+    let loaded = CoordinatorStateMachine::load(&db.begin_read().unwrap()).unwrap();
+    assert!(
+        *loaded.shared().read() == *live.read(),
+        "the state loaded after a restart differs from the one applied"
+    );
+
+    // Cancelled and submitted again: the round goes, its reports too.
+    let job = reference.job("dense").unwrap().clone();
+    let txn = db.begin_write().unwrap();
+    for command in [
+        Command::CancelJob {
+            job_id: "dense".into(),
+            at_unix_ms: 3_000,
+        },
+        Command::SubmitJob {
+            job_id: "dense".into(),
+            spec: job.spec,
+            placement: job.placement,
+        },
+    ] {
+        run(&txn, &command);
+    }
+    txn.commit().unwrap();
+    assert_eq!(round_keys(&db), Vec::new(), "a record of {record} bytes");
+}
+
+#[test]
+fn a_deadline_follows_the_prediction_with_slack_and_a_floor() {
+    let timing = RoundTiming::default();
+    assert_eq!(timing.deadline(Some(600.0)), Duration::from_secs(1200));
+    assert_eq!(timing.deadline(Some(1.0)), Duration::from_secs(30));
+    assert_eq!(timing.deadline(None), Duration::from_secs(30));
+    assert_eq!(timing.deadline(Some(f64::NAN)), Duration::from_secs(30));
+    assert_eq!(
+        timing.deadline(Some(1e30)),
+        Duration::from_secs(365 * 24 * 3600)
+    );
+}
