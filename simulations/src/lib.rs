@@ -10,6 +10,7 @@
 //! a sweep as an HTML page with SVG charts.
 
 pub mod analytic;
+pub mod des;
 pub mod emulator;
 pub mod link;
 pub mod report;
