@@ -13,7 +13,7 @@
 use longhaul_core::cost::mathis_bytes_per_second;
 use longhaul_simulations::des::{ExchangeConfig, Outcome, SenderModel, TransferReport, exchange};
 
-use crate::{link, run, with_buffer};
+use crate::{link, run, test_seed, with_buffer};
 
 const MSS: f64 = 1460.0;
 const PACKET: f64 = 1500.0;
@@ -48,6 +48,7 @@ fn completed(report: &TransferReport) {
 #[test]
 fn one_reno_stream_is_within_half_and_one_and_a_half_of_mathis() {
     for (p, bytes, seed) in [(1e-3, 300_000_000, 11), (1e-2, 60_000_000, 12)] {
+        let seed = test_seed(seed);
         let report = run(link(1000, 20.0, p), bytes, 1, SenderModel::Reno, seed);
         completed(&report);
         let mathis = mathis_bytes_per_second(0.020, p).unwrap_or(f64::NAN);
@@ -72,14 +73,19 @@ fn one_reno_stream_is_within_half_and_one_and_a_half_of_mathis() {
 /// N Reno streams at p = 1e-3, RTT 20 ms, sharing a 200 Mbit/s link with a
 /// one-BDP buffer: goodput within 30 % of min(N × Mathis, the link's
 /// payload rate), N = 1, 2, 4, 8, 16 (16 × Mathis is 1.8 × the link).
+/// Near saturation (N = 8) the queue adds drops to the random loss, so the
+/// figure falls below both terms of the min; the bound still holds there.
 #[test]
 fn n_reno_streams_gain_linearly_until_the_link_saturates() {
     let mathis = mathis_bytes_per_second(0.020, 1e-3).unwrap_or(f64::NAN);
     let payload_rate = 200e6 / 8.0 * MSS / PACKET;
     for (index, streams) in [1u32, 2, 4, 8, 16].into_iter().enumerate() {
-        let seed = 20 + index as u64;
+        let seed = test_seed(20 + index as u64);
         let expected = (f64::from(streams) * mathis).min(payload_rate);
-        let bytes = (expected * 15.0) as u64;
+        // At least ~100 loss events per stream for few streams: 120 s of
+        // virtual time for one, down to 15 s from 8 on.
+        let seconds = 15.0 * f64::from((8 / streams).max(1));
+        let bytes = (expected * seconds) as u64;
         let report = run(
             link(200, 20.0, 1e-3),
             bytes,
@@ -112,6 +118,7 @@ fn drop_tail_below_the_bdp_underutilises_and_one_bdp_fills() {
     let payload_rate = 100e6 / 8.0 * MSS / PACKET;
     let bdp = 250_000;
     for (buffer, seed) in [(bdp / 10, 31u64), (bdp, 32)] {
+        let seed = test_seed(seed);
         let report = run(
             with_buffer(link(100, 20.0, 0.0), buffer),
             100_000_000,
@@ -148,6 +155,7 @@ fn drop_tail_below_the_bdp_underutilises_and_one_bdp_fills() {
 #[test]
 fn the_paced_sender_delivers_its_rate_without_drops() {
     for (mbit, connections, seed) in [(90u64, 1u32, 41u64), (100, 1, 42), (90, 4, 43)] {
+        let seed = test_seed(seed);
         let rate = mbit * 1_000_000;
         let report = run(
             link(100, 20.0, 0.0),
@@ -186,7 +194,7 @@ fn the_paced_sender_delivers_its_rate_without_drops() {
 /// 2 · (F/M · packet/MSS · 8/rate + RTT/2), within 2 %.
 #[test]
 fn a_paced_exchange_round_is_two_transfers_of_a_share() {
-    let seed = 51;
+    let seed = test_seed(51);
     let fragment = 40_000_000u64;
     let sites = 4u32;
     let rate = 90e6;
@@ -230,7 +238,7 @@ fn a_paced_exchange_round_is_two_transfers_of_a_share() {
 /// retransmitting what was lost, and takes longer than the paced one.
 #[test]
 fn a_reno_exchange_round_completes_under_loss() {
-    let seed = 52;
+    let seed = test_seed(52);
     let config = ExchangeConfig::new(
         4,
         link(100, 20.0, 1e-3),

@@ -7,6 +7,8 @@
 //! - `config`: refused configurations and bounded runs.
 //!
 //! Every run is seeded; a failing assertion prints the seed and the report.
+//! The bounds hold for the fixed seeds; `LONGHAUL_SEED=n` adds n to every
+//! seed, to see how far other seeds move the figures.
 
 mod config;
 mod determinism;
@@ -15,6 +17,14 @@ mod fidelity;
 use longhaul_core::units::{ByteSize, DataRate, Distance};
 use longhaul_simulations::des::{SenderModel, TransferConfig, TransferReport, transfer};
 use longhaul_simulations::link::{LinkConfig, LossModel};
+
+/// The test's fixed seed, shifted by `LONGHAUL_SEED` when it is set.
+pub fn test_seed(fixed: u64) -> u64 {
+    std::env::var("LONGHAUL_SEED")
+        .ok()
+        .and_then(|value| value.parse::<u64>().ok())
+        .map_or(fixed, |shift| fixed.wrapping_add(shift))
+}
 
 /// A link of `mbit_per_second` whose propagation RTT is `rtt_ms` (fibre at
 /// 5 µs/km), with Bernoulli loss `loss` in each direction.
