@@ -50,6 +50,11 @@
 //!   the halving is immediate and the pipe counts what is in flight.
 //! - No tail-loss probe or RACK timer: a loss with fewer than three later
 //!   transmissions ACKed waits for the timeout.
+//! - An ACK names one segment, where SACK names up to three blocks: when an
+//!   ACK is lost and an earlier hole keeps the cumulative ACK below its
+//!   segment, that segment may be retransmitted spuriously, so
+//!   `retransmits` can exceed the data drops by a few per cent of the ACK
+//!   losses.
 //! - Cubic is not modelled yet; ECN is not used (packets are not
 //!   ECN-capable, so an ECN threshold drops).
 //! - The outer round's phases are barriers: all-gather starts when every

@@ -41,6 +41,41 @@ fn completed(report: &TransferReport) {
     );
 }
 
+/// On a free link the times are exact: a transfer that fits in Reno's
+/// initial window of 10 segments completes after 10 serialisations and one
+/// propagation delay; a paced sender's k segments after (k − 1) pacing
+/// intervals, one serialisation and the propagation delay.
+#[test]
+fn on_a_free_link_the_completion_time_is_exact() {
+    // 100 Mbit/s: 1500 bytes take 120 µs; RTT 20 ms: 10 ms one way.
+    let serialisation = 120_000;
+    let one_way = 10_000_000;
+    let seed = test_seed(1);
+    let report = run(link(100, 20.0, 0.0), 14_600, 1, SenderModel::Reno, seed);
+    completed(&report);
+    assert_eq!(
+        report.completion.map(|t| t.as_nanos()),
+        Some(10 * serialisation + one_way),
+        "seed {seed}: {report:?}"
+    );
+    // 50 Mbit/s pacing: one 1500-byte packet every 240 µs.
+    let report = run(
+        link(100, 20.0, 0.0),
+        14_600,
+        1,
+        SenderModel::Paced {
+            bits_per_second: 50_000_000,
+        },
+        seed,
+    );
+    completed(&report);
+    assert_eq!(
+        report.completion.map(|t| t.as_nanos()),
+        Some(9 * 240_000 + serialisation + one_way),
+        "seed {seed}: {report:?}"
+    );
+}
+
 /// One Reno stream at random loss p, RTT 20 ms, on a 1 Gbit/s link it never
 /// fills: goodput within 0.5×–1.5× of Mathis, MSS/RTT · 1.22/√p, for
 /// p = 1e-3 (~200 loss events) and p = 1e-2 (~400). The goodput includes

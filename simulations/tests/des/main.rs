@@ -1,8 +1,9 @@
 //! Tests of the discrete-event tier, one binary.
 //!
 //! Modules:
-//! - `fidelity`: against the closed forms (Mathis, N streams, drop-tail
-//!   below the BDP, the paced sender at its rate, the fragment exchange);
+//! - `fidelity`: against the closed forms (exact times on a free link,
+//!   Mathis, N streams, drop-tail below the BDP, the paced sender at its
+//!   rate, the fragment exchange);
 //! - `determinism`: seeds;
 //! - `config`: refused configurations and bounded runs.
 //!
