@@ -7,9 +7,12 @@
 //! model, with a gRPC control API. [`analytic`] is the simulator's analytical
 //! tier: one training step of each cross-site mode, from the placement cost
 //! model and the sync planner, at every point of a sweep; [`report`] draws
-//! a sweep as an HTML page with SVG charts.
+//! a sweep as an HTML page with SVG charts. [`des`] is the discrete-event
+//! tier: flows over Reno-like or paced connections through the same link
+//! model, for a transfer between two sites or an outer round among many.
 
 pub mod analytic;
+pub mod des;
 pub mod emulator;
 pub mod link;
 pub mod report;

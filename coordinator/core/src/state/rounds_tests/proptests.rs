@@ -260,7 +260,7 @@ fn check_rounds(state: &ClusterState) -> Result<(), TestCaseError> {
             if *fragment == FragmentState::Open && round.is_open() {
                 // Not committable already: a round never sits waiting on
                 // nobody, nor on an excluded site.
-                let hashes: std::collections::BTreeSet<_> = round
+                let hashes: BTreeSet<_> = round
                     .counted()
                     .filter_map(|p| p.applied_hash(key))
                     .collect();
@@ -394,7 +394,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
     // the latest committed round; the reports stored.
     let mut commits: BTreeMap<u64, RoundRecord> = BTreeMap::new();
     let mut last_committed: Option<u64> = None;
-    let mut stored: std::collections::BTreeSet<ReportKey> = Default::default();
+    let mut stored: BTreeSet<ReportKey> = Default::default();
     // What storage holds (from the state before the run, then every
     // applied event), and what a watcher of the rounds holds.
     let mut storage: BTreeMap<String, Change> = BTreeMap::new();
