@@ -25,18 +25,34 @@ pub struct CheckedFrame<'a> {
     payload: Cow<'a, [u8]>,
 }
 
-/// Checks `frame` whole, decompressing it if it is zstd-compressed.
+/// Checks `frame` whole, decompressing it if it is zstd-compressed (into a
+/// buffer of the header's payload size, at most
+/// [`crate::MAX_PAYLOAD_BYTES`]). To decode into an accumulator, use
+/// [`decode_add`], which checks the element count against the
+/// accumulator before it decompresses anything.
 pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
-    let (header, stored) = FrameHeader::parse(frame)?;
+    check_payload(FrameHeader::parse(frame)?, None)
+}
+
+/// The checks after the header's: the zstd stage (with `decompressor`, a
+/// context to reuse, when given), scales, values, padding.
+pub(crate) fn check_payload<'a>(
+    (header, stored): (FrameHeader, &'a [u8]),
+    decompressor: Option<&mut zstd::bulk::Decompressor<'static>>,
+) -> Result<CheckedFrame<'a>, DecodeError> {
     let codec = header.codec;
     let raw_len = codec.payload_bytes(header.element_count);
     let payload = if header.zstd {
+        let zstd_error = |e: std::io::Error| DecodeError::Zstd {
+            reason: e.to_string(),
+        };
         // Exactly as long as the header says: zstd refuses to write more.
         let mut raw = vec![0; raw_len];
-        let found =
-            zstd::bulk::decompress_to_buffer(stored, &mut raw).map_err(|e| DecodeError::Zstd {
-                reason: e.to_string(),
-            })?;
+        let found = match decompressor {
+            Some(context) => context.decompress_to_buffer(stored, &mut raw[..]),
+            None => zstd::bulk::decompress_to_buffer(stored, &mut raw[..]),
+        }
+        .map_err(zstd_error)?;
         if found != raw_len {
             return Err(DecodeError::DecompressedLength {
                 expected: raw_len,
@@ -77,10 +93,15 @@ pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
 
 /// Checks `frame` and adds `weight` × its values to `acc`:
 /// `acc[i] ← acc[i] + q_i × (s_b × weight)` (bf16 values: `v_i × weight`), each
-/// operation rounded to f32, element by element in index order. On any
-/// error `acc` is untouched.
+/// operation rounded to f32, element by element in index order. The
+/// header's element count is checked against `acc` (and the weight) right
+/// after the header itself, before any allocation or decompression: a
+/// small frame cannot make the decoder allocate more than 2 bytes per
+/// element of `acc`. On any error `acc` is untouched.
 pub fn decode_add(frame: &[u8], acc: &mut [f32], weight: f32) -> Result<FrameHeader, DecodeError> {
-    let checked = check(frame)?;
+    let parsed = FrameHeader::parse(frame)?;
+    check_target(&parsed.0, acc.len(), weight)?;
+    let checked = check_payload(parsed, None)?;
     checked.add_to(acc, weight)?;
     Ok(checked.header)
 }
@@ -131,20 +152,29 @@ impl CheckedFrame<'_> {
 }
 
 impl CheckedFrame<'_> {
-    /// What [`CheckedFrame::add_to`] refuses: an accumulator of another
-    /// length, a weight that is not finite or beyond ±2³².
+    /// What [`CheckedFrame::add_to`] refuses: see [`check_target`].
     pub(crate) fn check_target(&self, accumulator: usize, weight: f32) -> Result<(), DecodeError> {
-        if accumulator != self.header.element_count {
-            return Err(DecodeError::AccumulatorLength {
-                frame: self.header.element_count,
-                accumulator,
-            });
-        }
-        if weight.is_nan() || weight.abs() > MAX_WEIGHT {
-            return Err(DecodeError::Weight { weight });
-        }
-        Ok(())
+        check_target(&self.header, accumulator, weight)
     }
+}
+
+/// An accumulator of another length than the frame's, or a weight that is
+/// not finite or beyond ±2³².
+pub(crate) fn check_target(
+    header: &FrameHeader,
+    accumulator: usize,
+    weight: f32,
+) -> Result<(), DecodeError> {
+    if accumulator != header.element_count {
+        return Err(DecodeError::AccumulatorLength {
+            frame: header.element_count,
+            accumulator,
+        });
+    }
+    if weight.is_nan() || weight.abs() > MAX_WEIGHT {
+        return Err(DecodeError::Weight { weight });
+    }
+    Ok(())
 }
 
 fn bf16_at(bytes: &[u8], index: usize) -> u16 {

@@ -9,7 +9,7 @@
 //!                                bit 1: encoded from bf16 input (informational)
 //!                                other bits 0
 //!      7     1  reserved         0
-//!      8     4  block_size       u32 LE; 0 for 16 bits, 1..=65536 (even for 4 bits)
+//!      8     4  block_size       u32 LE; 0 for 16 bits, 2..=65536 (even for 4 bits)
 //!     12     4  element_count    u32 LE; 0..=2^24
 //!     16     4  payload_length   u32 LE; bytes that follow the header
 //!     20     4  payload_crc32c   u32 LE; CRC-32C of those bytes, as stored
@@ -149,7 +149,9 @@ impl FrameHeader {
                 found: stored,
             });
         }
-        // Both are at most 28 + 2^25 + 2^17 bytes: no overflow.
+        // payload_length ≤ raw ≤ MAX_PAYLOAD_BYTES (2^25, every codec's
+        // payload at MAX_ELEMENTS is at most 2 bytes per element): the sum
+        // is at most 28 + 2^25, no overflow.
         let total = HEADER_LEN + payload_length;
         if frame.len() != total {
             return Err(DecodeError::FrameLength {

@@ -40,7 +40,10 @@
 //! [`decode_add`] adds weight × a frame's values to an f32 accumulator:
 //! `acc[i] ← acc[i] + q_i × (s × w)`. It checks everything first — header
 //! fields, both CRC-32C checksums, every length against the header (no
-//! arithmetic on an unchecked length), the zstd stage, every scale and
+//! arithmetic on an unchecked length), the element count against the
+//! accumulator's length before any allocation or decompression (so a
+//! frame can make it allocate at most 2 bytes per accumulator element, at
+//! most [`MAX_PAYLOAD_BYTES`]), the zstd stage, every scale and
 //! value finite and below 2⁶⁵, the accumulator's length and the weight —
 //! and refuses with a [`DecodeError`] naming the field, having written
 //! nothing. [`reduce()`] sums several sites' contributions in the order of
@@ -48,7 +51,8 @@
 //! [`fragment_hash`] is what a site reports to the round.
 //!
 //! Bounds: at most [`MAX_ELEMENTS`] (2²⁴) elements per frame, block sizes
-//! up to [`MAX_BLOCK_SIZE`] (2¹⁶), inputs finite and below
+//! from 2 up to [`MAX_BLOCK_SIZE`] (2¹⁶), payloads of at most
+//! [`MAX_PAYLOAD_BYTES`] (2²⁵) before zstd, inputs finite and below
 //! [`MAX_MAGNITUDE`] (2⁶⁴) in magnitude ([`EncodeError::Value`] names the
 //! first element that is not; the residual is then unchanged).
 //!
@@ -64,7 +68,7 @@ mod reduce;
 #[cfg(test)]
 mod tests;
 
-pub use codec::{Codec, MAX_BLOCK_SIZE, MAX_ELEMENTS, SCALE_BITS};
+pub use codec::{Codec, MAX_BLOCK_SIZE, MAX_ELEMENTS, MAX_PAYLOAD_BYTES, SCALE_BITS};
 pub use decoder::{CheckedFrame, check, decode_add};
 pub use encoder::{Encoder, EncoderConfig, MAX_MAGNITUDE, ZSTD_LEVEL};
 pub use error::{CodecError, DecodeError, EncodeError, ReduceError};

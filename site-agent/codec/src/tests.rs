@@ -817,3 +817,98 @@ fn the_hash_is_printable_and_pinned() {
         format!("blake3:{}", blake3::hash(&bytes).to_hex())
     );
 }
+
+// ------------------------------------------------------- allocation bounds
+
+/// A zstd frame of 2²⁴ zero elements at 8 bits in blocks of `block`: a few
+/// KiB on the wire that decompress to tens of MiB.
+fn zstd_bomb(block: u32) -> Vec<u8> {
+    let n = MAX_ELEMENTS;
+    // The raw size of blocks of 1 (no longer a codec) or of a real codec.
+    let raw_len = if block == 1 {
+        3 * n
+    } else {
+        Codec::new(8, block).unwrap().payload_bytes(n)
+    };
+    let packed = zstd::bulk::compress(&vec![0u8; raw_len], 1).unwrap();
+    let mut frame = vec![0u8; HEADER_LEN];
+    frame[0..4].copy_from_slice(b"LHPG");
+    frame[4] = 1;
+    frame[5] = 8;
+    frame[6] = FLAG_ZSTD;
+    set_u32(&mut frame, 8, block);
+    set_u32(&mut frame, 12, n as u32);
+    set_u32(&mut frame, 16, packed.len() as u32);
+    frame.extend_from_slice(&packed);
+    resealed(frame)
+}
+
+/// `frame` with its zstd payload replaced by bytes that are not zstd: a
+/// decoder that reports `Zstd` for it decompressed before it compared the
+/// element count with the accumulator.
+fn not_zstd(frame: &[u8]) -> Vec<u8> {
+    let mut bad = frame.to_vec();
+    for b in &mut bad[HEADER_LEN..] {
+        *b = 0x55;
+    }
+    resealed(bad)
+}
+
+/// Regression (failed before the fix): a 1.6 KB frame claiming 2²⁴ elements
+/// was decompressed (48 MiB at 8 bits in blocks of 1, 32 MiB in blocks of 2)
+/// before its element count was compared with the accumulator's 1000;
+/// `reduce` decompressed every earlier site's payload before it looked at
+/// a later site's header.
+#[test]
+fn a_small_frame_claiming_many_elements_is_refused_before_it_is_decompressed() {
+    let bomb = zstd_bomb(2);
+    assert!(bomb.len() < 64 * 1024, "{} bytes", bomb.len());
+    let accumulator_length = DecodeError::AccumulatorLength {
+        frame: MAX_ELEMENTS,
+        accumulator: 1000,
+    };
+    assert_eq!(refused_untouched(&bomb, 1000), accumulator_length);
+    // The order of the checks: the count is compared before zstd runs.
+    assert_eq!(
+        refused_untouched(&not_zstd(&bomb), 1000),
+        accumulator_length
+    );
+    // Blocks of 1 are not a codec any more: refused from the header.
+    let error = refused_untouched(&zstd_bomb(1), MAX_ELEMENTS);
+    assert!(
+        matches!(error, DecodeError::BlockSize { found: 1, .. }),
+        "{error:?}"
+    );
+
+    // reduce checks every header against the output before decompressing
+    // any payload, whatever the sites' order.
+    let good_values: Vec<f32> = (0..1000).map(|i| (i / 100) as f32).collect();
+    let good = Encoder::new(config(8, 256, false, true), 1000)
+        .encode(&good_values)
+        .unwrap();
+    assert!(FrameHeader::parse(good.as_bytes()).unwrap().0.zstd);
+    let good_but_not_zstd = not_zstd(good.as_bytes());
+    for (first, second) in [("a", "b"), ("b", "a")] {
+        for earlier in [good.as_bytes(), &good_but_not_zstd[..]] {
+            let contributions = [
+                Contribution {
+                    site: first,
+                    frame: earlier,
+                    weight: 0.5,
+                },
+                Contribution {
+                    site: second,
+                    frame: &bomb,
+                    weight: 0.5,
+                },
+            ];
+            let mut out = pattern(1000);
+            let error = reduce(&contributions, &mut out).unwrap_err();
+            assert!(
+                matches!(&error, ReduceError::Frame { site, source: DecodeError::AccumulatorLength { .. } } if site == second),
+                "{error:?}"
+            );
+            assert_eq!(out, pattern(1000));
+        }
+    }
+}
