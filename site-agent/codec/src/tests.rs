@@ -912,3 +912,23 @@ fn a_small_frame_claiming_many_elements_is_refused_before_it_is_decompressed() {
         }
     }
 }
+
+/// Regression (failed before the fix): magic and version were read before
+/// the header's checksum, so a bit flipped in the version byte was
+/// reported as an unsupported version.
+#[test]
+fn a_flipped_bit_in_the_header_is_a_checksum_error_whatever_field_it_hits() {
+    for (name, frame, n) in small_frames() {
+        for at in 0..24 {
+            for bit in 0..8 {
+                let mut bad = frame.clone();
+                bad[at] ^= 1 << bit;
+                let error = refused_untouched(&bad, n);
+                assert!(
+                    matches!(error, DecodeError::HeaderChecksum { .. }),
+                    "{name}, byte {at} bit {bit}: {error}"
+                );
+            }
+        }
+    }
+}
