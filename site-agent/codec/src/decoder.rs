@@ -11,7 +11,9 @@ use crate::kernels;
 /// input just below 2⁶⁴ plus its residual, rounded, can reach 2⁶⁴ itself.
 const MAX_VALUE_BF16: u16 = 0x6000;
 /// Weights are finite and within ±2³²: with scales below 2⁶⁵ and codes of at
-/// most 128, every term q·(s·w) is finite.
+/// most 128, every term q·(s·w) is finite. That is all this bound is for:
+/// the collective passes weights in [0, 1] summing to at most 1, so that
+/// its average stays in the encoder's domain (`MAX_SOURCE_MAGNITUDE`).
 const MAX_WEIGHT: f32 = 4_294_967_296.0;
 
 /// A frame that passed every check: header, checksums, lengths, the zstd

@@ -54,7 +54,12 @@
 //! from 2 up to [`MAX_BLOCK_SIZE`] (2¹⁶), payloads of at most
 //! [`MAX_PAYLOAD_BYTES`] (2²⁵) before zstd, inputs finite and below
 //! [`MAX_MAGNITUDE`] (2⁶⁴) in magnitude ([`EncodeError::Value`] names the
-//! first element that is not; the residual is then unchanged).
+//! first element that is not; the residual is then unchanged). Decoded
+//! values can exceed their inputs (scales round up), so no bound is closed
+//! under encode → decode; inputs below [`MAX_SOURCE_MAGNITUDE`] (2⁶⁰) stay
+//! below 2⁶⁴ through the collective's encode → decode → weighted average
+//! (weights in [0, 1] summing to at most 1) → re-encode → decode, with 2⁴
+//! of headroom (at most 1.09× per hop).
 //!
 //! The frame's byte layout is in [`frame`]'s docs.
 
@@ -70,7 +75,7 @@ mod tests;
 
 pub use codec::{Codec, MAX_BLOCK_SIZE, MAX_ELEMENTS, MAX_PAYLOAD_BYTES, SCALE_BITS};
 pub use decoder::{CheckedFrame, check, decode_add};
-pub use encoder::{Encoder, EncoderConfig, MAX_MAGNITUDE, ZSTD_LEVEL};
+pub use encoder::{Encoder, EncoderConfig, MAX_MAGNITUDE, MAX_SOURCE_MAGNITUDE, ZSTD_LEVEL};
 pub use error::{CodecError, DecodeError, EncodeError, ReduceError};
 pub use frame::{Frame, FrameHeader};
 pub use reduce::{Contribution, fragment_hash, reduce};

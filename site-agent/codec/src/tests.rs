@@ -932,3 +932,53 @@ fn a_flipped_bit_in_the_header_is_a_checksum_error_whatever_field_it_hits() {
         }
     }
 }
+
+/// What the collective does with pseudo-gradients at the largest source
+/// magnitude: every site encodes (rounds of error feedback), the owner
+/// decodes, averages (weights in [0, 1] summing to 1) and re-encodes the
+/// average, everyone decodes it. Every step stays in the encoder's domain.
+#[test]
+fn sources_below_the_bound_survive_encode_decode_average_and_re_encode() {
+    let largest = f32::from_bits(MAX_SOURCE_MAGNITUDE.to_bits() - 1);
+    let sites: [Vec<f32>; 3] = [
+        vec![largest, -largest, largest, 1.0, -largest, largest * 0.999],
+        vec![largest, -largest, largest * 0.75, -1.0, -largest, largest],
+        vec![largest, -largest, -largest, 0.0, -largest, largest * 0.5],
+    ];
+    let n = sites[0].len();
+    for (bits, block) in [(16, 0), (8, 2), (4, 2), (8, 256), (4, 64)] {
+        let mut encoders: Vec<Encoder> = (0..3)
+            .map(|_| Encoder::new(config(bits, block, true, false), n))
+            .collect();
+        let mut owner = Encoder::new(config(bits, block, true, false), n);
+        for round in 0..5 {
+            let frames: Vec<Frame> = encoders
+                .iter_mut()
+                .zip(&sites)
+                .map(|(e, x)| e.encode(x).unwrap())
+                .collect();
+            for weights in [[0.5, 0.25, 0.25], [1.0, 0.0, 0.0], [1.0 / 3.0; 3]] {
+                let contributions: Vec<Contribution<'_>> = ["a", "b", "c"]
+                    .iter()
+                    .zip(&frames)
+                    .zip(weights)
+                    .map(|((site, f), weight)| Contribution {
+                        site,
+                        frame: f.as_bytes(),
+                        weight,
+                    })
+                    .collect();
+                let mut average = vec![0.0; n];
+                reduce(&contributions, &mut average).unwrap();
+                let again = owner.encode(&average).unwrap_or_else(|e| {
+                    panic!("{bits} bits, round {round}, weights {weights:?}: {e}")
+                });
+                let applied = decode(&again, n);
+                assert!(
+                    applied.iter().all(|v| v.abs() < MAX_MAGNITUDE),
+                    "{bits} bits: {applied:?}"
+                );
+            }
+        }
+    }
+}
