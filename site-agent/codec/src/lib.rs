@@ -13,10 +13,13 @@
 //!
 //! **Quantisation** (8 and 4 bits, L = 127 or 7 levels each side of zero):
 //! per block, s = ↑bf16(max|v| / L), the quotient rounded *up* to a bf16 so
-//! that |v/s| ≤ L; codes q = rne(v × fl(1/s)), rounded to nearest with
-//! ties to even (deterministic, no random rounding); decoded as q × s.
-//! Hence, per element, **|v − q·s| ≤ s/2** (plus f32 rounding, < 2⁻²⁰·s),
-//! and s ≤ max|v|/L × (1 + 2⁻⁷). A block whose scale would be below the
+//! that |v/s| ≤ L; codes q = rne(fl(v × fl(1/s))), rounded to nearest with
+//! ties to even (deterministic, no random rounding); decoded as q × s
+//! (exact: at most 7 + 8 significant bits). The two f32 roundings before
+//! rne put fl(v·fl(1/s)) within |v/s|·2⁻²³·(1 + 2⁻²³) ≤ L·2⁻²³·(1 + 2⁻²³)
+//! of v/s, so, per element, **|v − q·s| ≤ s·(½ + L·2⁻²²)** (s/2 and at most
+//! 2⁻¹⁵·s at 8 bits, 2⁻¹⁹·s at 4; not s/2 plus 2⁻²⁰·s, which 8 bits in
+//! blocks of 2 exceed: 0.5000037·s), and s ≤ max|v|/L × (1 + 2⁻⁷). A block whose scale would be below the
 //! smallest normal f32 (max|v| < L·2⁻¹²⁶) is sent with s = 0, as zeros.
 //! At 16 bits, v is rounded to the nearest bf16 (ties to even):
 //! |v − bf16(v)| ≤ 2⁻⁸·|v|.
@@ -25,7 +28,7 @@
 //! a residual e per element of its fragment, zero at first; each round it
 //! encodes v = x + e and keeps e ← v − decode(encode(v)). The error of the
 //! sum of all rounds sent so far is then just the last residual, bounded
-//! by s/2 per element, where without feedback the rounding errors of the
+//! by s·(½ + L·2⁻²²) per element, where without feedback the rounding errors of the
 //! rounds add up.
 //!
 //! **Size**, for n elements: payload = 2·⌈n/B⌉ + ⌈n·b/8⌉ bytes (bf16: 2n),
