@@ -590,6 +590,19 @@ fn a_zstd_payload_that_is_not_what_the_header_says_is_refused() {
         ),
         "{error:?}"
     );
+    // Claim 256 more elements: zstd fills fewer bytes than the header
+    // says, and the decoder reports exactly that.
+    let mut longer = frame.as_bytes().to_vec();
+    set_u32(&mut longer, 12, n as u32 + 256);
+    let error = refused_untouched(&resealed(longer), n + 256);
+    let raw = Codec::new(8, 256).unwrap().payload_bytes(n);
+    assert_eq!(
+        error,
+        DecodeError::DecompressedLength {
+            expected: Codec::new(8, 256).unwrap().payload_bytes(n + 256),
+            found: raw
+        }
+    );
     // Garbage behind a valid checksum.
     let mut garbage = frame.as_bytes().to_vec();
     for b in &mut garbage[HEADER_LEN..] {
@@ -800,7 +813,14 @@ fn a_reduction_with_a_bad_frame_is_refused_naming_the_site_and_writes_nothing() 
     // The good ones reduce, re-weighted, once "b" is excluded.
     let without_b = [contributions[0], contributions[2]].map(|c| Contribution { weight: 0.5, ..c });
     reduce(&without_b, &mut out).unwrap();
-    assert_ne!(out, pattern(n));
+    // Exactly 0.5·a + 0.5·c, decoded and summed in site order from +0.0.
+    let mut expected = vec![0.0; n];
+    decode_add(&frames[0].1, &mut expected, 0.5).unwrap();
+    decode_add(&frames[2].1, &mut expected, 0.5).unwrap();
+    assert_eq!(
+        out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
 
     let twice = [contributions[0], contributions[0]];
     assert!(matches!(
@@ -831,14 +851,47 @@ fn the_hash_is_printable_and_pinned() {
         .flat_map(|v| v.to_le_bytes())
         .collect();
     assert_eq!(hash, format!("blake3:{}", blake3::hash(&bytes).to_hex()));
-    // Across a chunk boundary of the hasher's buffer.
-    let long: Vec<f32> = (0..5000).map(|i| i as f32).collect();
-    let bytes: Vec<u8> = long.iter().flat_map(|v| v.to_le_bytes()).collect();
-    assert_eq!(
-        fragment_hash(&long),
-        format!("blake3:{}", blake3::hash(&bytes).to_hex())
-    );
+    // Across chunk boundaries of the hasher's 64 KiB buffer (16,384 f32s):
+    // a seeded reduction of 40,000 elements, its hash pinned, so that a
+    // change of the bits a reduction gives (another CPU, another build,
+    // another kernel) or of the hashing is caught.
+    // Uniform inputs from integers (no libm, whose last bits may differ
+    // between platforms), at magnitudes 100× apart as in `site_frames`.
+    let n = 40_000;
+    let mut rng = ChaCha8Rng::seed_from_u64(2026);
+    let frames: Vec<(String, Vec<u8>)> = ["us-east", "eu-west", "ap-south"]
+        .iter()
+        .enumerate()
+        .map(|(k, site)| {
+            let magnitude = 100f32.powi(k as i32) * 2f32.powi(-31);
+            let values: Vec<f32> = (0..n)
+                .map(|_| rng.next_u32() as i32 as f32 * magnitude)
+                .collect();
+            let frame = Encoder::new(config(8, 256, true, false), n)
+                .encode(&values)
+                .unwrap();
+            (site.to_string(), frame.into_bytes())
+        })
+        .collect();
+    let contributions: Vec<Contribution<'_>> = frames
+        .iter()
+        .map(|(site, frame)| Contribution {
+            site,
+            frame,
+            weight: 1.0 / 3.0,
+        })
+        .collect();
+    let mut reduced = vec![0.0; n];
+    reduce(&contributions, &mut reduced).unwrap();
+    let bytes: Vec<u8> = reduced.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let hash = fragment_hash(&reduced);
+    assert_eq!(hash, format!("blake3:{}", blake3::hash(&bytes).to_hex()));
+    assert_eq!(hash, GOLDEN_REDUCTION_HASH);
 }
+
+/// The hash of the seeded reduction in `the_hash_is_printable_and_pinned`.
+const GOLDEN_REDUCTION_HASH: &str =
+    "blake3:b05113b70af068ac622448158da20edb5a5f92fc90fea3a4f7433e6692977fda";
 
 // ------------------------------------------------------- allocation bounds
 
@@ -1000,6 +1053,58 @@ fn sources_below_the_bound_survive_encode_decode_average_and_re_encode() {
                     applied.iter().all(|v| v.abs() < MAX_MAGNITUDE),
                     "{bits} bits: {applied:?}"
                 );
+            }
+        }
+    }
+}
+
+/// The codes of a frame (without zstd) as signed integers.
+fn codes(frame: &Frame) -> Vec<i8> {
+    let (header, payload) = FrameHeader::parse(frame.as_bytes()).unwrap();
+    assert!(!header.zstd);
+    let codes = &payload[2 * header.codec.blocks(header.element_count)..];
+    match header.codec.bits() {
+        8 => codes.iter().map(|&c| c as i8).collect(),
+        _ => codes
+            .iter()
+            .flat_map(|&c| [((c << 4) as i8) >> 4, (c as i8) >> 4])
+            .take(header.element_count)
+            .collect(),
+    }
+}
+
+/// Codes are symmetric: −128 (8 bits) and −8 (4 bits) are never sent, for
+/// random blocks or blocks whose elements sit at and just below the block's
+/// maximum, negative or positive, with and without error feedback.
+#[test]
+fn the_asymmetric_codes_are_never_sent() {
+    let mut rng = ChaCha8Rng::seed_from_u64(77);
+    let mut blocks: Vec<Vec<f32>> = Vec::new();
+    for _ in 0..2000 {
+        // A random maximum, and elements at −max, −max·(1 − k·2⁻²⁴), +max.
+        let max = f32::from_bits(0x0100_0000 + rng.next_u32() % 0x5D00_0000);
+        let mut block: Vec<f32> = (0..8).map(|k| -f32::from_bits(max.to_bits() - k)).collect();
+        block.extend([max, -max, max * 0.5, -max * (1.0 - 1.0e-7)]);
+        blocks.push(block);
+    }
+    blocks.push(Gaussian::new(78).sample(1 << 14, 1.0));
+    for (bits, block, min) in [
+        (8, 2, -127),
+        (8, 12, -127),
+        (8, 256, -127),
+        (4, 2, -7),
+        (4, 12, -7),
+        (4, 64, -7),
+    ] {
+        for error_feedback in [false, true] {
+            for values in &blocks {
+                let mut encoder =
+                    Encoder::new(config(bits, block, error_feedback, false), values.len());
+                for _ in 0..3 {
+                    let frame = encoder.encode(values).unwrap();
+                    let lowest = codes(&frame).into_iter().min().unwrap();
+                    assert!(lowest >= min, "{bits} bits, B = {block}: code {lowest}");
+                }
             }
         }
     }
