@@ -75,6 +75,12 @@ pub fn reduce(contributions: &[Contribution<'_>], out: &mut [f32]) -> Result<(),
 /// The hash a site reports for a reduced fragment: `blake3:` and 64 hex
 /// digits of the BLAKE3 hash of the values as little-endian f32 bytes
 /// (71 printable ASCII characters, within the round record's 128).
+///
+/// A reduction of checked frames is always finite; should a NaN reach the
+/// hash anyway, every NaN is hashed as the one quiet NaN 0x7FC00000, so
+/// that sites whose NaNs differ only in sign or payload bits (which IEEE
+/// arithmetic leaves unspecified) still report the same hash. Every other
+/// value is hashed as its bits (+0.0 and −0.0 differ).
 pub fn fragment_hash(values: &[f32]) -> String {
     let mut hasher = blake3::Hasher::new();
     // 64 KiB at a time: enough chunks for BLAKE3 to hash several in parallel.
@@ -82,7 +88,12 @@ pub fn fragment_hash(values: &[f32]) -> String {
     for chunk in values.chunks(buffer.len() / 4) {
         let bytes = &mut buffer[..chunk.len() * 4];
         for (out, value) in bytes.chunks_exact_mut(4).zip(chunk) {
-            out.copy_from_slice(&value.to_le_bytes());
+            let bits = if value.is_nan() {
+                0x7FC0_0000
+            } else {
+                value.to_bits()
+            };
+            out.copy_from_slice(&bits.to_le_bytes());
         }
         hasher.update(bytes);
     }

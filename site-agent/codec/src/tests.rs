@@ -1109,3 +1109,98 @@ fn the_asymmetric_codes_are_never_sent() {
         }
     }
 }
+
+/// Regression (failed before the fix): frames the encoder never writes —
+/// codes −128 and −8, a subnormal scale, non-zero codes under a zero scale
+/// — were accepted. Each is refused naming the field.
+#[test]
+fn non_canonical_frames_are_refused_by_name() {
+    type Expected = fn(&DecodeError) -> bool;
+    let cases: Vec<(&str, u32, usize, u8, Expected)> = vec![
+        ("8-bit code -128", 8, 3, 0x80, |e| {
+            matches!(
+                e,
+                DecodeError::Code {
+                    index: 1,
+                    code: -128,
+                    levels: 127
+                }
+            )
+        }),
+        ("4-bit code -8, low nibble", 4, 2, 0x08, |e| {
+            matches!(
+                e,
+                DecodeError::Code {
+                    index: 0,
+                    code: -8,
+                    levels: 7
+                }
+            )
+        }),
+        ("4-bit code -8, high nibble", 4, 2, 0x87, |e| {
+            matches!(
+                e,
+                DecodeError::Code {
+                    index: 1,
+                    code: -8,
+                    ..
+                }
+            )
+        }),
+        ("subnormal scale", 8, 0, 0x01, |e| {
+            matches!(
+                e,
+                DecodeError::Scale {
+                    block: 0,
+                    bits: 0x0001
+                }
+            )
+        }),
+    ];
+    for (what, bits, at, byte, expected) in cases {
+        let frame = Encoder::new(config(bits, 4, false, false), 4)
+            .encode(&[1.0, 0.0, 0.0, 0.0])
+            .unwrap();
+        let mut bad = frame.into_bytes();
+        bad[HEADER_LEN + at] = byte;
+        if what == "subnormal scale" {
+            bad[HEADER_LEN + 1] = 0;
+        }
+        let error = refused_untouched(&resealed(bad), 4);
+        assert!(expected(&error), "{what}: {error:?}");
+    }
+    // A block of scale 0 (too small to send) must hold zero codes.
+    for bits in [8, 4] {
+        let frame = Encoder::new(config(bits, 4, false, false), 8)
+            .encode(&[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+            .unwrap();
+        assert_eq!(scales(&frame)[1], 0.0);
+        let mut bad = frame.into_bytes();
+        // Element 7: code 16 at 8 bits; the high nibble, code 1, at 4.
+        let last = bad.len() - 1;
+        bad[last] = 0x10;
+        let error = refused_untouched(&resealed(bad), 8);
+        let code = if bits == 8 { 16 } else { 1 };
+        assert_eq!(
+            error,
+            DecodeError::ZeroScaleCode {
+                block: 1,
+                index: 7,
+                code
+            },
+            "{bits} bits"
+        );
+    }
+}
+
+/// Every NaN hashes as the one quiet NaN; other values as their bits.
+#[test]
+fn the_hash_canonicalises_nan() {
+    let nans = [0x7FC0_0000u32, 0xFFC0_0000, 0x7F80_0001, 0x7FFF_FFFF];
+    let hashes: std::collections::BTreeSet<String> = nans
+        .iter()
+        .map(|&bits| fragment_hash(&[1.0, f32::from_bits(bits)]))
+        .collect();
+    assert_eq!(hashes.len(), 1);
+    assert_ne!(fragment_hash(&[0.0]), fragment_hash(&[-0.0]));
+}
