@@ -47,7 +47,9 @@
 //! accumulator's length before any allocation or decompression (so a
 //! frame can make it allocate at most 2 bytes per accumulator element, at
 //! most [`MAX_PAYLOAD_BYTES`]), the zstd stage, every scale and
-//! value finite and below 2⁶⁵, the accumulator's length and the weight —
+//! value finite and below 2⁶⁵, the frame canonical (no code −128 or −8,
+//! no subnormal scale, only zero codes under a zero scale: what the
+//! encoder writes), the accumulator's length and the weight —
 //! and refuses with a [`DecodeError`] naming the field, having written
 //! nothing. [`reduce()`] sums several sites' contributions in the order of
 //! their site ids, so the result is bit-identical at every site, and
