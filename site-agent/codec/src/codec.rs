@@ -6,9 +6,18 @@ use crate::frame::HEADER_LEN;
 
 /// The most elements one frame holds: 2²⁴ (64 MiB of f32). A fragment
 /// larger than this is sent as several frames, each encoded with
-/// [`crate::Encoder::encode_range`]; the bound keeps every allocation a
-/// decoder makes for one frame below 32 MiB.
+/// [`crate::Encoder::encode_range`]. With block sizes of at least 2 every
+/// payload is at most 2 bytes per element, so the bound keeps a frame's
+/// payload, and the one buffer a decoder allocates for it (the
+/// decompressed payload of a zstd frame), at most [`MAX_PAYLOAD_BYTES`].
 pub const MAX_ELEMENTS: usize = 1 << 24;
+
+/// The most bytes a payload takes before zstd: 2²⁵ (32 MiB), bf16 at
+/// [`MAX_ELEMENTS`]; 8 bits in blocks of 2 take as much, every other codec
+/// less. The decoder allocates at most 2 bytes per element of the
+/// accumulator it was given, and only after the frame's element count
+/// matched that accumulator.
+pub const MAX_PAYLOAD_BYTES: usize = 1 << 25;
 
 /// The largest block size accepted: 2¹⁶ elements. Larger blocks save
 /// nothing worth having (the scales are 16/B bits per element) and cost
@@ -29,14 +38,16 @@ pub struct Codec {
 }
 
 impl Codec {
-    /// A codec, checked: 16 bits with block size 0; 8 bits with a block
-    /// size in 1..=[`MAX_BLOCK_SIZE`]; 4 bits with an even one (each
-    /// block's codes then start on a byte).
+    /// A codec, checked: 16 bits with block size 0; 8 or 4 bits with a
+    /// block size in 2..=[`MAX_BLOCK_SIZE`], even for 4 bits (each block's
+    /// codes then start on a byte). Blocks of 1 are refused: at 8 bits they
+    /// take 3 bytes per element, more than bf16, and they would let a frame
+    /// decompress to 1.5× [`MAX_PAYLOAD_BYTES`].
     pub fn new(bits: u32, block_size: u32) -> Result<Codec, CodecError> {
         let reason = match bits {
             16 if block_size != 0 => Some("must be 0 for 16 bits (bf16 has no scales)"),
             16 => None,
-            8 | 4 if block_size == 0 => Some("must be at least 1"),
+            8 | 4 if block_size < 2 => Some("must be at least 2"),
             8 | 4 if block_size > MAX_BLOCK_SIZE => Some("must be at most 65536"),
             4 if !block_size.is_multiple_of(2) => Some("must be even for 4 bits"),
             8 | 4 => None,
@@ -138,7 +149,14 @@ mod tests {
             Codec::new(2, 64),
             Err(CodecError::Bits { bits: 2 })
         ));
-        for (bits, block_size) in [(8, 0), (4, 0), (8, MAX_BLOCK_SIZE + 1), (4, 63), (16, 64)] {
+        for (bits, block_size) in [
+            (8, 0),
+            (8, 1),
+            (4, 0),
+            (8, MAX_BLOCK_SIZE + 1),
+            (4, 63),
+            (16, 64),
+        ] {
             assert!(
                 matches!(
                     Codec::new(bits, block_size),
@@ -158,6 +176,15 @@ mod tests {
             assert_eq!(payload * 8.0 / n as f64, codec.bits_per_parameter());
             assert_eq!(codec.frame_bytes(n), HEADER_LEN + codec.payload_bytes(n));
         }
+        // No codec's payload exceeds 2 bytes per element: MAX_PAYLOAD_BYTES.
+        for codec in [
+            Codec::bf16(),
+            Codec::new(8, 2).unwrap(),
+            Codec::new(4, 2).unwrap(),
+        ] {
+            assert!(codec.payload_bytes(MAX_ELEMENTS) <= MAX_PAYLOAD_BYTES);
+        }
+        assert_eq!(Codec::bf16().payload_bytes(MAX_ELEMENTS), MAX_PAYLOAD_BYTES);
         // A partial last block still has a scale; an odd 4-bit count rounds up.
         let int4 = Codec::new(4, 64).unwrap();
         assert_eq!(int4.payload_bytes(65), 2 * 2 + 33);

@@ -11,7 +11,9 @@ use crate::kernels;
 /// input just below 2⁶⁴ plus its residual, rounded, can reach 2⁶⁴ itself.
 const MAX_VALUE_BF16: u16 = 0x6000;
 /// Weights are finite and within ±2³²: with scales below 2⁶⁵ and codes of at
-/// most 128, every term q·(s·w) is finite.
+/// most 128, every term q·(s·w) is finite. That is all this bound is for:
+/// the collective passes weights in [0, 1] summing to at most 1, so that
+/// its average stays in the encoder's domain (`MAX_SOURCE_MAGNITUDE`).
 const MAX_WEIGHT: f32 = 4_294_967_296.0;
 
 /// A frame that passed every check: header, checksums, lengths, the zstd
@@ -25,18 +27,34 @@ pub struct CheckedFrame<'a> {
     payload: Cow<'a, [u8]>,
 }
 
-/// Checks `frame` whole, decompressing it if it is zstd-compressed.
+/// Checks `frame` whole, decompressing it if it is zstd-compressed (into a
+/// buffer of the header's payload size, at most
+/// [`crate::MAX_PAYLOAD_BYTES`]). To decode into an accumulator, use
+/// [`decode_add`], which checks the element count against the
+/// accumulator before it decompresses anything.
 pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
-    let (header, stored) = FrameHeader::parse(frame)?;
+    check_payload(FrameHeader::parse(frame)?, None)
+}
+
+/// The checks after the header's: the zstd stage (with `decompressor`, a
+/// context to reuse, when given), scales, values, padding.
+pub(crate) fn check_payload<'a>(
+    (header, stored): (FrameHeader, &'a [u8]),
+    decompressor: Option<&mut zstd::bulk::Decompressor<'static>>,
+) -> Result<CheckedFrame<'a>, DecodeError> {
     let codec = header.codec;
     let raw_len = codec.payload_bytes(header.element_count);
     let payload = if header.zstd {
+        let zstd_error = |e: std::io::Error| DecodeError::Zstd {
+            reason: e.to_string(),
+        };
         // Exactly as long as the header says: zstd refuses to write more.
         let mut raw = vec![0; raw_len];
-        let found =
-            zstd::bulk::decompress_to_buffer(stored, &mut raw).map_err(|e| DecodeError::Zstd {
-                reason: e.to_string(),
-            })?;
+        let found = match decompressor {
+            Some(context) => context.decompress_to_buffer(stored, &mut raw[..]),
+            None => zstd::bulk::decompress_to_buffer(stored, &mut raw[..]),
+        }
+        .map_err(zstd_error)?;
         if found != raw_len {
             return Err(DecodeError::DecompressedLength {
                 expected: raw_len,
@@ -56,6 +74,23 @@ pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
             bits: bf16_at(scales, block),
         });
     }
+    // Subnormal scales: the encoder sends a block below the smallest
+    // normal scale as scale 0 (negative ones were refused above).
+    if let Some(block) = first_bf16_in(scales, 0x0001, 0x007F) {
+        return Err(DecodeError::Scale {
+            block,
+            bits: bf16_at(scales, block),
+        });
+    }
+    if codec.bits() == 4 && n % 2 == 1 {
+        let high = codes.last().map_or(0, |&last| last >> 4);
+        if high != 0 {
+            return Err(DecodeError::Padding { found: high });
+        }
+    }
+    if codec.bits() != 16 {
+        check_codes(codec, n, scales, codes)?;
+    }
     let bad_value = match codec.bits() {
         16 => first_bf16_at_or_above(codes, MAX_VALUE_BF16, 0x7FFF),
         _ => None,
@@ -66,21 +101,20 @@ pub fn check(frame: &[u8]) -> Result<CheckedFrame<'_>, DecodeError> {
             bits: bf16_at(codes, index),
         });
     }
-    if codec.bits() == 4 && n % 2 == 1 {
-        let high = codes.last().map_or(0, |&last| last >> 4);
-        if high != 0 {
-            return Err(DecodeError::Padding { found: high });
-        }
-    }
     Ok(CheckedFrame { header, payload })
 }
 
 /// Checks `frame` and adds `weight` × its values to `acc`:
 /// `acc[i] ← acc[i] + q_i × (s_b × weight)` (bf16 values: `v_i × weight`), each
-/// operation rounded to f32, element by element in index order. On any
-/// error `acc` is untouched.
+/// operation rounded to f32, element by element in index order. The
+/// header's element count is checked against `acc` (and the weight) right
+/// after the header itself, before any allocation or decompression: a
+/// small frame cannot make the decoder allocate more than 2 bytes per
+/// element of `acc`. On any error `acc` is untouched.
 pub fn decode_add(frame: &[u8], acc: &mut [f32], weight: f32) -> Result<FrameHeader, DecodeError> {
-    let checked = check(frame)?;
+    let parsed = FrameHeader::parse(frame)?;
+    check_target(&parsed.0, acc.len(), weight)?;
+    let checked = check_payload(parsed, None)?;
     checked.add_to(acc, weight)?;
     Ok(checked.header)
 }
@@ -131,20 +165,99 @@ impl CheckedFrame<'_> {
 }
 
 impl CheckedFrame<'_> {
-    /// What [`CheckedFrame::add_to`] refuses: an accumulator of another
-    /// length, a weight that is not finite or beyond ±2³².
+    /// What [`CheckedFrame::add_to`] refuses: see [`check_target`].
     pub(crate) fn check_target(&self, accumulator: usize, weight: f32) -> Result<(), DecodeError> {
-        if accumulator != self.header.element_count {
-            return Err(DecodeError::AccumulatorLength {
-                frame: self.header.element_count,
-                accumulator,
+        check_target(&self.header, accumulator, weight)
+    }
+}
+
+/// An accumulator of another length than the frame's, or a weight that is
+/// not finite or beyond ±2³².
+pub(crate) fn check_target(
+    header: &FrameHeader,
+    accumulator: usize,
+    weight: f32,
+) -> Result<(), DecodeError> {
+    if accumulator != header.element_count {
+        return Err(DecodeError::AccumulatorLength {
+            frame: header.element_count,
+            accumulator,
+        });
+    }
+    if weight.is_nan() || weight.abs() > MAX_WEIGHT {
+        return Err(DecodeError::Weight { weight });
+    }
+    Ok(())
+}
+
+/// Codes of a canonical frame: never −128 (8 bits) or −8 (4 bits), and all
+/// zero in a block whose scale is 0. One pass over the codes, a byte-wise
+/// maximum the compiler vectorises; the blocks of scale 0 are looked at
+/// only when there are any.
+fn check_codes(
+    codec: crate::Codec,
+    n: usize,
+    scales: &[u8],
+    codes: &[u8],
+) -> Result<(), DecodeError> {
+    const CHUNK: usize = 8192;
+    // 8 bits: 0x80 is −128. 4 bits: a nibble of 8 is −8.
+    let bad = |b: u8| match codec.bits() {
+        8 => b == 0x80,
+        _ => (b & 0x0F) == 0x08 || (b & 0xF0) == 0x80,
+    };
+    let per_byte = if codec.bits() == 8 { 1 } else { 2 };
+    for (c, chunk) in codes.chunks(CHUNK).enumerate() {
+        if chunk.iter().fold(0u8, |m, &b| m | u8::from(bad(b))) != 0 {
+            let at = c * CHUNK + chunk.iter().position(|&b| bad(b)).unwrap_or(0);
+            let byte = codes[at];
+            let (index, code) = if codec.bits() == 8 || (byte & 0x0F) == 0x08 {
+                (at * per_byte, if codec.bits() == 8 { -128 } else { -8 })
+            } else {
+                (at * per_byte + 1, -8)
+            };
+            return Err(DecodeError::Code {
+                index,
+                code,
+                levels: codec.levels(),
             });
         }
-        if weight.is_nan() || weight.abs() > MAX_WEIGHT {
-            return Err(DecodeError::Weight { weight });
-        }
-        Ok(())
     }
+    let block = codec.block_size() as usize;
+    let code_block = block * codec.bits() as usize / 8;
+    for (b, scale) in scales.chunks_exact(2).enumerate() {
+        if scale != [0, 0] {
+            continue;
+        }
+        let start = b * code_block;
+        let end = (start + code_block).min(codes.len());
+        if let Some(k) = codes[start..end].iter().position(|&byte| byte != 0) {
+            let byte = codes[start + k];
+            let (index, code) = if codec.bits() == 8 {
+                (b * block + k, byte as i8)
+            } else if byte & 0x0F != 0 {
+                (b * block + 2 * k, ((byte << 4) as i8) >> 4)
+            } else {
+                (b * block + 2 * k + 1, (byte as i8) >> 4)
+            };
+            // Padding beyond the last element is the padding check's.
+            if index < n {
+                return Err(DecodeError::ZeroScaleCode {
+                    block: b,
+                    index,
+                    code,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The index of the first little-endian bf16 in `bytes` within `lo..=hi`.
+fn first_bf16_in(bytes: &[u8], lo: u16, hi: u16) -> Option<usize> {
+    bytes
+        .chunks_exact(2)
+        .position(|pair| (lo..=hi).contains(&u16::from_le_bytes([pair[0], pair[1]])))
 }
 
 fn bf16_at(bytes: &[u8], index: usize) -> u16 {

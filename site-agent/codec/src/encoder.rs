@@ -13,10 +13,35 @@ use crate::kernels;
 /// (`ZSTD_BYTES_PER_SECOND_PER_CORE`).
 pub const ZSTD_LEVEL: i32 = 1;
 
-/// Inputs must be finite and below this in magnitude (2⁶⁴): then x plus a
-/// residual never overflows, and every scale and bf16 value stays below the
-/// decoder's bound of 2⁶⁵.
+/// The encoder refuses inputs that are not finite or not below this in
+/// magnitude (2⁶⁴): then x plus a residual never overflows, and every scale
+/// and bf16 value it writes stays below the decoder's bound of 2⁶⁵.
+///
+/// No single bound can also hold the encoder's own decoded output: scales
+/// are rounded *up* (and bf16 rounds to nearest), so an input just below
+/// any bound T can decode to T or more (the largest f32 below 2⁶⁴ decodes
+/// to 2⁶⁴ at bf16 and above it at 4 bits, and re-encoding that is refused).
+/// What the collective relies on is therefore [`MAX_SOURCE_MAGNITUDE`],
+/// 2⁴ below this bound.
 pub const MAX_MAGNITUDE: f32 = 18_446_744_073_709_551_616.0;
+
+/// The magnitude below which pseudo-gradients stay in the encoder's domain
+/// through the collective (2⁶⁰, 2⁴ below [`MAX_MAGNITUDE`]): encode (any
+/// number of rounds of error feedback) → decode → weighted sum with weights
+/// in [0, 1] that add up to at most 1 → encode again → decode.
+///
+/// Per hop, values grow by at most 1.09×, at 4 bits with error feedback,
+/// the worst codec: the residual is at most s/2 with s ≤ max|v|·(1 + 2⁻⁷)/7,
+/// so max|v| ≤ max|x| / (1 − (1 + 2⁻⁷)/14) ≤ 1.078·max|x|, and a decoded
+/// value is at most 7·s ≤ 1.078·(1 + 2⁻⁷)·max|x| ≤ 1.087·max|x|; a
+/// weighted sum with such weights is no larger, but for f32 rounding of a
+/// few 2⁻²⁴. 2⁴ of headroom covers 32 such hops; the collective has one
+/// (the owner re-encodes the average). Weights beyond 1 (the decoder takes
+/// up to ±2³², which only keeps every term finite) void this: the
+/// collective must pass weights in [0, 1] summing to at most 1, and keep
+/// its inputs below this bound (a trainer's pseudo-gradient near 2⁶⁰ is a
+/// bug upstream; the encoder refuses only at [`MAX_MAGNITUDE`]).
+pub const MAX_SOURCE_MAGNITUDE: f32 = 1_152_921_504_606_846_976.0;
 const MAX_MAGNITUDE_BITS: u32 = 0x5F80_0000;
 const MAX_MAGNITUDE_BF16: u16 = 0x5F80;
 

@@ -80,8 +80,20 @@ pub enum DecodeError {
     Zstd { reason: String },
     #[error("zstd: the payload decompresses to {found} bytes, {expected} expected")]
     DecompressedLength { expected: usize, found: usize },
-    #[error("scale of block {block}: bf16 bits {bits:#06x} are not a finite scale in [0, 2^65)")]
+    #[error(
+        "scale of block {block}: bf16 bits {bits:#06x} are not 0 or a normal finite scale in (0, 2^65)"
+    )]
     Scale { block: usize, bits: u16 },
+    #[error("element {index}: code {code} is never sent (codes are -{levels}..={levels})")]
+    Code { index: usize, code: i8, levels: u32 },
+    #[error(
+        "element {index}: code {code} under block {block}'s scale 0 (such a block is all zeros)"
+    )]
+    ZeroScaleCode {
+        block: usize,
+        index: usize,
+        code: i8,
+    },
     #[error("element {index}: bf16 bits {bits:#06x} are not a finite value below 2^65")]
     Value { index: usize, bits: u16 },
     #[error("padding: the unused high nibble of the last byte must be 0, found {found:#x}")]

@@ -9,7 +9,7 @@
 //!                                bit 1: encoded from bf16 input (informational)
 //!                                other bits 0
 //!      7     1  reserved         0
-//!      8     4  block_size       u32 LE; 0 for 16 bits, 1..=65536 (even for 4 bits)
+//!      8     4  block_size       u32 LE; 0 for 16 bits, 2..=65536 (even for 4 bits)
 //!     12     4  element_count    u32 LE; 0..=2^24
 //!     16     4  payload_length   u32 LE; bytes that follow the header
 //!     20     4  payload_crc32c   u32 LE; CRC-32C of those bytes, as stored
@@ -71,8 +71,9 @@ impl FrameHeader {
         out
     }
 
-    /// Reads and checks the header of `frame` and the frame's length
-    /// against it, and returns the header with the payload as stored. The
+    /// Reads and checks the header of `frame` — at least 28 bytes, then
+    /// the header's checksum, then its fields in order — and the frame's
+    /// length against it, and returns the header with the payload as stored. The
     /// payload's checksum is checked too; its contents (scales, values) are
     /// the decoder's to check.
     pub fn parse(frame: &[u8]) -> Result<(FrameHeader, &[u8]), DecodeError> {
@@ -81,20 +82,8 @@ impl FrameHeader {
             needed,
             found: frame.len(),
         };
-        let magic: [u8; 4] = frame
-            .get(0..4)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| truncated("magic", 4))?;
-        if magic != MAGIC {
-            return Err(DecodeError::Magic { found: magic });
-        }
-        let version = *frame.get(4).ok_or_else(|| truncated("version", 5))?;
-        if version != VERSION {
-            return Err(DecodeError::Version {
-                found: version,
-                supported: VERSION,
-            });
-        }
+        // The whole header and its checksum first: a bit flipped in transit
+        // is reported as that, not as whichever field it landed in.
         let header = frame
             .get(..HEADER_LEN)
             .ok_or_else(|| truncated("header", HEADER_LEN))?;
@@ -105,6 +94,17 @@ impl FrameHeader {
         let computed = crc32c::crc32c(&header[..24]);
         if expected != computed {
             return Err(DecodeError::HeaderChecksum { expected, computed });
+        }
+        let magic = [header[0], header[1], header[2], header[3]];
+        if magic != MAGIC {
+            return Err(DecodeError::Magic { found: magic });
+        }
+        let version = header[4];
+        if version != VERSION {
+            return Err(DecodeError::Version {
+                found: version,
+                supported: VERSION,
+            });
         }
         let (bits, flags, reserved) = (header[5], header[6], header[7]);
         if ![16, 8, 4].contains(&bits) {
@@ -149,7 +149,9 @@ impl FrameHeader {
                 found: stored,
             });
         }
-        // Both are at most 28 + 2^25 + 2^17 bytes: no overflow.
+        // payload_length ≤ raw ≤ MAX_PAYLOAD_BYTES (2^25, every codec's
+        // payload at MAX_ELEMENTS is at most 2 bytes per element): the sum
+        // is at most 28 + 2^25, no overflow.
         let total = HEADER_LEN + payload_length;
         if frame.len() != total {
             return Err(DecodeError::FrameLength {
