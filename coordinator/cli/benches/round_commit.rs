@@ -718,6 +718,20 @@ async fn run_setting(settings: &Settings, km: Option<f64>) -> Result<(String, bo
         loadavg().split(' ').next().unwrap_or("?"),
     );
     println!("  done: {line}");
+    if let Some(emulator) = &cluster._emulator {
+        // What the emulator itself did to the replicas' traffic: a segment the link model
+        // drops is re-sent by the TCP relay after max(RTT, 1 ms), doubling, which shows in
+        // the tail as whole extra RTTs.
+        let (mut drops, mut resent, mut late) = (0, 0, 0u64);
+        for status in emulator.statuses() {
+            drops += status.stats.drops.total() + status.host_drops + status.kernel_drops;
+            resent += status.retransmissions;
+            late = late.max(status.lateness.p99_us);
+        }
+        println!(
+            "        emulator: {drops} segments dropped, {resent} re-sent by the TCP relay, release lateness p99 {late} µs (worst direction)"
+        );
+    }
     Ok((line, met))
 }
 
