@@ -42,7 +42,11 @@
 //! `ROUND_BENCH_SETTINGS` (default `loopback,80,6600`: loopback, or a
 //! distance in km behind the emulator), `ROUND_BENCH_SEED` (the emulator's
 //! seed, default 13), `ROUND_BENCH_BIN` (default: the `longhaul` cargo
-//! built). A setting stops after 50 s with the rounds it measured. Not run
+//! built), `ROUND_BENCH_LOG` (the replicas' `--log` filter, default `warn`;
+//! e.g. `warn,raft=debug`), `ROUND_BENCH_KEEP` (`true`: keep the replicas'
+//! data and logs, and print where), `ROUND_BENCH_DATA_DIR` (where the
+//! replicas' data directories go: `/dev/shm` takes the disk's fsync out of
+//! the figures, to tell its share of a tail). A setting stops after 50 s with the rounds it measured. Not run
 //! in CI.
 
 use std::collections::BTreeMap;
@@ -81,6 +85,12 @@ struct Settings {
     settings: Vec<Option<f64>>,
     seed: u64,
     bin: PathBuf,
+    /// The replicas' `--log` filter.
+    log: String,
+    /// Keep the replicas' data and logs after the run.
+    keep: bool,
+    /// Where the replicas' data directories go (default: the system's temporary directory).
+    data_dir: Option<PathBuf>,
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> Result<T, BoxError> {
@@ -124,6 +134,9 @@ fn settings() -> Result<Settings, BoxError> {
             "ROUND_BENCH_BIN",
             env!("CARGO_BIN_EXE_longhaul").to_string(),
         )?),
+        log: env_or("ROUND_BENCH_LOG", "warn".to_string())?,
+        keep: env_or("ROUND_BENCH_KEEP", false)?,
+        data_dir: std::env::var_os("ROUND_BENCH_DATA_DIR").map(PathBuf::from),
     })
 }
 
@@ -187,7 +200,14 @@ async fn start_cluster(
     km: Option<f64>,
     topology: &longhaul_core::Topology,
 ) -> Result<Cluster, BoxError> {
-    let dir = tempfile::tempdir()?;
+    let mut dir = match &settings.data_dir {
+        Some(parent) => tempfile::tempdir_in(parent)?,
+        None => tempfile::tempdir()?,
+    };
+    if settings.keep {
+        dir.disable_cleanup(true);
+        eprintln!("replica logs and data kept in {}", dir.path().display());
+    }
     let addrs: Vec<SocketAddr> = (0..3).map(|_| free_addr()).collect::<Result<_, _>>()?;
     let mut proxies = Vec::new();
     let mut reach: BTreeMap<(usize, usize), SocketAddr> = BTreeMap::new();
@@ -250,7 +270,8 @@ async fn start_cluster(
                 // Leases long enough that a loaded machine does not expire
                 // them: the bench is about rounds.
                 .args(["--round-deadline", "60s", "--lease-ttl", "10s"])
-                .args(["--log", "warn"])
+                .arg("--log")
+                .arg(&settings.log)
                 .stdout(std::process::Stdio::null())
                 .stderr(log),
         )?;
@@ -600,12 +621,26 @@ async fn run_rounds(
             hash: hash(round.round_id, last.1),
         };
         let sent = Instant::now();
+        let sent_unix = std::time::SystemTime::now();
         let answer = agent
             .clone()
             .report_applied(timed(request))
             .await?
             .into_inner();
         let answered = sent.elapsed();
+        if settings.keep {
+            // To find a slow round in the kept replica logs.
+            let unix = sent_unix
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            eprintln!(
+                "  round {} last report sent at {}.{:06} (unix s), answered in {:.2} ms",
+                round.round_id,
+                unix.as_secs(),
+                unix.subsec_micros(),
+                answered.as_secs_f64() * 1000.0
+            );
+        }
         if answer
             .round
             .is_none_or(|r| r.state() != pb::RoundState::Committed)

@@ -231,6 +231,9 @@ const MAX_BATCH: usize = 4096;
 /// writing is fsynced on a blocking thread while the loop goes on (`Node::stage_state_sync`);
 /// the loop then only waits for a small final fsync.
 const STATE_SYNC_INTERVAL: Duration = Duration::from_millis(100);
+/// A pass of the loop at least this long is logged (at debug): it delays every message and
+/// proposal that arrives meanwhile.
+const SLOW_PASS: Duration = Duration::from_millis(10);
 
 /// A linearizable read waiting for its ReadIndex confirmation is failed after this long (or
 /// as soon as its caller is gone), not only when the leader is lost: a confirmation may never
@@ -483,10 +486,15 @@ async fn run(
     let commit_gauge = metrics::gauge!("longhaul_raft_commit_index");
     loop {
         let mut batch = Vec::new();
+        // What woke this pass, for the slow-pass event below.
+        let mut woke = "input";
+        let mut woke_at = None;
         tokio::select! {
             // Asked to stop, or the owner is gone.
             _ = &mut stop => return Ok(()),
             _ = ticker.tick() => {
+                woke = "tick";
+                woke_at = Some(Instant::now());
                 node.tick();
                 let expired = pending.expire_reads(Instant::now(), READ_TIMEOUT);
                 if expired > 0 {
@@ -494,6 +502,8 @@ async fn run(
                 }
             }
             _ = state_sync.tick(), if state_flush.is_none() => {
+                woke = "state sync staged";
+                woke_at = Some(Instant::now());
                 if let Some(file) = node.stage_state_sync()? {
                     state_flush = Some(tokio::task::spawn_blocking(move || file.sync_data()));
                 }
@@ -504,6 +514,8 @@ async fn run(
                     None => std::future::pending().await,
                 }
             }, if state_flush.is_some() => {
+                woke = "state sync";
+                woke_at = Some(Instant::now());
                 state_flush = None;
                 if let Err(error) = flushed.map_err(std::io::Error::other).and_then(|r| r) {
                     // Nothing depended on it: the durable commit below fsyncs everything anyway.
@@ -516,12 +528,14 @@ async fn run(
                 None => return Ok(()),
             },
         }
+        let pass_started = woke_at.unwrap_or_else(Instant::now);
         while batch.len() < MAX_BATCH {
             match inputs.try_recv() {
                 Ok(input) => batch.push(input),
                 Err(_) => break,
             }
         }
+        let batch_len = batch.len();
         for input in batch {
             match input {
                 Input::Propose { command, reply } => {
@@ -612,6 +626,8 @@ async fn run(
             }
         }
 
+        let inputs_handled = batch_len;
+        let readies_started = Instant::now();
         while node.has_ready() {
             let started = Instant::now();
             let output =
@@ -691,6 +707,16 @@ async fn run(
             }
         }
 
+        let pass = pass_started.elapsed();
+        if pass >= SLOW_PASS {
+            tracing::debug!(
+                woke,
+                inputs = inputs_handled,
+                pass_ms = pass.as_secs_f64() * 1e3,
+                readies_ms = readies_started.elapsed().as_secs_f64() * 1e3,
+                "a slow pass of the raft loop"
+            );
+        }
         let applied = node.applied_index();
         let (done, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut pending.ready_reads)
             .into_iter()
