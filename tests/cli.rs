@@ -324,6 +324,32 @@ fn an_infeasible_plan_says_why() {
 }
 
 #[test]
+fn a_job_that_fits_nowhere_exits_2_as_invalid_input_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = std::fs::read_to_string(example("llama-70b.job.toml")).unwrap();
+    let huge = job.replace(
+        "parameters = 70_600_000_000",
+        "parameters = 100_000_000_000_000",
+    );
+    assert_ne!(huge, job, "the example's parameter line changed");
+    let path = dir.path().join("huge.job.toml");
+    std::fs::write(&path, huge).unwrap();
+    let (status, out, err) = longhaul(&[
+        "plan",
+        "--topology",
+        &example("two-campuses-80km.toml"),
+        "--job",
+        &path.display().to_string(),
+    ]);
+    assert_eq!(status, 2, "{err}");
+    assert!(out.is_empty(), "{out}");
+    assert!(
+        err.contains("cannot be placed") && err.contains("memory does not fit"),
+        "{err}"
+    );
+}
+
+#[test]
 fn simulate_compares_the_modes_over_distance_and_says_where_each_stops_being_viable() {
     let (topology, job) = (
         example("three-sites-two-continents.toml"),

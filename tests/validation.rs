@@ -247,6 +247,44 @@ fn invalid_topologies_name_field_and_line() {
             "at least 1 link",
         ),
         (
+            "route-beyond-the-earth",
+            Replace("distance = \"150 km\"", "distance = \"1e300 km\""),
+            "links[0].distance",
+            27,
+            "longer than twice around the Earth",
+        ),
+        (
+            "too-many-parallel-links",
+            Replace("parallel_links = 4", "parallel_links = 1000000"),
+            "links[0].parallel_links",
+            28,
+            "more than the 4096 allowed",
+        ),
+        (
+            "link-faster-than-a-petabit",
+            Replace(
+                "link_rate = \"400 Gbit/s\"\nloss",
+                "link_rate = \"2000 Tbit/s\"\nloss",
+            ),
+            "links[0].link_rate",
+            29,
+            "faster than the",
+        ),
+        (
+            "too-many-domains",
+            Replace("count = 2", "count = 4000000000"),
+            "sites[0].buildings[0].domains[0].count",
+            10,
+            "more than the 1000000 allowed",
+        ),
+        (
+            "too-many-gpus-in-all",
+            Replace("count = 2", "count = 1000000"),
+            "sites[0].buildings",
+            5,
+            "GPUs in all, more than the 10000000 allowed",
+        ),
+        (
             "zero-domains",
             Replace("count = 2", "count = 0"),
             "sites[0].buildings[0].domains[0].count",
@@ -543,6 +581,23 @@ fn invalid_jobs_name_field_and_line() {
             "constraints.pipeline_parallel",
             14,
             "exceeds the 32 layers",
+        ),
+        (
+            "too-many-parameters",
+            Replace(
+                "parameters = 7_000_000_000",
+                "parameters = 10_000_000_000_000_000",
+            ),
+            "model.parameters",
+            3,
+            "more than the 1000000000000000 allowed",
+        ),
+        (
+            "sequence-too-long",
+            Replace("sequence_length = 4096", "sequence_length = 4000000000"),
+            "model.sequence_length",
+            7,
+            "tokens, more than",
         ),
         (
             "unknown-model-key",

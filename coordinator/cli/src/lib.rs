@@ -30,7 +30,7 @@ pub const DEFAULT_TOPOLOGY: &str = include_str!("../../../deploy/examples/two-ca
 ///
 /// Files are TOML; every error names the file, line, column and field.
 /// Exit status: 0 on success, 1 when the command could not run, 2 when the
-/// input is invalid.
+/// input is invalid or cannot be satisfied (a job that fits nowhere).
 #[derive(Debug, Parser)]
 #[command(name = "longhaul", version, propagate_version = true)]
 pub struct Cli {
@@ -152,6 +152,10 @@ pub enum Output {
 pub enum Failure {
     /// The input is invalid (exit status 2).
     Invalid(ConfigError),
+    /// The input is valid but asks for what cannot be done, such as a job
+    /// that fits nowhere on the topology (exit status 2, as invalid input:
+    /// only another input changes the answer).
+    Unsatisfiable(anyhow::Error),
     /// The command could not run (exit status 1).
     Other(anyhow::Error),
 }
@@ -200,6 +204,10 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Ok(()) => 0,
         Err(Failure::Invalid(error)) => {
             let _ = writeln!(err, "{error}");
+            2
+        }
+        Err(Failure::Unsatisfiable(error)) => {
+            let _ = writeln!(err, "error: {error:#}");
             2
         }
         Err(Failure::Other(error)) => {

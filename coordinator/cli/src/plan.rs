@@ -54,12 +54,11 @@ pub fn load_inputs(
 /// Places `job` on `topology`, or says why it cannot be placed.
 pub fn place_job(topology: &Topology, job: &JobSpec) -> Result<Plan, Failure> {
     place(topology, job).map_err(|error| {
-        anyhow::anyhow!(
+        Failure::Unsatisfiable(anyhow::anyhow!(
             "job {:?} cannot be placed on {:?}: {error}",
             job.name,
             topology.name
-        )
-        .into()
+        ))
     })
 }
 

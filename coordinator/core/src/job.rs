@@ -478,6 +478,36 @@ impl Validate for JobSpec {
         let allowed = self.constraints.allowed_sites.len();
         let max = crate::limits::MAX_SITES;
         crate::limits::check_entries(&path, allowed, max, "sites", &mut out);
+        let model = FieldPath::root().key("model");
+        let m = &self.model;
+        use crate::limits::{
+            MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMETERS, MAX_SEQUENCE_LENGTH, check_at_most,
+        };
+        let parameters = model.key("parameters");
+        check_at_most(
+            &parameters,
+            m.parameters,
+            MAX_PARAMETERS,
+            "parameters",
+            &mut out,
+        );
+        check_at_most(
+            &model.key("layers"),
+            m.layers,
+            MAX_LAYERS,
+            "layers",
+            &mut out,
+        );
+        let hidden = model.key("hidden_size");
+        check_at_most(&hidden, m.hidden_size, MAX_HIDDEN_SIZE, "", &mut out);
+        let sequence = model.key("sequence_length");
+        check_at_most(
+            &sequence,
+            m.sequence_length,
+            MAX_SEQUENCE_LENGTH,
+            "tokens",
+            &mut out,
+        );
         out
     }
 

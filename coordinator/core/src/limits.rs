@@ -48,6 +48,38 @@ pub const MAX_WATCH_KINDS: usize = 16;
 /// largest legitimate one, a registration of a site's whole inventory at
 /// the bounds above, is far smaller; 4 MiB is also gRPC's usual default.
 pub const MAX_REQUEST_BYTES: usize = 4 << 20;
+/// Scale-up domains in one domain group of a building.
+pub const MAX_DOMAINS_PER_GROUP: u32 = 1_000_000;
+/// Nodes in one scale-up domain (an NVL72 rack has 18).
+pub const MAX_NODES_PER_DOMAIN: u32 = 4096;
+/// GPUs in one node (8 in an HGX node, 4 in a GB200 tray).
+pub const MAX_GPUS_PER_NODE: u32 = 64;
+/// GPUs of a whole topology, or of one registered site: 100 times the
+/// largest clusters built today, and far from the sums' `u64` overflow.
+pub const MAX_GPUS: u64 = 10_000_000;
+/// The Earth's equatorial circumference, in km.
+pub const EARTH_CIRCUMFERENCE_KM: f64 = 40_075.0;
+/// The longest fibre route a link may have: twice around the Earth. The
+/// great circle between antipodes is half of one circumference; real
+/// routes detour, but not by four times.
+pub const MAX_ROUTE_KM: f64 = 2.0 * EARTH_CIRCUMFERENCE_KM;
+/// WAN link entries of a topology (a full mesh of 362 sites).
+pub const MAX_LINKS: usize = 65_536;
+/// Parallel links one WAN link entry describes.
+pub const MAX_PARALLEL_LINKS: u32 = 4096;
+/// The fastest rate of one port, link or fabric: 1 Pbit/s (today's
+/// fastest ports carry 1.6 Tbit/s, an NVLink 5 GPU 14.4 Tbit/s).
+pub const MAX_RATE_BITS_PER_SECOND: u64 = 1_000_000_000_000_000;
+/// A model's parameters: 10^15, ten times the largest any plan here could
+/// hold (the memory check refuses far smaller ones on real topologies).
+pub const MAX_PARAMETERS: u64 = 1_000_000_000_000_000;
+/// A model's layers.
+pub const MAX_LAYERS: u32 = 100_000;
+/// A model's hidden size.
+pub const MAX_HIDDEN_SIZE: u32 = 1 << 20;
+/// A model's sequence length, in tokens.
+pub const MAX_SEQUENCE_LENGTH: u32 = 1 << 26;
+
 /// Characters of an offending value an error quotes.
 pub const MAX_QUOTED_CHARS: usize = 48;
 /// Bytes of one error message, which travels in a response header.
@@ -103,6 +135,25 @@ pub fn check_entries(
         out.push(Violation::new(
             path.clone(),
             format!("holds {len} {what}, more than the {max} allowed"),
+        ));
+    }
+}
+
+/// A count of at most `max` `what` (`what` may be empty: a size without a unit).
+pub fn check_at_most<T: PartialOrd + std::fmt::Display>(
+    path: &FieldPath,
+    value: T,
+    max: T,
+    what: &str,
+    out: &mut Vec<Violation>,
+) {
+    if value > max {
+        out.push(Violation::new(
+            path.clone(),
+            format!(
+                "is {value}{}{what}, more than the {max} allowed",
+                if what.is_empty() { "" } else { " " }
+            ),
         ));
     }
 }

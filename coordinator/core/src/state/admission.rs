@@ -21,7 +21,7 @@
 
 use super::{ApplyError, ClusterState, Command, InventoryChange, Placement, Request};
 use crate::config::{FieldPath, Violation};
-use crate::limits::{self, check_entries, check_len};
+use crate::limits::{self, check_at_most, check_entries, check_len};
 use crate::topology::{DomainGroup, Site};
 
 impl ClusterState {
@@ -277,6 +277,7 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
 }
 
 pub(crate) fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation>) {
+    let before = out.len();
     check_len(&path.key("id"), &site.id, limits::MAX_ID_LEN, out);
     if let Some(name) = &site.name {
         check_len(&path.key("name"), name, limits::MAX_NAME_LEN, out);
@@ -302,11 +303,58 @@ pub(crate) fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation
             group_bounds(&path.key("domains").index(d), group, out);
         }
     }
+    // A sum is only worth reporting when no part of it is out of bounds itself.
+    if out.len() > before {
+        return;
+    }
+    check_at_most(
+        &path.key("buildings"),
+        total_gpus([site]),
+        limits::MAX_GPUS,
+        "GPUs in all",
+        out,
+    );
 }
 
 fn group_bounds(path: &FieldPath, group: &DomainGroup, out: &mut Vec<Violation>) {
     check_len(&path.key("id"), &group.id, limits::MAX_ID_LEN, out);
     check_len(&path.key("gpu"), &group.gpu, limits::MAX_ID_LEN, out);
+    for (key, value, max, what) in [
+        (
+            "count",
+            group.count,
+            limits::MAX_DOMAINS_PER_GROUP,
+            "domains",
+        ),
+        (
+            "nodes_per_domain",
+            group.nodes_per_domain,
+            limits::MAX_NODES_PER_DOMAIN,
+            "nodes",
+        ),
+        (
+            "gpus_per_node",
+            group.gpus_per_node,
+            limits::MAX_GPUS_PER_NODE,
+            "GPUs",
+        ),
+    ] {
+        check_at_most(&path.key(key), value, max, what, out);
+    }
+}
+
+/// GPUs of `sites`, saturating (the sum of sites at the bounds above
+/// overflows `u64`).
+pub(crate) fn total_gpus<'a>(sites: impl IntoIterator<Item = &'a Site>) -> u64 {
+    sites
+        .into_iter()
+        .flat_map(|site| &site.buildings)
+        .flat_map(|building| &building.domains)
+        .fold(0u64, |sum, group| {
+            let per_domain =
+                u64::from(group.nodes_per_domain).saturating_mul(u64::from(group.gpus_per_node));
+            sum.saturating_add(u64::from(group.count).saturating_mul(per_domain))
+        })
 }
 
 fn placement_bounds(path: &FieldPath, placement: &Placement, out: &mut Vec<Violation>) {
