@@ -4,6 +4,9 @@
 //! - `fidelity`: against the closed forms (exact times on a free link,
 //!   Mathis, N streams, drop-tail below the BDP, the paced sender at its
 //!   rate, the fragment exchange);
+//! - `cubic`: the Cubic sender against Reno and RFC 9438 (a loss-free link
+//!   with half a BDP of buffer, random loss at a long and a short RTT,
+//!   seeds);
 //! - `determinism`: seeds;
 //! - `config`: refused configurations and bounded runs.
 //!
@@ -12,6 +15,7 @@
 //! seed, to see how far other seeds move the figures.
 
 mod config;
+mod cubic;
 mod determinism;
 mod fidelity;
 
