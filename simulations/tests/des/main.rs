@@ -7,6 +7,8 @@
 //! - `cubic`: the Cubic sender against Reno and RFC 9438 (a loss-free link
 //!   with half a BDP of buffer, random loss at a long and a short RTT,
 //!   seeds);
+//! - `published`: the analytic tier against INTELLECT-1's published
+//!   compute utilisation in three geographic settings;
 //! - `determinism`: seeds;
 //! - `config`: refused configurations and bounded runs.
 //!
@@ -18,6 +20,7 @@ mod config;
 mod cubic;
 mod determinism;
 mod fidelity;
+mod published;
 
 use longhaul_core::units::{ByteSize, DataRate, Distance};
 use longhaul_simulations::des::{SenderModel, TransferConfig, TransferReport, transfer};
