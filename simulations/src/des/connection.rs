@@ -85,7 +85,7 @@ pub(crate) struct Connection {
     rto_ns: u64,
     backoff: u64,
     rto_deadline_ns: Option<u64>,
-    /// The time of this connection's live timer entry in the heap.
+    /// The time of this connection's live timer entry in the queue.
     pub timer_armed_ns: Option<u64>,
     pub packets_sent: u64,
     pub retransmits: u64,

@@ -1,15 +1,14 @@
 //! The event loop: links, packets in flight, timers, in virtual time.
 //!
-//! A [`Fabric`] owns the links and a heap of wake-ups; the connections
+//! A [`Fabric`] owns the links and a queue of wake-ups
+//! ([`super::queue::WakeQueue`]); the connections
 //! (in [`super::connection`]) own their sender and receiver state and send
-//! through the fabric. Heap entries are lazy: a link or a connection keeps
+//! through the fabric. Queue entries are lazy: a link or a connection keeps
 //! the time of its one live entry, and an entry whose time no longer matches
 //! is skipped when it comes out. Ties in time come out in the order they
 //! were pushed, so a run is a function of its inputs.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
+use super::queue::WakeQueue;
 use crate::link::{DropCounts, Fate, Link};
 
 /// What a packet carries; the link only sees its id and size.
@@ -77,7 +76,7 @@ impl PacketSlab {
     }
 }
 
-/// What a heap entry wakes.
+/// What a queue entry wakes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Wake {
     Link(u32),
@@ -87,7 +86,7 @@ pub(crate) enum Wake {
 #[derive(Debug)]
 struct LinkSlot {
     link: Link,
-    /// The time of this link's live heap entry.
+    /// The time of this link's live queue entry.
     armed_ns: Option<u64>,
 }
 
@@ -110,8 +109,7 @@ pub(crate) enum Step {
 pub(crate) struct Fabric {
     links: Vec<LinkSlot>,
     packets: PacketSlab,
-    heap: BinaryHeap<Reverse<(u64, u64, Wake)>>,
-    pushes: u64,
+    queue: WakeQueue,
     now_ns: u64,
     /// Sends, deliveries and timer firings so far.
     pub events: u64,
@@ -130,8 +128,7 @@ impl Fabric {
                 })
                 .collect(),
             packets: PacketSlab::default(),
-            heap: BinaryHeap::new(),
-            pushes: 0,
+            queue: WakeQueue::new(),
             now_ns: 0,
             events: 0,
             draining: None,
@@ -140,7 +137,7 @@ impl Fabric {
 
     /// Something is still scheduled.
     pub fn has_pending(&self) -> bool {
-        self.draining.is_some() || !self.heap.is_empty()
+        self.draining.is_some() || !self.queue.is_empty()
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -168,8 +165,7 @@ impl Fabric {
     }
 
     fn push(&mut self, at_ns: u64, wake: Wake) {
-        self.pushes += 1;
-        self.heap.push(Reverse((at_ns, self.pushes, wake)));
+        self.queue.push(at_ns, wake);
     }
 
     /// Sends one packet on link `link` now; false if the link dropped it.
@@ -245,11 +241,7 @@ impl Fabric {
                     self.push(wakeup, Wake::Link(link));
                 }
             }
-            let &Reverse((at_ns, _, wake)) = self.heap.peek()?;
-            if at_ns > until_ns {
-                return None;
-            }
-            self.heap.pop();
+            let (at_ns, wake) = self.queue.pop_until(until_ns)?;
             self.now_ns = self.now_ns.max(at_ns);
             match wake {
                 Wake::Link(link) => {

@@ -74,6 +74,7 @@ mod connection;
 mod cubic;
 mod engine;
 mod flow;
+mod queue;
 
 pub use cubic::cubic_average_window;
 
