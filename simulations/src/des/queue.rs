@@ -1,22 +1,30 @@
 //! The event queue: wake-ups in time order, ties in the order they were
-//! pushed, as a radix heap.
+//! pushed.
 //!
-//! Virtual time never goes back, so every time pushed is at least the last
-//! one taken out; a radix heap uses that to file each entry in the bucket of
-//! the highest bit where its time differs from the last, and to find the
-//! next one by spreading the lowest non-empty bucket. Pushing is O(1) and an
-//! entry moves down at most 64 buckets in its life, where a binary heap of
-//! the thousands of wake-ups of a large round pays a dozen levels on every
-//! push and pop. Among entries at the same time the first pushed comes out
-//! first, so the order is exactly a binary heap's on (time, push number).
+//! A few entries (a transfer's two links and its connections' timers) live
+//! in a binary heap, whose one compact array is hard to beat at that size.
+//! From [`RADIX_FROM`] entries on (a large round keeps thousands) the queue
+//! moves them, once and for good, into a radix heap: virtual time never
+//! goes back, so every time pushed is at least the last one taken out, and
+//! a radix heap files each entry in the bucket of the highest bit where its
+//! time differs from the last, finding the next one by spreading the lowest
+//! non-empty bucket. Pushing is O(1) and an entry moves down at most 64
+//! buckets in its life, where a binary heap of thousands pays a dozen
+//! levels on every push and pop. Both give the first pushed of the entries
+//! at one time first, so the order is the same either way: a binary heap's
+//! on (time, push number).
 
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 
 use super::engine::Wake;
 
 /// Bucket b ≥ 1 holds the entries whose highest bit of time that differs
 /// from the last time is bit b − 1 of 64; bucket 0 (`due`) those at it.
 const BUCKETS: usize = 65;
+
+/// Entries from which the queue is a radix heap.
+const RADIX_FROM: usize = 512;
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -28,6 +36,87 @@ struct Entry {
 
 #[derive(Debug)]
 pub(crate) struct WakeQueue {
+    /// While `radix` is `None`: every entry, as (time, push number, wake).
+    heap: BinaryHeap<Reverse<(u64, u64, Wake)>>,
+    radix: Option<Box<RadixHeap>>,
+    pushes: u64,
+}
+
+impl WakeQueue {
+    pub fn new() -> Self {
+        Self {
+            heap: BinaryHeap::new(),
+            radix: None,
+            pushes: 0,
+        }
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        match &self.radix {
+            Some(radix) => radix.len,
+            None => self.heap.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Schedules `wake` at `at_ns`, after everything already at that time.
+    #[inline]
+    pub fn push(&mut self, at_ns: u64, wake: Wake) {
+        self.pushes += 1;
+        let order = self.pushes;
+        match &mut self.radix {
+            Some(radix) => radix.push(Entry { at_ns, order, wake }),
+            None => {
+                self.heap.push(Reverse((at_ns, order, wake)));
+                if self.heap.len() >= RADIX_FROM {
+                    self.become_radix();
+                }
+            }
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn become_radix(&mut self) {
+        // In order, from 0 (below every entry): the first look spreads them.
+        let mut radix = Box::new(RadixHeap::new());
+        let heap = std::mem::take(&mut self.heap);
+        for Reverse((at_ns, order, wake)) in heap.into_sorted_vec().into_iter().rev() {
+            radix.push(Entry { at_ns, order, wake });
+        }
+        self.radix = Some(radix);
+    }
+
+    /// The time of the earliest entry.
+    #[inline]
+    pub fn next_time(&mut self) -> Option<u64> {
+        match &mut self.radix {
+            Some(radix) => radix.next_time(),
+            None => self.heap.peek().map(|Reverse((at_ns, _, _))| *at_ns),
+        }
+    }
+
+    /// Takes the earliest entry out if it is due by `until_ns`.
+    #[inline]
+    pub fn pop_until(&mut self, until_ns: u64) -> Option<(u64, Wake)> {
+        let Some(radix) = &mut self.radix else {
+            let &Reverse((at_ns, _, wake)) = self.heap.peek()?;
+            if at_ns > until_ns {
+                return None;
+            }
+            self.heap.pop();
+            return Some((at_ns, wake));
+        };
+        radix.pop_until(until_ns)
+    }
+}
+
+#[derive(Debug)]
+struct RadixHeap {
     /// The earliest time still in the queue or the last one taken out; no
     /// entry in the queue is earlier.
     last_ns: u64,
@@ -39,48 +128,41 @@ pub(crate) struct WakeQueue {
     /// Bit b − 1 is set when bucket b (b ≥ 1) holds something.
     occupied: u64,
     len: usize,
-    pushes: u64,
 }
 
 fn bucket_of(last_ns: u64, at_ns: u64) -> usize {
     (64 - (at_ns ^ last_ns).leading_zeros()) as usize
 }
 
-impl WakeQueue {
-    pub fn new() -> Self {
+impl RadixHeap {
+    fn new() -> Self {
         Self {
             last_ns: 0,
             due: VecDeque::new(),
             buckets: (0..BUCKETS).map(|_| Vec::new()).collect(),
             occupied: 0,
             len: 0,
-            pushes: 0,
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Schedules `wake` at `at_ns`, after everything already at that time.
-    pub fn push(&mut self, at_ns: u64, wake: Wake) {
-        self.pushes += 1;
-        if at_ns < self.last_ns {
+    /// Files an entry pushed after every one already in.
+    fn push(&mut self, entry: Entry) {
+        if entry.at_ns < self.last_ns {
             // Earlier than the entry last looked at: the engine never does
             // this (it pushes at or after now), but the order stays right
             // if it did, at the cost of refiling every entry.
-            self.rebase(at_ns);
+            self.rebase(entry.at_ns);
         }
-        self.file(Entry {
-            at_ns,
-            order: self.pushes,
-            wake,
-        });
+        self.file(entry);
         self.len += 1;
     }
 
-    /// Takes the earliest entry out if it is due by `until_ns`.
-    pub fn pop_until(&mut self, until_ns: u64) -> Option<(u64, Wake)> {
+    fn next_time(&mut self) -> Option<u64> {
+        self.settle();
+        self.due.front().map(|entry| entry.at_ns)
+    }
+
+    fn pop_until(&mut self, until_ns: u64) -> Option<(u64, Wake)> {
         self.settle();
         if self.due.front()?.at_ns > until_ns {
             return None;
@@ -161,8 +243,9 @@ mod tests {
 
     /// A pseudo-random schedule of pushes and pops, times at or after the
     /// last one popped (as the engine pushes them) with many ties and a few
-    /// far-future timers: the queue gives exactly a binary heap's order on
-    /// (time, push number).
+    /// far-future timers, growing past `RADIX_FROM`: the queue gives exactly
+    /// a binary heap's order on (time, push number), before and after it
+    /// becomes a radix heap.
     #[test]
     fn the_order_is_a_binary_heaps_on_time_then_push_order() {
         let mut queue = WakeQueue::new();
@@ -198,6 +281,7 @@ mod tests {
                 now = at;
             }
         }
+        assert!(queue.radix.is_some(), "{} entries", queue.len());
         while let Some(Reverse((at, _, wake))) = heap.pop() {
             assert_eq!(queue.pop_until(u64::MAX), Some((at, wake)));
         }
@@ -205,16 +289,21 @@ mod tests {
         assert_eq!(queue.pop_until(u64::MAX), None);
     }
 
-    /// A push earlier than the entry last looked at still comes out first,
-    /// and nothing comes out before it is due.
+    /// In the radix heap, a push earlier than the entry last looked at
+    /// still comes out first, and nothing comes out before it is due.
     #[test]
     fn a_push_before_the_last_look_comes_out_first_and_nothing_early() {
-        let mut queue = WakeQueue::new();
-        queue.push(1_000, Wake::Link(1));
-        assert_eq!(queue.pop_until(999), None);
-        queue.push(10, Wake::Connection(2));
-        assert_eq!(queue.pop_until(u64::MAX), Some((10, Wake::Connection(2))));
-        assert_eq!(queue.pop_until(u64::MAX), Some((1_000, Wake::Link(1))));
-        assert_eq!(queue.pop_until(u64::MAX), None);
+        let entry = |at_ns, order, wake| Entry { at_ns, order, wake };
+        let mut radix = RadixHeap::new();
+        radix.push(entry(1_000, 1, Wake::Link(1)));
+        radix.push(entry(5_000, 2, Wake::Link(3)));
+        assert_eq!(radix.pop_until(999), None);
+        assert_eq!(radix.next_time(), Some(1_000));
+        radix.push(entry(10, 3, Wake::Connection(2)));
+        assert_eq!(radix.pop_until(u64::MAX), Some((10, Wake::Connection(2))));
+        assert_eq!(radix.pop_until(u64::MAX), Some((1_000, Wake::Link(1))));
+        assert_eq!(radix.pop_until(u64::MAX), Some((5_000, Wake::Link(3))));
+        assert_eq!(radix.pop_until(u64::MAX), None);
+        assert_eq!(radix.len, 0);
     }
 }
