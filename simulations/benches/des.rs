@@ -3,7 +3,8 @@
 //! - `des/transfer_*`: events per second of one two-site transfer (an event
 //!   is a packet handed to a link, a packet delivered or a timer firing, as
 //!   the link model's bench counts sends and deliveries): 8 Reno
-//!   connections at loss 1e-4 and one paced connection, 1 Gbit/s, 1000 km;
+//!   connections at loss 1e-4, 8 Cubic connections at loss 1e-4 and one
+//!   paced connection, 1 Gbit/s, 1000 km;
 //! - `link_model/fifo`: the link model alone, driven as `link_model.rs`
 //!   drives it (10 Gbit/s, 1000 km, 110 % offered load), in the same run;
 //! - `des/round_16_sites`: wall time of one outer round's fragment exchange
@@ -139,6 +140,7 @@ fn bench_round() -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     bench_transfer("transfer_reno_8", SenderModel::Reno, 8, 1e-4)?;
+    bench_transfer("transfer_cubic_8", SenderModel::Cubic, 8, 1e-4)?;
     bench_transfer(
         "transfer_paced_1",
         SenderModel::Paced {

@@ -32,6 +32,15 @@
 //! fraction of the step not spent waiting for the WAN; the **exposed communication** per step,
 //! the difference of the two; the WAN bytes per step (both directions, all links); and
 //! whether the mode is **viable**, its utilisation at least [`Comparison::viable_utilisation`].
+//!
+//! # Against published runs
+//!
+//! `tests/des/published.rs` runs this tier on the setting of the INTELLECT-1 Technical Report
+//! (Jaghouar et al., arXiv:2412.01152, 2024, §3: 10B parameters, H = 100, int8 ring
+//! all-reduce, up to 14 nodes of 8 H100) and checks its compute utilisation against the
+//! report's USA, USA + Europe and Global figures (95.7 %, 85.6 %, 83.0 %) within bounds
+//! stated there, with what the report leaves unknown (nodes per setting, loss, the rate per
+//! hop within its 0.5–4 Gbit/s range) and how the test chooses it.
 
 use longhaul_core::cost::CostParams;
 use longhaul_core::job::{Diloco, JobSpec, ModeConstraint};

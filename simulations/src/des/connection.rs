@@ -1,4 +1,5 @@
-//! One connection: a sender (Reno-like AIMD or paced) and its receiver.
+//! One connection: a sender (Reno-like AIMD, Cubic or paced) and its
+//! receiver.
 //!
 //! Segments are numbered from 0. Every transmission, first or retransmitted,
 //! gets the next transmission number; the receiver ACKs every arrival with
@@ -11,6 +12,7 @@
 use std::collections::VecDeque;
 
 use super::TcpParams;
+use super::cubic::Cubic;
 use super::engine::{Fabric, Payload};
 
 /// Transmissions ACKed after a missing one before it is deemed lost.
@@ -24,16 +26,27 @@ enum Segment {
     Acked,
 }
 
+/// How a windowed sender grows its window in congestion avoidance and how
+/// far it lowers it on a loss.
+#[derive(Debug, Clone)]
+pub(crate) enum Growth {
+    /// +1/cwnd per ACKed segment, halved on a loss.
+    Reno,
+    /// RFC 9438's cubic curve, × 0.7 on a loss.
+    Cubic(Cubic),
+}
+
 /// How the sender decides when to send.
 #[derive(Debug, Clone)]
 pub(crate) enum Control {
-    Reno {
+    Window {
         /// Congestion window, segments.
         cwnd: f64,
         ssthresh: f64,
         /// Losses of transmissions numbered below this belong to a window
-        /// already halved for; ACKs of them do not grow the window.
+        /// already reduced for; ACKs of them do not grow the window.
         recovery_end: u64,
+        growth: Growth,
     },
     Paced {
         interval_ns: u64,
@@ -72,7 +85,7 @@ pub(crate) struct Connection {
     rto_ns: u64,
     backoff: u64,
     rto_deadline_ns: Option<u64>,
-    /// The time of this connection's live timer entry in the heap.
+    /// The time of this connection's live timer entry in the queue.
     pub timer_armed_ns: Option<u64>,
     pub packets_sent: u64,
     pub retransmits: u64,
@@ -137,11 +150,13 @@ impl Connection {
         }
     }
 
-    pub fn reno(tcp: &TcpParams) -> Control {
-        Control::Reno {
+    /// A windowed sender at its initial window, in slow start.
+    pub fn window(tcp: &TcpParams, growth: Growth) -> Control {
+        Control::Window {
             cwnd: f64::from(tcp.initial_window),
             ssthresh: f64::INFINITY,
             recovery_end: 0,
+            growth,
         }
     }
 
@@ -205,13 +220,17 @@ impl Connection {
             }
         }
         self.in_flight = 0;
-        if let Control::Reno {
+        if let Control::Window {
             cwnd,
             ssthresh,
             recovery_end,
+            growth,
         } = &mut self.control
         {
-            *ssthresh = (flight / 2.0).max(2.0);
+            *ssthresh = match growth {
+                Growth::Reno => (flight / 2.0).max(2.0),
+                Growth::Cubic(cubic) => cubic.on_congestion(flight),
+            };
             *cwnd = 1.0;
             *recovery_end = self.next_transmission;
         }
@@ -298,7 +317,7 @@ impl Connection {
     fn try_send(&mut self, index: u32, fabric: &mut Fabric) {
         let now = fabric.now_ns();
         match self.control {
-            Control::Reno { cwnd, .. } => {
+            Control::Window { cwnd, .. } => {
                 let window = cwnd.max(1.0) as u32;
                 while self.in_flight < window {
                     let Some(segment) = self.pick() else { break };
@@ -437,18 +456,23 @@ impl Connection {
             lost_window_start.get_or_insert(sent);
         }
 
-        if let Control::Reno {
+        let srtt_ns = self.srtt_ns.unwrap_or(0.0);
+        if let Control::Window {
             cwnd,
             ssthresh,
             recovery_end,
+            growth,
         } = &mut self.control
         {
             if let Some(lost) = lost_window_start
                 && lost >= *recovery_end
             {
-                // Halve once per window: the first loss of transmissions sent
-                // after the last reduction.
-                *ssthresh = (*cwnd / 2.0).max(2.0);
+                // Reduce once per window: the first loss of transmissions
+                // sent after the last reduction.
+                *ssthresh = match growth {
+                    Growth::Reno => (*cwnd / 2.0).max(2.0),
+                    Growth::Cubic(cubic) => cubic.on_congestion(*cwnd),
+                };
                 *cwnd = *ssthresh;
                 *recovery_end = self.next_transmission;
             } else if transmission >= *recovery_end {
@@ -456,7 +480,10 @@ impl Connection {
                     if *cwnd < *ssthresh {
                         *cwnd += 1.0;
                     } else {
-                        *cwnd += 1.0 / *cwnd;
+                        match growth {
+                            Growth::Reno => *cwnd += 1.0 / *cwnd,
+                            Growth::Cubic(cubic) => *cwnd = cubic.grow(*cwnd, now, srtt_ns),
+                        }
                     }
                 }
             }

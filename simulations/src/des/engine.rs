@@ -1,16 +1,18 @@
 //! The event loop: links, packets in flight, timers, in virtual time.
 //!
-//! A [`Fabric`] owns the links and a heap of wake-ups; the connections
+//! A [`Fabric`] owns the links and a queue of wake-ups
+//! ([`super::queue::WakeQueue`]); the connections
 //! (in [`super::connection`]) own their sender and receiver state and send
-//! through the fabric. Heap entries are lazy: a link or a connection keeps
+//! through the fabric. Queue entries are lazy: a link or a connection keeps
 //! the time of its one live entry, and an entry whose time no longer matches
 //! is skipped when it comes out. Ties in time come out in the order they
 //! were pushed, so a run is a function of its inputs.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-
+use super::queue::WakeQueue;
 use crate::link::{DropCounts, Fate, Link};
+
+/// Queues up to this long are asked whether a link is next anyway.
+const SHORT_QUEUE: usize = 64;
 
 /// What a packet carries; the link only sees its id and size.
 #[derive(Debug, Clone, Copy)]
@@ -77,7 +79,7 @@ impl PacketSlab {
     }
 }
 
-/// What a heap entry wakes.
+/// What a queue entry wakes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Wake {
     Link(u32),
@@ -87,7 +89,7 @@ pub(crate) enum Wake {
 #[derive(Debug)]
 struct LinkSlot {
     link: Link,
-    /// The time of this link's live heap entry.
+    /// The time of this link's live queue entry.
     armed_ns: Option<u64>,
 }
 
@@ -110,8 +112,7 @@ pub(crate) enum Step {
 pub(crate) struct Fabric {
     links: Vec<LinkSlot>,
     packets: PacketSlab,
-    heap: BinaryHeap<Reverse<(u64, u64, Wake)>>,
-    pushes: u64,
+    queue: WakeQueue,
     now_ns: u64,
     /// Sends, deliveries and timer firings so far.
     pub events: u64,
@@ -130,8 +131,7 @@ impl Fabric {
                 })
                 .collect(),
             packets: PacketSlab::default(),
-            heap: BinaryHeap::new(),
-            pushes: 0,
+            queue: WakeQueue::new(),
             now_ns: 0,
             events: 0,
             draining: None,
@@ -140,7 +140,7 @@ impl Fabric {
 
     /// Something is still scheduled.
     pub fn has_pending(&self) -> bool {
-        self.draining.is_some() || !self.heap.is_empty()
+        self.draining.is_some() || !self.queue.is_empty()
     }
 
     pub fn now_ns(&self) -> u64 {
@@ -168,8 +168,7 @@ impl Fabric {
     }
 
     fn push(&mut self, at_ns: u64, wake: Wake) {
-        self.pushes += 1;
-        self.heap.push(Reverse((at_ns, self.pushes, wake)));
+        self.queue.push(at_ns, wake);
     }
 
     /// Sends one packet on link `link` now; false if the link dropped it.
@@ -221,6 +220,7 @@ impl Fabric {
     /// The next thing to happen, at or after `now`, or `None` when nothing is
     /// scheduled or the next event is later than `until_ns`. `timer_armed`
     /// says whether a connection's entry at a time is its live one.
+    #[inline]
     pub fn next(
         &mut self,
         until_ns: u64,
@@ -229,7 +229,10 @@ impl Fabric {
         loop {
             if let Some(link) = self.draining {
                 let slot = &mut self.links[link as usize];
-                if let Some(delivery) = slot.link.poll_delivery(self.now_ns) {
+                // Asking when the next packet is due is cheaper than a poll
+                // that finds nothing, and most wake-ups deliver one packet.
+                let due = slot.link.next_wakeup().is_some_and(|t| t <= self.now_ns);
+                if due && let Some(delivery) = slot.link.poll_delivery(self.now_ns) {
                     self.events += 1;
                     let Some(packet) = self.packets.take(delivery.packet_id) else {
                         continue;
@@ -241,15 +244,25 @@ impl Fabric {
                 }
                 self.draining = None;
                 if let Some(wakeup) = slot.link.next_wakeup() {
-                    slot.armed_ns = Some(wakeup);
+                    // Strictly before everything queued (and within the
+                    // bound), the link would come straight back out of the
+                    // queue: keep draining it without the round trip. Only
+                    // asked of a short queue (a transfer's), where it often
+                    // holds; in a large mesh it rarely does, and asking
+                    // costs more than it saves.
+                    if wakeup <= until_ns
+                        && self.queue.len() <= SHORT_QUEUE
+                        && self.queue.next_time().is_none_or(|t| wakeup < t)
+                    {
+                        self.now_ns = self.now_ns.max(wakeup);
+                        self.draining = Some(link);
+                        continue;
+                    }
+                    self.links[link as usize].armed_ns = Some(wakeup);
                     self.push(wakeup, Wake::Link(link));
                 }
             }
-            let &Reverse((at_ns, _, wake)) = self.heap.peek()?;
-            if at_ns > until_ns {
-                return None;
-            }
-            self.heap.pop();
+            let (at_ns, wake) = self.queue.pop_until(until_ns)?;
             self.now_ns = self.now_ns.max(at_ns);
             match wake {
                 Wake::Link(link) => {

@@ -3,7 +3,8 @@
 use longhaul_core::rng::derive;
 use longhaul_core::units::Duration;
 
-use super::connection::{Connection, Control};
+use super::connection::{Connection, Control, Growth};
+use super::cubic::Cubic;
 use super::engine::{Fabric, Payload, Step};
 use super::{DesError, Limits, SenderModel, TcpParams};
 use crate::link::{DropCounts, Link, LinkConfig};
@@ -388,7 +389,8 @@ impl Run {
             shares.push((bytes, segments as u32));
         }
         let control = match sender {
-            SenderModel::Reno => Connection::reno(tcp),
+            SenderModel::Reno => Connection::window(tcp, Growth::Reno),
+            SenderModel::Cubic => Connection::window(tcp, Growth::Cubic(Cubic::new())),
             SenderModel::Paced { bits_per_second } => {
                 if bits_per_second == 0 {
                     return Err(DesError::Zero {

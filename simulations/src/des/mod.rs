@@ -34,6 +34,16 @@
 //!   window counts segments in flight (not lost, not ACKed), as SACK
 //!   recovery's pipe does. A timeout deems everything in flight lost, sets
 //!   ssthresh = max(flight/2, 2), cwnd = 1, and doubles the timer (up to 64×).
+//! - **Cubic** (RFC 9438): Reno's slow start, loss detection, recovery and
+//!   timer, but a loss multiplies cwnd by β = 0.7 (ssthresh = max(0.7·cwnd,
+//!   2), with fast convergence lowering W_max after a loss short of it) and
+//!   congestion avoidance follows W_cubic(t) = C(t − K)³ + W_max, C = 0.4,
+//!   aiming each ACK at W_cubic one smoothed RTT ahead (at most 1.5 cwnd);
+//!   in the Reno-friendly region, where W_cubic is below the AIMD estimate
+//!   W_est (+α = 3(1 − β)/(1 + β) per window, 1 once past the window before
+//!   the loss), cwnd is W_est. A timeout sets ssthresh = max(0.7·flight, 2)
+//!   and cwnd = 1. No HyStart. [`cubic_average_window`] is RFC 9438 §5.1's
+//!   average window under loss, Cubic's counterpart of Mathis.
 //! - **Paced**: one segment every `packet bytes / (rate / connections)`,
 //!   lost segments first, no window; the same loss detection and timer.
 //!
@@ -55,14 +65,18 @@
 //!   segment, that segment may be retransmitted spuriously, so
 //!   `retransmits` can exceed the data drops by a few per cent of the ACK
 //!   losses.
-//! - Cubic is not modelled yet; ECN is not used (packets are not
-//!   ECN-capable, so an ECN threshold drops).
+//! - ECN is not used (packets are not ECN-capable, so an ECN threshold
+//!   drops).
 //! - The outer round's phases are barriers: all-gather starts when every
 //!   reduce-scatter transfer is done; each phase opens fresh connections.
 
 mod connection;
+mod cubic;
 mod engine;
 mod flow;
+mod queue;
+
+pub use cubic::cubic_average_window;
 
 pub use flow::{
     ExchangeConfig, ExchangeReport, Outcome, TransferConfig, TransferReport, exchange, transfer,
@@ -77,6 +91,10 @@ use crate::link::LinkConfigError;
 pub enum SenderModel {
     /// Reno-like AIMD (see the module docs).
     Reno,
+    /// Cubic (RFC 9438): the same slow start, loss detection and recovery
+    /// as Reno, the window × 0.7 on a loss and grown along the cubic curve,
+    /// never below the Reno-friendly estimate (see the module docs).
+    Cubic,
     /// A fixed rate in bits per second of packets on the wire (payload and
     /// header), shared evenly by the flow's connections, for dedicated links.
     Paced { bits_per_second: u64 },

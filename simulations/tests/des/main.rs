@@ -4,6 +4,11 @@
 //! - `fidelity`: against the closed forms (exact times on a free link,
 //!   Mathis, N streams, drop-tail below the BDP, the paced sender at its
 //!   rate, the fragment exchange);
+//! - `cubic`: the Cubic sender against Reno and RFC 9438 (a loss-free link
+//!   with half a BDP of buffer, random loss at a long and a short RTT,
+//!   seeds);
+//! - `published`: the analytic tier against INTELLECT-1's published
+//!   compute utilisation in three geographic settings;
 //! - `determinism`: seeds;
 //! - `config`: refused configurations and bounded runs.
 //!
@@ -12,8 +17,10 @@
 //! seed, to see how far other seeds move the figures.
 
 mod config;
+mod cubic;
 mod determinism;
 mod fidelity;
+mod published;
 
 use longhaul_core::units::{ByteSize, DataRate, Distance};
 use longhaul_simulations::des::{SenderModel, TransferConfig, TransferReport, transfer};
