@@ -127,7 +127,7 @@ fn job_check_against_a_topology_locates_the_problem_in_the_job_file() {
         &example("two-campuses-80km.toml"),
     ]);
     assert_eq!(status, 2, "{out}");
-    assert!(err.contains("dense-400b.job.toml:22:18:"), "{err}");
+    assert!(err.contains("dense-400b.job.toml:23:18:"), "{err}");
     assert!(
         err.contains("field `constraints.allowed_sites[0]`: unknown site \"paris\""),
         "{err}"

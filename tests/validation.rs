@@ -583,6 +583,20 @@ fn invalid_jobs_name_field_and_line() {
             "exceeds the 32 layers",
         ),
         (
+            "kv-heads-do-not-divide-heads",
+            Replace("attention_heads = 32", "attention_heads = 32\nkv_heads = 6"),
+            "model.kv_heads",
+            7,
+            "6 key-value heads do not divide the 32 attention heads",
+        ),
+        (
+            "tp-splits-kv-heads",
+            Replace("attention_heads = 32", "attention_heads = 32\nkv_heads = 4"),
+            "constraints.tensor_parallel",
+            14,
+            "does not divide the 4 key-value heads",
+        ),
+        (
             "too-many-parameters",
             Replace(
                 "parameters = 7_000_000_000",

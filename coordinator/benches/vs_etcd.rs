@@ -138,6 +138,7 @@ fn job_template() -> pb::JobSpec {
             attention_heads: 64,
             sequence_length: 8192,
             vocabulary_size: 0,
+            kv_heads: 0,
         }),
         global_batch: 1024,
         micro_batch: 1,

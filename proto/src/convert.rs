@@ -187,6 +187,7 @@ pub fn job_from_wire(spec: &pb::JobSpec, field: &str) -> Result<JobSpec, Status>
             attention_heads: model.attention_heads,
             sequence_length: model.sequence_length,
             vocabulary_size: nonzero(model.vocabulary_size),
+            kv_heads: nonzero(model.kv_heads),
         },
         batch: Batch {
             global_batch: spec.global_batch,
@@ -282,6 +283,7 @@ pub fn job_to_wire(spec: &JobSpec) -> pb::JobSpec {
             attention_heads: spec.model.attention_heads,
             sequence_length: spec.model.sequence_length,
             vocabulary_size: spec.model.vocabulary_size.unwrap_or(0),
+            kv_heads: spec.model.kv_heads.unwrap_or(0),
         }),
         global_batch: spec.batch.global_batch,
         micro_batch: spec.batch.micro_batch,

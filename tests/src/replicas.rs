@@ -70,6 +70,7 @@ pub fn small_job(name: &str) -> pb::JobSpec {
             attention_heads: 16,
             sequence_length: 2048,
             vocabulary_size: 0,
+            kv_heads: 0,
         }),
         global_batch: 64,
         micro_batch: 1,

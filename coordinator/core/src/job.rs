@@ -32,9 +32,22 @@ pub struct ModelShape {
     pub layers: u32,
     pub hidden_size: u32,
     pub attention_heads: u32,
+    /// Key-value heads, for grouped-query attention (absent: one per
+    /// attention head, as in multi-head attention). Tensor parallelism
+    /// splits them too, so its degree must divide them, as Megatron-LM
+    /// requires of its query groups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_heads: Option<u32>,
     pub sequence_length: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocabulary_size: Option<u32>,
+}
+
+impl ModelShape {
+    /// Key-value heads: `kv_heads`, or one per attention head.
+    pub fn kv_heads(&self) -> u32 {
+        self.kv_heads.unwrap_or(self.attention_heads)
+    }
 }
 
 /// Batch sizes, in sequences.
@@ -531,6 +544,20 @@ impl Validate for JobSpec {
             m.sequence_length.into(),
             &mut out,
         );
+        if let Some(kv) = m.kv_heads {
+            let path = model.key("kv_heads");
+            if kv == 0 {
+                out.push(Violation::new(path, "must be at least 1, found 0"));
+            } else if !m.attention_heads.is_multiple_of(kv) {
+                out.push(Violation::new(
+                    path,
+                    format!(
+                        "{kv} key-value heads do not divide the {} attention heads (each key-value head serves a whole group of them)",
+                        m.attention_heads
+                    ),
+                ));
+            }
+        }
         if m.attention_heads > 0 && !m.hidden_size.is_multiple_of(m.attention_heads) {
             out.push(Violation::new(
                 model.key("hidden_size"),
@@ -608,15 +635,24 @@ impl Validate for JobSpec {
         }
         if let Some(tp) = c.tensor_parallel
             && tp > 0
-            && !m.attention_heads.is_multiple_of(tp)
         {
-            out.push(Violation::new(
-                constraints.key("tensor_parallel"),
-                format!(
-                    "tensor-parallel degree {tp} does not divide {} attention heads",
-                    m.attention_heads
-                ),
-            ));
+            if !m.attention_heads.is_multiple_of(tp) {
+                out.push(Violation::new(
+                    constraints.key("tensor_parallel"),
+                    format!(
+                        "tensor-parallel degree {tp} does not divide {} attention heads",
+                        m.attention_heads
+                    ),
+                ));
+            } else if !m.kv_heads().max(1).is_multiple_of(tp) {
+                out.push(Violation::new(
+                    constraints.key("tensor_parallel"),
+                    format!(
+                        "tensor-parallel degree {tp} does not divide the {} key-value heads",
+                        m.kv_heads()
+                    ),
+                ));
+            }
         }
         if c.cross_site_mode == Some(ModeConstraint::Diloco) && c.allowed_sites.len() == 1 {
             out.push(Violation::new(

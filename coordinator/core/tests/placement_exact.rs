@@ -121,6 +121,7 @@ fn job(
             attention_heads: heads,
             sequence_length: 2048,
             vocabulary_size: None,
+            kv_heads: None,
         },
         batch: Batch {
             global_batch,
@@ -394,6 +395,42 @@ fn tensor_parallelism_wider_than_every_domain_is_rejected() {
         ),
         "{error}"
     );
+}
+
+#[test]
+fn grouped_query_attention_keeps_tensor_parallelism_within_the_key_value_heads() {
+    // 8-GPU domains, 16 attention heads: TP 8 is the fastest split without
+    // key-value heads; with 2 of them TP must divide 2.
+    let sites = [SiteShape {
+        groups: vec![(2, 8, "h100")],
+        oversubscription: 1.0,
+        split_buildings: false,
+    }];
+    let topology = topology(&sites, &[], 80);
+    let mha = job(3.0, 8, 16, 128, 16, 1, Constraints::default(), None);
+    let plan = place(&topology, &mha).expect("feasible without GQA");
+    assert!(plan.degrees.tensor_parallel > 2, "{:?}", plan.degrees);
+
+    let mut gqa = mha.clone();
+    gqa.model.kv_heads = Some(2);
+    let plan = place(&topology, &gqa).expect("feasible with 2 key-value heads");
+    assert!(
+        matches!(plan.degrees.tensor_parallel, 1 | 2),
+        "TP {} does not divide 2 key-value heads",
+        plan.degrees.tensor_parallel
+    );
+    let mut wide = plan.clone();
+    wide.degrees.tensor_parallel = 4;
+    let errors = validate_plan(&topology, &gqa, &wide).expect_err("TP 4 splits 2 KV heads");
+    assert!(
+        errors.iter().any(|e| e.contains("key-value heads")),
+        "{errors:?}"
+    );
+
+    let mut fixed = gqa.clone();
+    fixed.constraints.tensor_parallel = Some(4);
+    let error = place(&topology, &fixed).expect_err("TP 4 is not allowed with 2 KV heads");
+    assert!(error.to_string().contains("key-value heads"), "{error}");
 }
 
 #[test]

@@ -82,6 +82,7 @@ async fn writes_reads_forwarding_and_failover() {
             attention_heads: 32,
             sequence_length: 4096,
             vocabulary_size: 0,
+            kv_heads: 0,
         }),
         global_batch: 256,
         micro_batch: 1,

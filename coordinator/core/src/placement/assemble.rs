@@ -238,12 +238,18 @@ fn reasons(
             "degrees",
             format!("tp={} pp={} dp={}", choice.tp, choice.pp, choice.dp),
             format!(
-                "lowest predicted step ({}) of {} feasible candidates; TP {} divides {} heads and \
+                "lowest predicted step ({}) of {} feasible candidates; TP {} divides {} and \
                  stays inside one scale-up domain (largest {} GPUs) so its collectives ride NVLink",
                 human_seconds(choice.total),
                 outcome.candidates,
                 choice.tp,
-                job.model.attention_heads,
+                match job.model.kv_heads {
+                    Some(kv) if kv != job.model.attention_heads => format!(
+                        "{kv} key-value heads (of {} attention heads)",
+                        job.model.attention_heads
+                    ),
+                    _ => format!("{} heads", job.model.attention_heads),
+                },
                 largest_domain
             ),
         ),

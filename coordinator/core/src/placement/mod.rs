@@ -80,11 +80,13 @@ pub enum PlacementError {
     #[error("no allowed site has a usable scale-up domain")]
     NoSites,
     #[error(
-        "no tensor-parallel degree divides {heads} attention heads and fits a scale-up domain \
-         (largest allowed domain {largest_domain} GPUs, limit {limit:?})"
+        "no tensor-parallel degree divides {heads} attention heads and {kv_heads} key-value \
+         heads and fits a scale-up domain (largest allowed domain {largest_domain} GPUs, limit \
+         {limit:?})"
     )]
     TensorParallel {
         heads: u32,
+        kv_heads: u32,
         largest_domain: u64,
         limit: Option<u32>,
     },

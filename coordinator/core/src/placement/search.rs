@@ -110,14 +110,18 @@ impl Space {
         }
         let largest = ctx.largest_domain_gpus();
         let limit = c.max_tensor_parallel.unwrap_or(u32::MAX);
-        let tps: Vec<u32> = (1..=model.attention_heads)
-            .filter(|t| model.attention_heads.is_multiple_of(*t))
+        // Key-value heads divide the attention heads (validated), so a
+        // degree that divides them divides both.
+        let kv_heads = model.kv_heads();
+        let tps: Vec<u32> = (1..=kv_heads)
+            .filter(|t| kv_heads.is_multiple_of(*t) && model.attention_heads.is_multiple_of(*t))
             .filter(|&t| t <= limit && u64::from(t) <= largest)
             .filter(|&t| c.tensor_parallel.is_none_or(|f| f == t))
             .collect();
         if tps.is_empty() {
             return Err(PlacementError::TensorParallel {
                 heads: model.attention_heads,
+                kv_heads,
                 largest_domain: largest,
                 limit: c.tensor_parallel.or(c.max_tensor_parallel),
             });

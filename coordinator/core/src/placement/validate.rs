@@ -46,6 +46,12 @@ pub fn validate_plan_with(
             model.attention_heads
         ));
     }
+    if !model.kv_heads().is_multiple_of(tp) {
+        errors.push(format!(
+            "tp {tp} does not divide {} key-value heads",
+            model.kv_heads()
+        ));
+    }
     if c.max_tensor_parallel.is_some_and(|max| tp > max) {
         errors.push(format!(
             "tp {tp} exceeds max_tensor_parallel {:?}",
