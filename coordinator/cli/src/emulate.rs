@@ -104,7 +104,9 @@ How addresses map (proxy mode):
   UDP datagrams are packets (lost ones are gone). TCP streams are cut into
   1448-byte segments; a segment the link drops is retransmitted after
   max(RTT, 1 ms) (doubling, at most 200 ms), so TCP never loses bytes and
-  a cut link stalls it until healed.
+  a cut link stalls it until healed. The relay keeps at most what the link
+  holds in flight (rate x one-way delay + buffer) and offers a segment only
+  when the link's queue has room for it.
 
 Examples:
   longhaul emulate deploy/scenarios/two-campuses-80km.toml \\

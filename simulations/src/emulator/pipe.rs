@@ -37,6 +37,8 @@ use crate::link::{DropCause, Fate, Link, LinkConfigError, LinkStats, LossModel};
 const MIN_RETRANSMIT_NS: u64 = 1_000_000;
 /// Retransmission backoff cap, so a healed link resumes within this.
 const MAX_RETRANSMIT_NS: u64 = 200_000_000;
+/// Most bytes the TCP relay reads, and offers, at once: 16 segments.
+pub const TCP_READ_BYTES: usize = 16 * super::tcp::TCP_CHUNK_BYTES;
 
 /// Where the packet-level mode writes a released IP packet: the TUN device
 /// of the destination site's namespace.
@@ -419,15 +421,27 @@ impl Pipe {
         )
     }
 
-    /// Bytes a TCP connection may have offered but not yet delivered: the
-    /// buffer plus one bandwidth-delay product, at least 256 KiB, so that a
-    /// single connection can fill the link without overflowing its buffer.
+    /// Bytes a TCP connection may have offered but not yet delivered: what
+    /// the link holds, the buffer plus rate × one-way delay (a chunk's
+    /// credit comes back when the far side writes it, one way later), and
+    /// at least one read of the relay ([`TCP_READ_BYTES`]) so it always
+    /// makes progress.
     pub fn tcp_window_bytes(&self) -> u32 {
         let state = self.lock();
-        let rtt_ns = u128::from(state.link.one_way_ns()) * 2;
-        let bdp = u128::from(state.rate_bits_per_second) * rtt_ns / 8 / 1_000_000_000;
-        let window = bdp + u128::from(state.link.buffer_bytes());
-        u32::try_from(window.max(256 * 1024)).unwrap_or(u32::MAX >> 1)
+        let one_way_ns = u128::from(state.link.one_way_ns());
+        let on_the_wire = u128::from(state.rate_bits_per_second) * one_way_ns / 8 / 1_000_000_000;
+        let window = on_the_wire + u128::from(state.link.buffer_bytes());
+        u32::try_from(window.max(TCP_READ_BYTES as u128)).unwrap_or(u32::MAX >> 1)
+    }
+
+    /// When `bytes` more would fit in this direction's egress queue, as a
+    /// wait from now (zero if they fit now); `None` if they never would.
+    /// The TCP relay waits this long before it offers a segment, so it does
+    /// not overflow a shallow buffer with its own bursts.
+    pub fn wait_for_room(&self, bytes: u64) -> Option<std::time::Duration> {
+        let now = self.clock.now_ns();
+        let at = self.lock().link.fits_at(now, bytes)?;
+        Some(std::time::Duration::from_nanos(at.saturating_sub(now)))
     }
 
     /// Checks a change without applying it.
