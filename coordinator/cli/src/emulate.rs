@@ -337,9 +337,10 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         out.flush()?;
         let server = tokio::spawn(server);
         match args.duration {
-            Some(duration) => {
-                tokio::time::sleep(duration.into()).await;
-            }
+            Some(duration) => tokio::select! {
+                () = tokio::time::sleep(duration.into()) => {}
+                stopped = stop_signal() => stopped?,
+            },
             None => stop_signal().await?,
         }
         let _ = stop.send(());
@@ -413,7 +414,8 @@ fn start_packet(
 }
 
 /// Waits for Ctrl-C or, on Unix, SIGTERM: either stops the emulator
-/// cleanly (proxies closed, namespaces removed).
+/// cleanly (proxies closed, namespaces removed), with or without
+/// --duration.
 async fn stop_signal() -> Result<(), Failure> {
     #[cfg(unix)]
     {
