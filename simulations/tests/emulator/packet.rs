@@ -146,6 +146,45 @@ fn udp_round_trip_is_twice_5_us_per_km() {
     assert!(median < StdDuration::from_millis(20), "{rtts:?}");
 }
 
+#[test]
+fn a_burst_leaves_at_the_link_rate() {
+    let _timing = TIMING.blocking_lock();
+    // 20 Mbit/s, a buffer that holds the whole burst.
+    let Some(packet) = sites(fibre(20, 10.0, 8 << 20), SEED) else {
+        return;
+    };
+    let receiver = udp(&packet, "b");
+    receiver
+        .set_read_timeout(Some(StdDuration::from_millis(500)))
+        .unwrap();
+    let target = receiver.local_addr().unwrap();
+    let count = 1_000u32;
+    let receiving = std::thread::spawn(move || {
+        let mut arrivals = Vec::new();
+        let mut buffer = [0u8; 2048];
+        while receiver.recv(&mut buffer).is_ok() {
+            arrivals.push(Instant::now());
+        }
+        arrivals
+    });
+    let sender = udp(&packet, "a");
+    // 50 datagrams a millisecond, 400 Mbit/s offered: the queue builds.
+    for number in 0..count {
+        if number % 50 == 0 {
+            std::thread::sleep(StdDuration::from_millis(1));
+        }
+        sender.send_to(&[0u8; 1000], target).unwrap();
+    }
+    let arrivals = receiving.join().unwrap();
+    assert_eq!(arrivals.len(), count as usize);
+    let span = arrivals[arrivals.len() - 1] - arrivals[0];
+    // 999 packets of 1028 IP bytes after the first, at 20 Mbit/s: 411 ms.
+    let at_rate = StdDuration::from_secs_f64(999.0 * 1028.0 * 8.0 / 20e6);
+    println!("1000 datagrams at 20 Mbit/s: first to last {span:?} (at the rate {at_rate:?})");
+    assert!(span >= at_rate.mul_f64(0.99), "{span:?}");
+    assert!(span < at_rate * 2, "{span:?}");
+}
+
 /// Sends `count` numbered datagrams from a to b, 10 per millisecond, and
 /// returns the numbers that did not arrive and the a→b link's loss drops.
 fn lost_datagrams(packet: &PacketEmulator, count: u32) -> (Vec<u32>, u64) {
