@@ -9,7 +9,7 @@
 //!   call (tonic) through the TCP proxy;
 //! - `control`: the gRPC control API: cut, heal, set loss, validation;
 //! - `scenario`: links, impairments and seeds from a scenario;
-//! - `packet`: the packet-level mode, kernel UDP and TCP between site
+//! - `packet`: the packet-level mode, kernel UDP and TCP and QUIC between site
 //!   namespaces (as root; skipped with the reason printed otherwise).
 //!
 //! Timing checks have a hard lower bound (the emulated delay) and a generous
