@@ -10,7 +10,9 @@ use clap::{Args, Subcommand};
 use longhaul_core::units::{DataRate, Duration, human_rate};
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::emulator_control_client::EmulatorControlClient;
-use longhaul_simulations::emulator::{self, Emulator, human_ns};
+use longhaul_simulations::emulator::{
+    self, Emulator, EmulatorError, PacketEmulator, PacketOptions, human_ns,
+};
 use tonic::transport::Channel;
 
 use super::table::{Table, thousands};
@@ -19,12 +21,34 @@ use super::{Failure, Output};
 /// Where `emulate` serves the control API, and where `emulator` looks for it.
 pub const DEFAULT_CONTROL: &str = "127.0.0.1:50070";
 
+/// How real processes reach the emulated links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Loopback proxies (`--expose`); no privileges. TCP is relayed: the
+    /// end hosts' TCP never sees a loss.
+    Proxy,
+    /// Every site in its own network namespace behind a TUN device; kernel
+    /// TCP and QUIC run end to end. Linux, root (CAP_SYS_ADMIN and
+    /// CAP_NET_ADMIN) and iproute2.
+    Packet,
+}
+
 #[derive(Debug, Args)]
 #[command(after_long_help = EMULATE_HELP)]
 pub struct EmulateArgs {
     /// The scenario file: its topology's WAN links are emulated, with the
     /// scenario's impairments.
     pub scenario: PathBuf,
+    /// `proxy`: loopback proxies for the services named by --expose, no
+    /// privileges needed, TCP relayed. `packet`: each site in a network
+    /// namespace with its own address, packets through the links end to
+    /// end; needs root. See "Modes" below.
+    #[arg(long, value_enum, default_value_t = Mode::Proxy)]
+    pub mode: Mode,
+    /// `--mode packet`: the sites' default TCP congestion control (reno,
+    /// cubic, bbr: one the kernel offers); the host's default when omitted.
+    #[arg(long, value_name = "NAME")]
+    pub congestion_control: Option<String>,
     /// Where to serve the control API (`longhaul.v1.EmulatorControl`).
     #[arg(long, default_value = DEFAULT_CONTROL, env = "LONGHAUL_EMULATOR_CONTROL")]
     pub control: SocketAddr,
@@ -32,9 +56,10 @@ pub struct EmulateArgs {
     /// when omitted.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// A service at a site, as SITE=ADDRESS (e.g. south=127.0.0.1:50051).
-    /// For every other site with a link to SITE, a proxy is started that
-    /// reaches ADDRESS through that link. Repeat for several services.
+    /// `--mode proxy`: a service at a site, as SITE=ADDRESS (e.g.
+    /// south=127.0.0.1:50051). For every other site with a link to SITE, a
+    /// proxy is started that reaches ADDRESS through that link. Repeat for
+    /// several services.
     #[arg(long, value_name = "SITE=ADDRESS", value_parser = parse_expose)]
     pub expose: Vec<(String, SocketAddr)>,
     /// The local address proxies listen on.
@@ -50,7 +75,24 @@ pub struct EmulateArgs {
 }
 
 const EMULATE_HELP: &str = "\
-How addresses map:
+Modes:
+  --mode proxy (the default) needs no privileges: services are reached
+  through loopback proxies (below). UDP is faithful; TCP is a relay, so the
+  end hosts' TCP runs over loopback and never sees the link's loss, and one
+  stream gets more than a real long link would give it.
+
+  --mode packet gives every site its own network namespace (named
+  lh-PID-RUN-SITE) with a TUN device holding the site's address,
+  198.18.0.N/24, and routes to the other sites through it; every IP packet
+  between sites goes through the link model. Kernel TCP and QUIC run end to
+  end and see real loss, queues and RTT. Start processes in a site with
+  `ip netns exec NAMESPACE COMMAND`; they reach other sites at their
+  addresses. Needs Linux, root (CAP_SYS_ADMIN for the namespaces,
+  CAP_NET_ADMIN for the TUN devices) and iproute2; without them the error
+  names what is missing, and --mode proxy still works. The namespaces are
+  removed when the emulator stops (Ctrl-C, SIGTERM, --duration).
+
+How addresses map (proxy mode):
   Each WAN link of the topology becomes an emulated link with two directions
   (`a->b` and `b->a`), each with its own queue, loss and seed. For each
   `--expose SITE=ADDRESS` and each site FROM with a link to SITE, one local
@@ -62,11 +104,16 @@ How addresses map:
   UDP datagrams are packets (lost ones are gone). TCP streams are cut into
   1448-byte segments; a segment the link drops is retransmitted after
   max(RTT, 1 ms) (doubling, at most 200 ms), so TCP never loses bytes and
-  a cut link stalls it until healed.
+  a cut link stalls it until healed. The relay keeps at most what the link
+  holds in flight (rate x one-way delay + buffer) and offers a segment only
+  when the link's queue has room for it.
 
-Example:
+Examples:
   longhaul emulate deploy/scenarios/two-campuses-80km.toml \\
       --expose south=127.0.0.1:50051 --control 127.0.0.1:50070
+  sudo longhaul emulate deploy/scenarios/two-campuses-80km.toml --mode packet
+  sudo ip netns exec lh-PID-0-south iperf3 -s &
+  sudo ip netns exec lh-PID-0-north iperf3 -c 198.18.0.2 -C reno
   longhaul emulator links
   longhaul emulator set north south --loss 0.01 --extra-delay '5 ms'
   longhaul emulator cut north        # every link of north
@@ -153,6 +200,21 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
     let super::ScenarioFile {
         scenario, topology, ..
     } = super::load_scenario(&args.scenario)?;
+    if args.mode == Mode::Packet && !args.expose.is_empty() {
+        return Err(anyhow!(
+            "--expose is for --mode proxy: in --mode packet, start each service in its \
+             site's namespace (`ip netns exec NAMESPACE COMMAND`) and reach it at the \
+             site's address"
+        )
+        .into());
+    }
+    if args.mode == Mode::Proxy && args.congestion_control.is_some() {
+        return Err(anyhow!(
+            "--congestion-control is for --mode packet: in --mode proxy, the end hosts' TCP \
+             runs over loopback"
+        )
+        .into());
+    }
     for (site, _) in &args.expose {
         if !topology.sites.iter().any(|s| &s.id == site) {
             return Err(anyhow!(
@@ -214,6 +276,12 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         }
         write!(out, "{}", links.render(2))?;
 
+        // Dropped at the end, which removes the namespaces.
+        let packet = match args.mode {
+            Mode::Packet => Some(start_packet(&emulator, args, out)?),
+            Mode::Proxy => None,
+        };
+
         // Kept alive until the end: dropping a proxy stops it.
         let mut proxies = Vec::new();
         let mut map = Table::new(&[
@@ -244,7 +312,9 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 proxies.push((tcp, udp));
             }
         }
-        if proxies.is_empty() {
+        if packet.is_some() {
+            // The site table says how to reach everything.
+        } else if proxies.is_empty() {
             writeln!(
                 out,
                 "no proxies: name a service with --expose SITE=ADDRESS (see --help)"
@@ -267,19 +337,101 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
         out.flush()?;
         let server = tokio::spawn(server);
         match args.duration {
-            Some(duration) => {
-                tokio::time::sleep(duration.into()).await;
-            }
-            None => tokio::signal::ctrl_c()
-                .await
-                .context("cannot wait for Ctrl-C")?,
+            Some(duration) => tokio::select! {
+                () = tokio::time::sleep(duration.into()) => {}
+                stopped = stop_signal() => stopped?,
+            },
+            None => stop_signal().await?,
         }
         let _ = stop.send(());
         let _ = server.await;
         drop(proxies);
+        if let Some(packet) = packet {
+            let unroutable = packet.unroutable_packets();
+            // Blocking: stops the readers and runs `ip netns del`.
+            tokio::task::block_in_place(|| drop(packet));
+            writeln!(
+                out,
+                "namespaces removed; {unroutable} packets had no link to their address"
+            )?;
+        }
         writeln!(out, "stopped")?;
         Ok::<(), Failure>(())
     })
+}
+
+/// Starts the packet-level mode over `emulator` and prints the sites.
+fn start_packet(
+    emulator: &Emulator,
+    args: &EmulateArgs,
+    out: &mut dyn Write,
+) -> Result<PacketEmulator, Failure> {
+    let options = PacketOptions {
+        congestion_control: args.congestion_control.clone(),
+        ..PacketOptions::default()
+    };
+    let packet = tokio::task::block_in_place(|| PacketEmulator::start(emulator.clone(), &options))
+        .map_err(|error| match error {
+            EmulatorError::PacketModeUnavailable { .. } => {
+                anyhow!("--mode packet: {error} (--mode proxy)")
+            }
+            EmulatorError::InvalidArgument {
+                field: "congestion_control",
+                ..
+            } => anyhow!("--congestion-control: {error}"),
+            error => anyhow::Error::new(error).context("--mode packet: cannot set up the sites"),
+        })?;
+    writeln!(
+        out,
+        "packet-level mode: every site in its own network namespace, packets between sites \
+         through the links above"
+    )?;
+    let mut sites = Table::new(&[
+        ("site", false),
+        ("address", false),
+        ("namespace", false),
+        ("tcp congestion control", false),
+    ]);
+    let listed = packet.sites();
+    for site in &listed {
+        sites.row(vec![
+            site.site.clone(),
+            site.address.to_string(),
+            site.namespace.clone(),
+            site.congestion_control.clone(),
+        ]);
+    }
+    write!(out, "{}", sites.render(2))?;
+    if let [first, second, ..] = listed.as_slice() {
+        writeln!(
+            out,
+            "run a process at a site with `ip netns exec NAMESPACE COMMAND`, e.g. \
+             `ip netns exec {} iperf3 -s` and `ip netns exec {} iperf3 -c {}`",
+            second.namespace, first.namespace, second.address
+        )?;
+    }
+    Ok(packet)
+}
+
+/// Waits for Ctrl-C or, on Unix, SIGTERM: either stops the emulator
+/// cleanly (proxies closed, namespaces removed), with or without
+/// --duration.
+async fn stop_signal() -> Result<(), Failure> {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("cannot wait for SIGTERM")?;
+        tokio::select! {
+            result = tokio::signal::ctrl_c() => result.context("cannot wait for Ctrl-C")?,
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .context("cannot wait for Ctrl-C")?;
+    Ok(())
 }
 
 async fn client(control: &ControlArgs) -> anyhow::Result<EmulatorControlClient<Channel>> {
@@ -502,6 +654,9 @@ mod tests {
             "--control",
             "How addresses map",
             "retransmitted",
+            "--mode packet",
+            "TCP is a relay",
+            "CAP_NET_ADMIN",
         ] {
             assert!(help.contains(needle), "{needle}: {help}");
         }
@@ -547,6 +702,66 @@ mod tests {
         assert!(out.contains("address map:"), "{out}");
         assert!(out.contains("south 127.0.0.1:9"), "{out}");
         assert!(out.trim_end().ends_with("stopped"), "{out}");
+    }
+
+    #[test]
+    fn packet_mode_takes_no_expose_and_proxy_mode_no_congestion_control() {
+        let (status, _, err) = longhaul(&[
+            "emulate",
+            &scenario(),
+            "--mode",
+            "packet",
+            "--expose",
+            "south=127.0.0.1:9",
+        ]);
+        assert_eq!(status, 1);
+        assert!(err.contains("--expose is for --mode proxy"), "{err}");
+        let (status, _, err) = longhaul(&["emulate", &scenario(), "--congestion-control", "reno"]);
+        assert_eq!(status, 1);
+        assert!(
+            err.contains("--congestion-control is for --mode packet"),
+            "{err}"
+        );
+    }
+
+    /// As root: the sites' namespaces exist while it runs and are gone
+    /// after. Elsewhere: the error names what is missing.
+    #[test]
+    fn packet_mode_prints_the_sites_and_removes_their_namespaces() {
+        let (status, out, err) = longhaul(&[
+            "emulate",
+            &scenario(),
+            "--mode",
+            "packet",
+            "--congestion-control",
+            "reno",
+            "--control",
+            "127.0.0.1:0",
+            "--duration",
+            "300 ms",
+        ]);
+        if status != 0 && err.contains("cannot run here: missing") {
+            assert!(err.contains("--mode proxy"), "{err}");
+            println!("skipped the packet-level part: {err}");
+            return;
+        }
+        assert_eq!(status, 0, "{err}");
+        assert!(out.contains("198.18.0.1"), "{out}");
+        assert!(out.contains("198.18.0.2"), "{out}");
+        assert!(out.contains("reno"), "{out}");
+        assert!(out.trim_end().ends_with("stopped"), "{out}");
+        let namespaces: Vec<&str> = out
+            .split_whitespace()
+            .filter(|word| word.starts_with("lh-") && !word.contains("PID"))
+            .collect();
+        assert!(namespaces.len() >= 2, "{out}");
+        for name in namespaces {
+            let name = name.trim_matches('`');
+            assert!(
+                !std::path::Path::new("/run/netns").join(name).exists(),
+                "{name} left behind"
+            );
+        }
     }
 
     #[test]

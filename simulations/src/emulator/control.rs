@@ -24,7 +24,8 @@ impl From<EmulatorError> for Status {
             EmulatorError::InvalidArgument { .. } | EmulatorError::LinkConfig { .. } => {
                 Status::invalid_argument(message)
             }
-            EmulatorError::Io { .. } => Status::internal(message),
+            EmulatorError::PacketModeUnavailable { .. } => Status::failed_precondition(message),
+            EmulatorError::Io { .. } | EmulatorError::Command { .. } => Status::internal(message),
         }
     }
 }

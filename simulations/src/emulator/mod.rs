@@ -1,5 +1,10 @@
-//! The real-time emulator: real processes talk through loopback proxies whose
-//! packets go through the [link model](crate::link).
+//! The real-time emulator: real processes talk through emulated links whose
+//! packets go through the [link model](crate::link), in one of two modes:
+//! the proxy mode (loopback proxies, no privileges; its TCP is a relay, so
+//! the end hosts' TCP never sees a loss) and the packet-level mode
+//! ([`packet`], Linux and root: each site in a network namespace behind a
+//! TUN device, so kernel TCP and QUIC see the link end to end). Both use
+//! the same pipes below, and the same control API.
 //!
 //! - [`Emulator`] holds, for every emulated link (a pair of sites), one
 //!   [`Pipe`] per direction: a [`Link`](crate::link::Link) driven by the wall
@@ -20,7 +25,10 @@
 
 mod clock;
 pub mod control;
+mod ip;
 mod lateness;
+#[cfg(target_os = "linux")]
+pub mod packet;
 pub mod pipe;
 pub mod socket;
 pub mod tcp;
@@ -35,7 +43,9 @@ use longhaul_core::units::Duration;
 
 pub use clock::Clock;
 pub use lateness::{LatenessHistogram, LatenessSummary};
-pub use pipe::{LinkChange, Payload, Pipe, PipeStatus};
+#[cfg(target_os = "linux")]
+pub use packet::{PacketEmulator, PacketOptions, PacketSite};
+pub use pipe::{LinkChange, PacketSink, Payload, Pipe, PipeStatus};
 pub use tcp::{TCP_CHUNK_BYTES, TcpProxy};
 pub use udp::UdpProxy;
 
@@ -66,6 +76,14 @@ pub enum EmulatorError {
         field: &'static str,
         message: String,
     },
+    /// The packet-level mode cannot run here; the proxy mode can.
+    #[error(
+        "the packet-level emulator cannot run here: missing {missing}; run as root, or use the \
+         proxy mode, which needs no privileges"
+    )]
+    PacketModeUnavailable { missing: String },
+    #[error("`{command}` failed: {message}")]
+    Command { command: String, message: String },
 }
 
 /// One emulated link: two sites and the configuration of each direction.

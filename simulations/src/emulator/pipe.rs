@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::Thread;
 
 use longhaul_core::units::Duration;
@@ -27,6 +27,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::EmulatorError;
 use super::clock::Clock;
+use super::ip;
 use super::lateness::{LatenessHistogram, LatenessSummary};
 use super::socket;
 use crate::link::{DropCause, Fate, Link, LinkConfigError, LinkStats, LossModel};
@@ -36,10 +37,27 @@ use crate::link::{DropCause, Fate, Link, LinkConfigError, LinkStats, LossModel};
 const MIN_RETRANSMIT_NS: u64 = 1_000_000;
 /// Retransmission backoff cap, so a healed link resumes within this.
 const MAX_RETRANSMIT_NS: u64 = 200_000_000;
+/// Most bytes the TCP relay reads, and offers, at once: 16 segments.
+pub const TCP_READ_BYTES: usize = 16 * super::tcp::TCP_CHUNK_BYTES;
+
+/// Where the packet-level mode writes a released IP packet: the TUN device
+/// of the destination site's namespace.
+pub trait PacketSink: std::fmt::Debug + Send + Sync {
+    /// Hands one IP packet to the destination host's kernel.
+    fn send_packet(&self, packet: &[u8]) -> std::io::Result<()>;
+}
 
 /// What a packet carries and where it goes when released.
 #[derive(Debug)]
 pub enum Payload {
+    /// An IP packet of the packet-level mode, written to `sink` (gone if
+    /// the sink is). Lost packets are gone: the end hosts' TCP recovers.
+    /// An ECN-capable packet the link marks gets Congestion Experienced
+    /// in its header.
+    Packet {
+        sink: Weak<dyn PacketSink>,
+        data: Vec<u8>,
+    },
     /// A UDP datagram, sent on `socket` (to `to`, or to the socket's
     /// connected peer). Lost datagrams are gone.
     Datagram {
@@ -59,7 +77,25 @@ pub enum Payload {
 impl Payload {
     fn len(&self) -> u64 {
         match self {
-            Self::Datagram { data, .. } | Self::Chunk { data, .. } => data.len() as u64,
+            Self::Datagram { data, .. } | Self::Chunk { data, .. } | Self::Packet { data, .. } => {
+                data.len() as u64
+            }
+        }
+    }
+
+    /// Whether the link may mark the packet rather than drop it: an IP
+    /// packet with ECT(0) or ECT(1). Datagrams and chunks are offered as
+    /// not ECN-capable, since the proxies do not read ECN bits.
+    fn ecn_capable(&self) -> bool {
+        match self {
+            Self::Packet { data, .. } => ip::ecn_capable(data),
+            Self::Datagram { .. } | Self::Chunk { .. } => false,
+        }
+    }
+
+    fn mark_congestion(&mut self) {
+        if let Self::Packet { data, .. } = self {
+            ip::set_congestion_experienced(data);
         }
     }
 
@@ -77,6 +113,10 @@ impl Payload {
             } => Self::Chunk {
                 writer: writer.clone(),
                 sequence: *sequence,
+                data: data.clone(),
+            },
+            Self::Packet { sink, data } => Self::Packet {
+                sink: Weak::clone(sink),
                 data: data.clone(),
             },
         }
@@ -101,6 +141,9 @@ impl Payload {
                 let _ = writer.send((sequence, data));
                 true
             }
+            Self::Packet { sink, data } => sink
+                .upgrade()
+                .is_some_and(|sink| sink.send_packet(&data).is_ok()),
         }
     }
 }
@@ -188,23 +231,28 @@ struct PipeState {
 impl PipeState {
     /// Offers a payload to the link at `now`; returns the time by which the
     /// release thread must next look (a delivery or a retransmission).
-    fn offer(&mut self, now: u64, payload: Payload, attempt: u32) -> (Fate, Option<u64>) {
+    fn offer(&mut self, now: u64, mut payload: Payload, attempt: u32) -> (Fate, Option<u64>) {
         let id = self.next_id;
         self.next_id += 1;
-        let fate = self.link.handle_send(now, id, payload.len(), false);
+        let fate = self
+            .link
+            .handle_send(now, id, payload.len(), payload.ecn_capable());
         match fate {
             Fate::Delivered {
                 at_ns,
                 duplicate_at_ns,
-                ..
+                marked_ecn,
             } => {
+                if marked_ecn {
+                    payload.mark_congestion();
+                }
                 let copies = if duplicate_at_ns.is_some() { 2 } else { 1 };
                 self.pending.insert(id, Pending { payload, copies });
                 let earliest = duplicate_at_ns.map_or(at_ns, |dup| dup.min(at_ns));
                 (fate, Some(earliest))
             }
             Fate::Dropped { .. } => match payload {
-                Payload::Datagram { .. } => (fate, None),
+                Payload::Datagram { .. } | Payload::Packet { .. } => (fate, None),
                 Payload::Chunk { .. } => {
                     let due = now.saturating_add(self.retransmit_timeout(attempt));
                     self.retransmits
@@ -373,15 +421,27 @@ impl Pipe {
         )
     }
 
-    /// Bytes a TCP connection may have offered but not yet delivered: the
-    /// buffer plus one bandwidth-delay product, at least 256 KiB, so that a
-    /// single connection can fill the link without overflowing its buffer.
+    /// Bytes a TCP connection may have offered but not yet delivered: what
+    /// the link holds, the buffer plus rate × one-way delay (a chunk's
+    /// credit comes back when the far side writes it, one way later), and
+    /// at least one read of the relay ([`TCP_READ_BYTES`]) so it always
+    /// makes progress.
     pub fn tcp_window_bytes(&self) -> u32 {
         let state = self.lock();
-        let rtt_ns = u128::from(state.link.one_way_ns()) * 2;
-        let bdp = u128::from(state.rate_bits_per_second) * rtt_ns / 8 / 1_000_000_000;
-        let window = bdp + u128::from(state.link.buffer_bytes());
-        u32::try_from(window.max(256 * 1024)).unwrap_or(u32::MAX >> 1)
+        let one_way_ns = u128::from(state.link.one_way_ns());
+        let on_the_wire = u128::from(state.rate_bits_per_second) * one_way_ns / 8 / 1_000_000_000;
+        let window = on_the_wire + u128::from(state.link.buffer_bytes());
+        u32::try_from(window.max(TCP_READ_BYTES as u128)).unwrap_or(u32::MAX >> 1)
+    }
+
+    /// When `bytes` more would fit in this direction's egress queue, as a
+    /// wait from now (zero if they fit now); `None` if they never would.
+    /// The TCP relay waits this long before it offers a segment, so it does
+    /// not overflow a shallow buffer with its own bursts.
+    pub fn wait_for_room(&self, bytes: u64) -> Option<std::time::Duration> {
+        let now = self.clock.now_ns();
+        let at = self.lock().link.fits_at(now, bytes)?;
+        Some(std::time::Duration::from_nanos(at.saturating_sub(now)))
     }
 
     /// Checks a change without applying it.
@@ -559,9 +619,9 @@ fn release_all(due: &mut Vec<Payload>) -> u64 {
                 run_socket = Some(socket);
                 run.push((to, data));
             }
-            chunk @ Payload::Chunk { .. } => {
+            other @ (Payload::Chunk { .. } | Payload::Packet { .. }) => {
                 refused += flush(&run_socket, &mut run);
-                if !chunk.release() {
+                if !other.release() {
                     refused += 1;
                 }
             }

@@ -6,11 +6,18 @@
 //! max(RTT, 1 ms), doubled on each further drop of the same segment up to
 //! 200 ms: loss costs time, as it does in a real TCP, and a cut link stalls
 //! the stream until it heals. The writer on the far side reorders segments
-//! by sequence number and drops duplicates. Congestion control is not
-//! modelled; a per-connection window (buffer + one bandwidth-delay product,
-//! at least 256 KiB) of bytes read but not yet written stands in for the
-//! sender's window and keeps the proxy's memory bounded. The connection
-//! handshake itself is not delayed.
+//! by sequence number and drops duplicates.
+//!
+//! This is a relay, not an end-to-end TCP: the end hosts' TCP runs over
+//! loopback and never sees a loss (the packet-level mode is what shows
+//! that). Two things stand in for a sender's congestion control, so the
+//! relay neither overruns the link nor collapses on a shallow buffer: a
+//! per-connection window of bytes read but not yet written, sized to what
+//! the link holds (rate × one-way delay + buffer, [`Pipe::tcp_window_bytes`]),
+//! and pacing against the queue: a segment is offered only once the
+//! link's egress buffer has room for it ([`Pipe::wait_for_room`]), so the
+//! relay's own bursts are not dropped; random loss and other traffic's
+//! queue still are. The connection handshake itself is not delayed.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -22,7 +29,7 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::EmulatorError;
-use super::pipe::{Payload, Pipe};
+use super::pipe::{Payload, Pipe, TCP_READ_BYTES};
 
 /// Largest segment offered to the link: a 1500-byte Ethernet MTU less IPv4,
 /// TCP and timestamp headers.
@@ -128,7 +135,7 @@ where
     let window = Arc::new(Semaphore::new(pipe.tcp_window_bytes() as usize));
     let (sender, receiver) = mpsc::unbounded_channel();
     let writing = tokio::spawn(write_in_order(receiver, writer, Arc::clone(&window)));
-    let mut buffer = vec![0u8; 16 * TCP_CHUNK_BYTES];
+    let mut buffer = vec![0u8; TCP_READ_BYTES];
     let mut sequence = 0u64;
     loop {
         let len = match reader.read(&mut buffer).await {
@@ -141,16 +148,31 @@ where
             break; // Closed when the writer gave up: stop reading.
         };
         permit.forget();
-        let chunks = buffer[..len].chunks(TCP_CHUNK_BYTES).map(|chunk| {
-            let payload = Payload::Chunk {
+        let mut batch = Vec::with_capacity(len.div_ceil(TCP_CHUNK_BYTES));
+        let mut batch_bytes = 0u64;
+        for chunk in buffer[..len].chunks(TCP_CHUNK_BYTES) {
+            batch_bytes += chunk.len() as u64;
+            // What the queue has no room for yet waits until it has: the
+            // batch so far goes now, the rest after the wait. (No room
+            // ever, `None`, means the batch is more than the buffer.)
+            if pipe
+                .wait_for_room(batch_bytes)
+                .is_none_or(|wait| !wait.is_zero())
+            {
+                pipe.send_batch(batch.drain(..));
+                batch_bytes = chunk.len() as u64;
+                if let Some(wait) = pipe.wait_for_room(batch_bytes) {
+                    tokio::time::sleep(wait).await;
+                }
+            }
+            batch.push(Payload::Chunk {
                 writer: sender.clone(),
                 sequence,
                 data: chunk.to_vec(),
-            };
+            });
             sequence += 1;
-            payload
-        });
-        pipe.send_batch(chunks);
+        }
+        pipe.send_batch(batch);
     }
     // The writer finishes once every chunk in flight has been delivered and
     // the last sender (held by those chunks) is gone.

@@ -189,6 +189,27 @@ impl Link {
         self.backlog_bytes
     }
 
+    /// The earliest time from `now_ns` on at which `bytes` more would fit
+    /// in the egress buffer (`now_ns` itself if they fit now); `None` if
+    /// they never would (more than the whole buffer). Changes nothing: a
+    /// sender that paces itself against the queue asks this.
+    pub fn fits_at(&self, now_ns: u64, bytes: u64) -> Option<u64> {
+        if bytes > self.buffer_bytes {
+            return None;
+        }
+        let now = now_ns.max(self.now_ns);
+        let mut backlog = self.backlog_bytes;
+        let mut at = now;
+        for &(finish, leaving) in &self.egress {
+            if finish > now && backlog.saturating_add(bytes) <= self.buffer_bytes {
+                break;
+            }
+            backlog = backlog.saturating_sub(leaving);
+            at = at.max(finish);
+        }
+        Some(at)
+    }
+
     /// Packets (and duplicate copies) scheduled but not yet polled.
     pub fn in_flight(&self) -> usize {
         self.in_flight.len()

@@ -1,4 +1,5 @@
-//! Tests of the real-time emulator, one binary. Everything runs on loopback.
+//! Tests of the real-time emulator, one binary. Everything runs on loopback
+//! or, for `packet`, inside network namespaces the test creates.
 //!
 //! Modules:
 //! - `udp`: one-way delay, rate and Bernoulli loss seen through the UDP proxy;
@@ -7,7 +8,9 @@
 //! - `protocols`: a QUIC connection (quinn) through the UDP proxy and a gRPC
 //!   call (tonic) through the TCP proxy;
 //! - `control`: the gRPC control API: cut, heal, set loss, validation;
-//! - `scenario`: links, impairments and seeds from a scenario.
+//! - `scenario`: links, impairments and seeds from a scenario;
+//! - `packet`: the packet-level mode, kernel UDP and TCP and QUIC between site
+//!   namespaces (as root; skipped with the reason printed otherwise).
 //!
 //! Timing checks have a hard lower bound (the emulated delay) and a generous
 //! upper bound for a slow shared machine; the tests that measure time take
@@ -18,6 +21,8 @@
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
 mod control;
+#[cfg(target_os = "linux")]
+mod packet;
 mod protocols;
 mod scenario;
 mod tcp;

@@ -122,3 +122,25 @@ fn ecn_threshold_marks_capable_packets_and_drops_the_others() {
     assert_eq!(link.stats().ecn_marked, 4);
     assert_eq!(deliveries.iter().filter(|d| d.marked_ecn).count(), 4);
 }
+
+#[test]
+fn fits_at_is_when_the_backlog_leaves_room() {
+    // 10 000-byte buffer at 1 Gbit/s: a 1500-byte packet leaves every 12 µs.
+    let mut config = config(1_000_000_000, 0.0);
+    config.buffer = Some(ByteSize::from_bytes(10_000));
+    let mut link = Link::new(config, 1).unwrap();
+    assert_eq!(link.fits_at(0, 1500), Some(0));
+    for id in 0..6 {
+        assert!(link.handle_send(0, id, 1500, false).is_delivered());
+    }
+    // 9000 queued: 1000 fit now, 1500 once the first is out (12 µs), 4000
+    // once two are (24 µs); more than the buffer never.
+    assert_eq!(link.fits_at(0, 1000), Some(0));
+    assert_eq!(link.fits_at(0, 1500), Some(12_000));
+    assert_eq!(link.fits_at(5_000, 4000), Some(24_000));
+    assert_eq!(link.fits_at(50_000, 4000), Some(50_000));
+    assert_eq!(link.fits_at(0, 10_001), None);
+    // Asking changes nothing: what fits at 12 µs is admitted then.
+    assert!(link.handle_send(12_000, 6, 1500, false).is_delivered());
+    assert_eq!(link.backlog_bytes(), 9000);
+}
