@@ -1,0 +1,27 @@
+//! The exchange of pseudo-gradient fragments between the sites of a DiLoCo
+//! round, sans-IO: the collective's plan (who owns which shard, who sends
+//! what to whom), the state machines that encode, reduce and assemble
+//! fragments, the wire frames that carry them and the ranges a receiver
+//! acknowledges. No sockets, no clock, no threads, no randomness: the agent's
+//! QUIC transport (`longhaul_site_agent::exchange`) moves the bytes.
+//!
+//! - [`plan`] — [`CollectivePlan`]: shards (1/M of the fragment each, the
+//!   remainder rule in its docs), chunks, transfers, the weight 1/M.
+//! - [`collective`] — [`Contributor`] (a site's encoders and their
+//!   error-feedback residuals), [`ShardReducer`] (an owner sums the M
+//!   contributions of each chunk in site-id order and encodes the average
+//!   once), [`Assembler`] (every site decodes the averages into its
+//!   result, whose [`longhaul_codec::fragment_hash`] it reports).
+
+pub mod collective;
+pub mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use collective::{
+    Accepted, Assembler, Chunk, CollectiveError, Contributor, LinkCodecs, ShardReducer,
+};
+pub use plan::{
+    CollectivePlan, DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS, MAX_FRAGMENT_ELEMENTS, Phase,
+    PlanError, Shard, Transfer,
+};
