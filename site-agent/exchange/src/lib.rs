@@ -12,16 +12,29 @@
 //!   contributions of each chunk in site-id order and encodes the average
 //!   once), [`Assembler`] (every site decodes the averages into its
 //!   result, whose [`longhaul_codec::fragment_hash`] it reports).
+//! - [`wire`] — the messages (hello, welcome, data, ack, refused): layout,
+//!   bounds, [`wire::decode`] refusing by field.
+//! - [`ranges`] — [`RangeSet`] and the receiver's [`AckLedger`]: what it
+//!   holds, acknowledged again on a duplicate, replayed on a reconnect.
+//! - [`outbox`] — [`Outbox`]: a sender's chunks to one peer, handed to
+//!   the pool's connections, settled by acks, uncertain while a lost
+//!   connection's acks may be missing, never sent again once acknowledged.
 
 pub mod collective;
+pub mod outbox;
 pub mod plan;
+pub mod ranges;
 #[cfg(test)]
 mod tests;
+pub mod wire;
 
 pub use collective::{
     Accepted, Assembler, Chunk, CollectiveError, Contributor, LinkCodecs, ShardReducer,
 };
+pub use outbox::{Outbox, OutboxStats};
 pub use plan::{
     CollectivePlan, DEFAULT_CHUNK_ELEMENTS, MAX_CHUNK_ELEMENTS, MAX_FRAGMENT_ELEMENTS, Phase,
     PlanError, Shard, Transfer,
 };
+pub use ranges::{AckLedger, RangeSet, TransferKey};
+pub use wire::{ChunkId, Header, Kind, Message, WireError};

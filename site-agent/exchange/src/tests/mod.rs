@@ -1,10 +1,15 @@
 //! The exchange's tests, a file per concern: the plan (shards, chunks,
 //! transfers, weights, refused inputs) and the collective run in memory
-//! (bit identity, exclusions, refused frames). Helpers more than one file
+//! (bit identity, exclusions, refused frames), the wire's messages
+//! (random and mutated bytes refused by field), the acknowledged ranges and
+//! the sender's outbox against models. Helpers more than one file
 //! uses are here.
 
 mod collective;
+mod outbox;
 mod plan;
+mod ranges;
+mod wire;
 
 use std::collections::BTreeMap;
 
