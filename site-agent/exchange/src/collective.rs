@@ -547,6 +547,13 @@ impl Assembler {
         Ok(Accepted::Completed { chunk: index })
     }
 
+    /// Whether every chunk of shard `shard` is in (false for no such shard).
+    pub fn shard_complete(&self, shard: u32) -> bool {
+        self.have
+            .get(shard as usize)
+            .is_some_and(|chunks| chunks.iter().all(|&held| held))
+    }
+
     /// Chunks not yet in.
     pub fn missing(&self) -> usize {
         self.missing
@@ -571,4 +578,52 @@ impl Assembler {
     pub fn hash(&self) -> Option<String> {
         self.result().map(longhaul_codec::fragment_hash)
     }
+}
+
+/// The reduced fragment the collective gives `plan`'s live sites when each
+/// contributes `fragments[site]` with a fresh [`Contributor`] (no residual
+/// yet, as in a first round): the reference a transport must reproduce
+/// bit for bit, computed in one place with the same state machines.
+pub fn reduce_in_memory(
+    plan: &CollectivePlan,
+    codecs: &LinkCodecs,
+    fragments: &BTreeMap<String, Vec<f32>>,
+) -> Result<Vec<f32>, CollectiveError> {
+    let mut reducers = Vec::new();
+    for site in plan.live() {
+        reducers.push(ShardReducer::new(plan, site, codecs.gather())?);
+    }
+    for site in plan.live() {
+        let values = fragments
+            .get(site)
+            .ok_or_else(|| CollectiveError::FragmentLength {
+                expected: plan.elements(),
+                found: 0,
+            })?;
+        let chunks = Contributor::new(plan.elements()).contributions(plan, codecs, site, values)?;
+        for chunk in chunks {
+            reducers[chunk.shard as usize].accept(
+                site,
+                chunk.shard,
+                chunk.offset,
+                chunk.length,
+                chunk.frame,
+            )?;
+        }
+    }
+    let mut assembler = Assembler::new(plan);
+    for reducer in &reducers {
+        for k in 0..reducer.chunks() {
+            if let Some((offset, length, frame)) = reducer.gathered(k) {
+                assembler.accept(
+                    &reducer.shard().owner,
+                    reducer.shard().index,
+                    offset,
+                    length,
+                    frame,
+                )?;
+            }
+        }
+    }
+    Ok(assembler.partial().to_vec())
 }

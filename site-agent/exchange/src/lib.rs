@@ -30,6 +30,7 @@ pub mod wire;
 
 pub use collective::{
     Accepted, Assembler, Chunk, CollectiveError, Contributor, LinkCodecs, ShardReducer,
+    reduce_in_memory,
 };
 pub use outbox::{Outbox, OutboxStats};
 pub use plan::{

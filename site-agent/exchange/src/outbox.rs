@@ -165,6 +165,22 @@ impl Outbox {
         again.len()
     }
 
+    /// Forgets every acknowledgement (the peer restarted and holds none
+    /// of it): acknowledged chunks are queued again, in order.
+    pub fn forget_acks(&mut self) -> usize {
+        self.acked.clear();
+        let mut again = 0;
+        for (index, outgoing) in self.chunks.iter_mut().enumerate() {
+            if outgoing.state == State::Acked {
+                outgoing.state = State::Queued;
+                self.queue.push_back(index);
+                again += 1;
+            }
+        }
+        self.remaining += again;
+        again
+    }
+
     /// Chunks not yet acknowledged.
     pub fn remaining(&self) -> usize {
         self.remaining

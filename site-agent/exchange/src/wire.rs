@@ -21,9 +21,12 @@
 //!   52+J        payload
 //! ```
 //!
-//! Payloads: **hello** (client → server, first on a stream) the sender's
-//! site id, 1..=63 bytes; **welcome** (server → client, once the server has
-//! replayed its acks, see [`crate::ranges`]) none; **data** one codec frame
+//! Payloads: **hello** (client → server, first on a stream; it names the
+//! job, round, fragment and plan the connection serves) the sender's site
+//! id, 1..=63 bytes; **welcome** (server → client, once the server has
+//! replayed its acks, see [`crate::ranges`]) the receiver's incarnation, 8
+//! bytes (u64 LE: a sender whose acks came from another incarnation
+//! forgets them, since a restarted receiver holds nothing); **data** one codec frame
 //! of `length` elements, 28..=28 + 2·`length` bytes (the codec's header
 //! plus at most 2 bytes per element, the bound of every codec); **ack**
 //! (server → client: the chunk is held) none; **refused** (server →
@@ -186,7 +189,8 @@ fn long(bytes: &[u8], at: usize) -> u64 {
 fn payload_bounds(kind: Kind, length: u32) -> (usize, usize) {
     match kind {
         Kind::Hello => (1, MAX_JOB_BYTES),
-        Kind::Welcome | Kind::Ack => (0, 0),
+        Kind::Welcome => (8, 8),
+        Kind::Ack => (0, 0),
         Kind::Data => (CODEC_HEADER, CODEC_HEADER + 2 * length as usize),
         Kind::Refused => (0, MAX_REASON_BYTES),
     }

@@ -126,4 +126,8 @@ fn acks_settle_every_chunk_they_cover_and_a_pushed_acked_chunk_is_never_queued()
     again.ack(&wide);
     again.push(all[0], vec![1; 10]);
     assert!(again.is_done() && again.next(1).is_none());
+    // A restarted peer: every acknowledgement forgotten, all sent again.
+    assert_eq!(again.forget_acks(), 1);
+    assert_eq!(again.remaining(), 1);
+    assert_eq!(again.next(1).map(|(c, _)| c), Some(all[0]));
 }

@@ -54,7 +54,7 @@ fn reseal(bytes: &mut [u8]) {
 fn every_kind_round_trips() {
     let cases: Vec<(Kind, Vec<u8>)> = vec![
         (Kind::Hello, b"site-a".to_vec()),
-        (Kind::Welcome, Vec::new()),
+        (Kind::Welcome, 42u64.to_le_bytes().to_vec()),
         (Kind::Data, codec_frame()),
         (Kind::Ack, Vec::new()),
         (Kind::Refused, "payload_crc32c: wrong".as_bytes().to_vec()),
@@ -153,7 +153,7 @@ fn each_field_out_of_bounds_is_refused_by_name() {
     assert!(error.contains("site id is holding a NUL"), "{error}");
     let mut welcome = header(Kind::Welcome);
     welcome.chunk.length = 1;
-    let error = encode_to_vec(&welcome, &[]).unwrap_err().to_string();
+    let error = encode_to_vec(&welcome, &[0; 8]).unwrap_err().to_string();
     assert!(
         error.contains("length: 1 elements in a welcome message, must be 0"),
         "{error}"
