@@ -36,9 +36,12 @@
 //! and send window are 2 × BDP (DATA-PATH: one connection must be able to
 //! carry the link alone while its peers back off; windows are limits, not
 //! allocations), at least 64 KiB; the UDP socket buffers are max(BDP,
-//! 4 MiB) within [`crate::probe::SOCKET_BUFFER_RANGE`] (the kernel caps them
-//! at `rmem_max` without `CAP_NET_ADMIN`); a new connection assumes the
-//! link's RTT. **Pacing** ([`ExchangeOptions::pacing_bytes_per_second`]):
+//! 32 MiB, the agent's default) within [`crate::probe::SOCKET_BUFFER_RANGE`]
+//! (the kernel caps them at `rmem_max` without `CAP_NET_ADMIN`): one
+//! socket takes every connection of the pool, and on a loaded host a
+//! reader late by tens of milliseconds must lose nothing (4 MiB halved the
+//! pool's goodput in `examples/exchange_bulk.rs`); a new connection
+//! assumes the link's RTT. **Pacing** ([`ExchangeOptions::pacing_bytes_per_second`]):
 //! for a dedicated link, the sender spaces its writes to each peer at the
 //! planner's rate, across the pool.
 //!
@@ -64,7 +67,7 @@ use std::time::Duration;
 
 pub use node::{ExchangeNode, FragmentRequest};
 
-use crate::probe::{QuicTuning, SOCKET_BUFFER_RANGE};
+use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, SOCKET_BUFFER_RANGE};
 
 /// Application error codes for closing exchange connections.
 pub mod code {
@@ -138,7 +141,7 @@ impl ExchangeOptions {
     /// The QUIC settings of every connection (see the module docs).
     pub fn tuning(&self) -> QuicTuning {
         let bdp = self.bdp_bytes();
-        let socket = (bdp.max(4 << 20) as usize)
+        let socket = (bdp.max(DEFAULT_SOCKET_BUFFER_BYTES as u64) as usize)
             .clamp(*SOCKET_BUFFER_RANGE.start(), *SOCKET_BUFFER_RANGE.end());
         QuicTuning {
             target_bdp_bytes: bdp.saturating_mul(2).clamp(64 << 10, 4 << 30),

@@ -252,6 +252,8 @@ impl ExchangeNode {
             }
         }
         let reason = wait(node, &state, started + request.deadline).await;
+        // The exchange's time, without the pool's shutdown.
+        let elapsed = started.elapsed();
         let _ = stop.send(true);
         // The pool ends at once on the stop signal; the bound is a guard.
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -259,7 +261,7 @@ impl ExchangeNode {
         })
         .await;
         pool.abort_all();
-        let outcome = outcome(&state, reason, started.elapsed());
+        let outcome = outcome(&state, reason, elapsed);
         super::metrics::record(&outcome);
         Ok(outcome)
     }
