@@ -272,6 +272,65 @@ pub enum ExchangeError {
     },
     #[error("{0}")]
     Collective(#[from] longhaul_exchange::CollectiveError),
+    #[error("the average of a reduced chunk cannot be sent: {reason}")]
+    Average { reason: String },
     #[error("{0}")]
     Message(#[from] longhaul_exchange::wire::EncodeMessageError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_and_buffers_follow_the_link_and_bad_options_name_the_field() {
+        let options = ExchangeOptions::default();
+        // 1 Gbit/s × 50 ms.
+        assert_eq!(options.bdp_bytes(), 6_250_000);
+        let tuning = options.tuning();
+        assert_eq!(tuning.target_bdp_bytes, 12_500_000);
+        assert_eq!(tuning.socket_buffer_bytes, DEFAULT_SOCKET_BUFFER_BYTES);
+        assert_eq!(tuning.initial_rtt, Some(Duration::from_millis(50)));
+        options.validate().unwrap();
+        // 10 Gbit/s × 100 ms: the socket buffer is one BDP.
+        let long = ExchangeOptions {
+            link_rate_bits_per_second: 10_000_000_000,
+            link_rtt: Duration::from_millis(100),
+            ..ExchangeOptions::default()
+        };
+        assert_eq!(long.tuning().socket_buffer_bytes, 125_000_000);
+        for (options, field) in [
+            (
+                ExchangeOptions {
+                    connections_per_peer: 0,
+                    ..ExchangeOptions::default()
+                },
+                "connections_per_peer",
+            ),
+            (
+                ExchangeOptions {
+                    pacing_bytes_per_second: Some(1),
+                    ..ExchangeOptions::default()
+                },
+                "pacing_bytes_per_second",
+            ),
+            (
+                ExchangeOptions {
+                    link_rtt: Duration::from_secs(60),
+                    ..ExchangeOptions::default()
+                },
+                "initial_rtt",
+            ),
+            (
+                ExchangeOptions {
+                    peer_timeout: Duration::ZERO,
+                    ..ExchangeOptions::default()
+                },
+                "peer_timeout",
+            ),
+        ] {
+            let error = options.validate().unwrap_err().to_string();
+            assert!(error.contains(field), "{error} should name {field}");
+        }
+    }
 }

@@ -221,12 +221,9 @@ impl ExchangeNode {
                     chunk.frame,
                 )?;
                 if let Accepted::Completed { chunk } = accepted {
-                    state.gathered(inner, chunk).map_err(|message| {
-                        ExchangeError::InvalidOptions {
-                            field: "fragment",
-                            message,
-                        }
-                    })?;
+                    state
+                        .gathered(inner, chunk)
+                        .map_err(|reason| ExchangeError::Average { reason })?;
                 }
             }
         }
