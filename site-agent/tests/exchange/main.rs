@@ -8,13 +8,17 @@
 //! - `faults`: a peer that never comes up is reported and the round goes
 //!   on without it; a sender killed mid-fragment and restarted resumes
 //!   without the receiver getting anything it held; corrupted messages are
-//!   refused and never reach the sum.
+//!   refused and never reach the sum;
+//! - `emulated`: through the emulator's UDP proxy, a link cut mid-fragment
+//!   and healed: the connections die and come back, and nothing the
+//!   receiver held is sent to it again.
 //!
 //! No timing assertions: every await is bounded, and seeds are printed.
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
 mod collective;
+mod emulated;
 mod faults;
 
 use std::collections::BTreeMap;
