@@ -6,7 +6,7 @@
 //! |------|------|--------|
 //! | `longhaul_agent_exchange_bytes_total` | counter | `peer`, `direction` (`sent`, `resent`, `received`, `duplicate`) |
 //! | `longhaul_agent_exchange_refused_total` | counter | `peer` |
-//! | `longhaul_agent_exchange_connections_total` | counter | `peer`, `event` (`opened`, `lost`) |
+//! | `longhaul_agent_exchange_connections_total` | counter | `peer`, `event` (`welcomed`: streams on the pool's connections, `lost`, `handshake`: new connections) |
 //! | `longhaul_agent_exchange_goodput_bps` | gauge | `peer`: bytes taken from it × 8 / the exchange's time |
 //! | `longhaul_agent_exchange_fragments_total` | counter | `outcome` (`ok`, `unfinished`) |
 
@@ -33,8 +33,10 @@ pub(crate) fn record(outcome: &ExchangeOutcome) {
                 .increment(bytes);
         }
         counter!(REFUSED_TOTAL, "peer" => peer.clone()).increment(report.refused);
-        counter!(CONNECTIONS_TOTAL, "peer" => peer.clone(), "event" => "opened")
+        counter!(CONNECTIONS_TOTAL, "peer" => peer.clone(), "event" => "welcomed")
             .increment(report.connections);
+        counter!(CONNECTIONS_TOTAL, "peer" => peer.clone(), "event" => "handshake")
+            .increment(report.handshakes);
         counter!(CONNECTIONS_TOTAL, "peer" => peer.clone(), "event" => "lost")
             .increment(report.connections_lost);
         let seconds = outcome.elapsed.as_secs_f64();

@@ -13,7 +13,10 @@
 //!   controller), each carrying one bidirectional stream: hello, the
 //!   receiver's replayed acks and welcome, then data one way and acks the
 //!   other. Chunks are handed to whichever connection is free
-//!   ([`longhaul_exchange::Outbox`]).
+//!   ([`longhaul_exchange::Outbox`]). The connections stay open after a
+//!   fragment (keep-alives hold them) and carry the next fragment's
+//!   streams, so a congestion window grown on one fragment serves the
+//!   next rather than starting again from slow start.
 //! - **Resumption**: a receiver records what it holds
 //!   ([`longhaul_exchange::AckLedger`]) and replays those acks to a sender
 //!   that connects again, before welcoming it; the sender sends nothing
@@ -214,9 +217,13 @@ pub struct PeerReport {
     /// refusals the peer sent back.
     pub refused: u64,
     pub refusals_received: u64,
-    /// Connections established to the peer, and lost before the end.
+    /// Streams welcomed by the peer (a connection of the pool, new or kept
+    /// from an earlier fragment), and those lost before the end.
     pub connections: u64,
     pub connections_lost: u64,
+    /// New connections made to the peer (the rest were the pool's, kept
+    /// from an earlier fragment).
+    pub handshakes: u64,
     /// Whether the peer acknowledged every chunk sent to it and sent every
     /// chunk this node needed from it.
     pub finished: bool,

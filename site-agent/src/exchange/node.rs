@@ -3,10 +3,10 @@
 //! [`ExchangeNode::exchange`], which runs one fragment with a pool of
 //! connections to every peer ([`super::sender`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use longhaul_core::limits::shorten;
@@ -23,6 +23,9 @@ use super::state::{FragmentKey, FragmentState, Registry, Taken};
 use super::{ExchangeError, ExchangeOptions, ExchangeOutcome, code, sender};
 use crate::tls::{self, AgentTls};
 
+/// Fragments one connection may carry at once (a stream each).
+const MAX_FRAGMENTS_AT_ONCE: u32 = 64;
+
 /// What the node and its tasks share.
 #[derive(Debug)]
 pub(crate) struct NodeInner {
@@ -34,6 +37,45 @@ pub(crate) struct NodeInner {
     pub incarnation: u64,
     pub registry: Registry,
     pub next_connection: AtomicU64,
+    /// The pool: a connection per peer address and slot, kept across
+    /// fragments while it lives.
+    pub connections: Mutex<HashMap<(SocketAddr, u32), Connection>>,
+}
+
+impl NodeInner {
+    fn connections(&self) -> MutexGuard<'_, HashMap<(SocketAddr, u32), Connection>> {
+        self.connections
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The pool's live connection to `addr` in `slot`, if any.
+    pub fn pooled(&self, addr: SocketAddr, slot: u32) -> Option<Connection> {
+        let mut pool = self.connections();
+        match pool.get(&(addr, slot)) {
+            Some(connection) if connection.close_reason().is_none() => Some(connection.clone()),
+            Some(_) => {
+                pool.remove(&(addr, slot));
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn pool(&self, addr: SocketAddr, slot: u32, connection: Connection) {
+        self.connections().insert((addr, slot), connection);
+    }
+
+    /// Drops the pool's connection in `slot` once it is closed.
+    pub fn evict_if_closed(&self, addr: SocketAddr, slot: u32) {
+        let mut pool = self.connections();
+        if pool
+            .get(&(addr, slot))
+            .is_some_and(|c| c.close_reason().is_some())
+        {
+            pool.remove(&(addr, slot));
+        }
+    }
 }
 
 /// One agent's exchange endpoint (see the module docs of
@@ -77,9 +119,11 @@ impl ExchangeNode {
             field: "transport",
             message: error.to_string(),
         };
-        // Each peer connection opens one bidirectional stream; a few more
-        // are allowed so a reconnect never waits for a stream credit.
-        let transport = tuning.transport_config(0, 4).map_err(invalid)?;
+        // Each pooled connection carries one bidirectional stream per
+        // fragment exchanged at once.
+        let transport = tuning
+            .transport_config(0, MAX_FRAGMENTS_AT_ONCE)
+            .map_err(invalid)?;
         let server_config = tls.quinn_server_config(&[wire::ALPN], Arc::clone(&transport))?;
         let client_config = tls.quinn_client_config(&[wire::ALPN], transport)?;
         let (endpoint, _buffers) = crate::udp::quic_endpoint(
@@ -103,6 +147,7 @@ impl ExchangeNode {
             incarnation,
             registry: Registry::new(),
             next_connection: AtomicU64::new(1),
+            connections: Mutex::new(HashMap::new()),
         });
         let accept = tokio::spawn(accept_loop(Arc::clone(&inner)));
         Ok(ExchangeNode { inner, accept })
@@ -238,12 +283,13 @@ impl ExchangeNode {
         let (stop, stopped) = watch::channel(false);
         let mut pool = JoinSet::new();
         for (peer, addr) in &addresses {
-            for _ in 0..node.options.connections_per_peer {
+            for slot in 0..node.options.connections_per_peer {
                 pool.spawn(sender::connection_loop(
                     Arc::clone(node),
                     Arc::clone(&state),
                     peer.clone(),
                     *addr,
+                    slot,
                     stopped.clone(),
                 ));
             }

@@ -1,4 +1,6 @@
-//! One connection of the pool to one peer: connect, hello, the peer's
+//! One connection of the pool to one peer: connect (or take the pool's
+//! connection of this slot, kept from the last fragment, so that its
+//! congestion window carries over), open a stream, hello, the peer's
 //! replayed acks and welcome, then chunks out and acks in until stopped;
 //! reconnect with backoff after a failure.
 
@@ -23,6 +25,7 @@ pub(crate) async fn connection_loop(
     state: Arc<FragmentState>,
     peer: String,
     addr: SocketAddr,
+    slot: u32,
     mut stop: watch::Receiver<bool>,
 ) {
     let first = node.options.reconnect_backoff;
@@ -34,13 +37,14 @@ pub(crate) async fn connection_loop(
         let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
         let mut welcomed = false;
         let result = tokio::select! {
-            result = run_connection(&node, &state, &peer, addr, id, &mut welcomed) => result,
+            result = run_connection(&node, &state, &peer, addr, slot, id, &mut welcomed) => result,
             _ = stop.changed() => return,
         };
         let error = match result {
             Ok(()) => return,
             Err(error) => error,
         };
+        node.evict_if_closed(addr, slot);
         {
             let mut inner = state.lock();
             if let Some(p) = inner.peers.get_mut(&peer) {
@@ -68,19 +72,30 @@ async fn run_connection(
     state: &FragmentState,
     peer: &str,
     addr: SocketAddr,
+    slot: u32,
     id: u64,
     welcomed: &mut bool,
 ) -> Result<(), String> {
     let handshake = node.options.handshake_timeout;
-    let server_name = tls::site_name(peer).map_err(|e| e.to_string())?;
-    let connecting = node
-        .endpoint
-        .connect_with(node.client_config.clone(), addr, &server_name.to_str())
-        .map_err(|e| format!("connect to {addr}: {e}"))?;
-    let connection = tokio::time::timeout(handshake, connecting)
-        .await
-        .map_err(|_| format!("handshake with {addr} timed out after {handshake:?}"))?
-        .map_err(|e| format!("handshake with {addr}: {e}"))?;
+    let connection = match node.pooled(addr, slot) {
+        Some(connection) => connection,
+        None => {
+            let server_name = tls::site_name(peer).map_err(|e| e.to_string())?;
+            let connecting = node
+                .endpoint
+                .connect_with(node.client_config.clone(), addr, &server_name.to_str())
+                .map_err(|e| format!("connect to {addr}: {e}"))?;
+            let connection = tokio::time::timeout(handshake, connecting)
+                .await
+                .map_err(|_| format!("handshake with {addr} timed out after {handshake:?}"))?
+                .map_err(|e| format!("handshake with {addr}: {e}"))?;
+            node.pool(addr, slot, connection.clone());
+            if let Some(p) = state.lock().peers.get_mut(peer) {
+                p.report.handshakes += 1;
+            }
+            connection
+        }
+    };
     let (mut send, mut recv) = tokio::time::timeout(handshake, connection.open_bi())
         .await
         .map_err(|_| "opening a stream timed out".to_string())?

@@ -61,6 +61,10 @@ async fn a_peer_that_never_comes_up_is_reported_and_the_round_goes_on_without_it
         "{again_a:?}"
     );
     assert_eq!(again_b.hash, again_a.hash);
+    // The second fragment rode the pool's connections of the first.
+    assert!(first_a.peers["b"].handshakes >= 1, "{first_a:?}");
+    assert_eq!(again_a.peers["b"].handshakes, 0, "{again_a:?}");
+    assert!(again_a.peers["b"].connections >= 1, "{again_a:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
