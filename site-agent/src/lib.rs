@@ -8,6 +8,7 @@ mod atomic;
 pub mod config;
 pub mod coordinator;
 pub mod daemon;
+pub mod exchange;
 pub mod hostlist;
 pub mod inventory;
 pub mod launch;

@@ -453,6 +453,22 @@ pub fn certificate_names_site(
         .map_err(|error| wrong(format!("{error}")))
 }
 
+/// Checks that the peer of `connection` presented a certificate (already
+/// verified against the CA by the handshake) naming `site_id`; the message
+/// of the error says what the peer claimed and why it was refused.
+pub fn check_peer_site(connection: &quinn::Connection, site_id: &str) -> Result<(), String> {
+    site_name(site_id).map_err(|error| error.to_string())?;
+    let chain = connection
+        .peer_identity()
+        .and_then(|identity| identity.downcast::<Vec<CertificateDer<'static>>>().ok());
+    let Some(leaf) = chain.as_deref().and_then(|chain| chain.first()) else {
+        return Err(format!(
+            "the peer claims site {site_id:?} but presented no certificate"
+        ));
+    };
+    certificate_names_site(leaf, site_id).map_err(|error| format!("refused: {error}"))
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

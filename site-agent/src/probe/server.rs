@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, ConnectionError, Incoming, RecvStream, VarInt};
-use rustls::pki_types::CertificateDer;
 use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
@@ -439,17 +438,9 @@ fn check_site(connection: &Connection, shared: &Shared, site: &str) -> Result<bo
     if shared.insecure {
         return Ok(false);
     }
-    let chain = connection
-        .peer_identity()
-        .and_then(|identity| identity.downcast::<Vec<CertificateDer<'static>>>().ok());
-    let Some(leaf) = chain.as_deref().and_then(|chain| chain.first()) else {
-        return Err(SessionError::WrongSite(format!(
-            "the client claims site {site:?} but presented no certificate"
-        )));
-    };
-    tls::certificate_names_site(leaf, site).map_err(|error| {
+    tls::check_peer_site(connection, site).map_err(|error| {
         tracing::warn!(remote = %connection.remote_address(), claimed_site = site, %error, "probe client refused");
-        SessionError::WrongSite(format!("refused: {error}"))
+        SessionError::WrongSite(error)
     })?;
     Ok(true)
 }

@@ -40,6 +40,9 @@ pub struct QuicTuning {
     /// of a 10 Gbit/s link, so a reader that is late by that loses nothing
     /// in the kernel.
     pub socket_buffer_bytes: usize,
+    /// The RTT a new connection assumes before it has measured one: the
+    /// link's when known (the exchange sets it), else quinn's 333 ms.
+    pub initial_rtt: Option<Duration>,
 }
 
 impl Default for QuicTuning {
@@ -50,6 +53,7 @@ impl Default for QuicTuning {
             idle_timeout: Duration::from_secs(30),
             datagram_buffer_bytes: 1 << 20,
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
+            initial_rtt: None,
         }
     }
 }
@@ -118,6 +122,14 @@ impl QuicTuning {
                 ),
             );
         }
+        if let Some(rtt) = self.initial_rtt
+            && (rtt < Duration::from_micros(10) || rtt > Duration::from_secs(10))
+        {
+            return invalid(
+                "transport.initial_rtt",
+                format!("is {rtt:?}; it must be between 10 µs and 10 s"),
+            );
+        }
         Ok(())
     }
 
@@ -150,6 +162,9 @@ impl QuicTuning {
             .datagram_send_buffer_size(self.datagram_buffer_bytes)
             .max_concurrent_uni_streams(VarInt::from_u32(peer_uni_streams))
             .max_concurrent_bidi_streams(VarInt::from_u32(peer_bidi_streams));
+        if let Some(rtt) = self.initial_rtt {
+            config.initial_rtt(rtt);
+        }
         Ok(Arc::new(config))
     }
 }

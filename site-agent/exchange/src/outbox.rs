@@ -1,0 +1,203 @@
+//! A sender's chunks to one peer, and which of them the peer holds.
+//!
+//! Each chunk is encoded once and kept, as its wire message, until the peer
+//! acknowledges it. A connection of the pool takes the next queued chunk
+//! ([`Outbox::next`]); an ack, on any connection, settles every chunk its
+//! range covers. When a connection is lost, the chunks it had in flight are
+//! *uncertain* (the peer may hold them, its acks lost with the connection):
+//! they are queued again only once a new connection has been welcomed,
+//! after the peer replayed the acks of everything it holds
+//! ([`Outbox::resumed`]), so a resumed sender sends nothing the peer
+//! acknowledged. An acknowledged chunk is never handed out again (the
+//! receiver counts what arrives twice: the transport's tests check it).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use crate::plan::MAX_CHUNK_ELEMENTS;
+use crate::ranges::{RangeSet, TransferKey};
+use crate::wire::ChunkId;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Queued,
+    InFlight { connection: u64 },
+    Uncertain,
+    Acked,
+}
+
+#[derive(Debug)]
+struct Outgoing {
+    chunk: ChunkId,
+    message: Arc<Vec<u8>>,
+    state: State,
+    sends: u32,
+}
+
+/// What the outbox handed out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxStats {
+    /// Messages handed out, and their bytes.
+    pub sent: u64,
+    pub sent_bytes: u64,
+    /// Bytes handed out again for a chunk sent before (its connection was
+    /// lost before the ack came).
+    pub resent_bytes: u64,
+    /// Chunks acknowledged.
+    pub acked: u64,
+}
+
+/// A sender's chunks to one peer (see the module docs).
+#[derive(Debug, Default)]
+pub struct Outbox {
+    chunks: Vec<Outgoing>,
+    queue: VecDeque<usize>,
+    /// Chunks by transfer and first element.
+    by_start: BTreeMap<(TransferKey, u64), usize>,
+    acked: BTreeMap<TransferKey, RangeSet>,
+    remaining: usize,
+    stats: OutboxStats,
+}
+
+impl Outbox {
+    pub fn new() -> Outbox {
+        Outbox::default()
+    }
+
+    /// Queues `message`, the wire message of `chunk`.
+    pub fn push(&mut self, chunk: ChunkId, message: Vec<u8>) {
+        let index = self.chunks.len();
+        let acked = self.is_acked(&chunk);
+        self.by_start
+            .insert((TransferKey::from(&chunk), chunk.offset), index);
+        self.chunks.push(Outgoing {
+            chunk,
+            message: Arc::new(message),
+            state: if acked { State::Acked } else { State::Queued },
+            sends: 0,
+        });
+        if !acked {
+            self.queue.push_back(index);
+            self.remaining += 1;
+        }
+    }
+
+    fn is_acked(&self, chunk: &ChunkId) -> bool {
+        self.acked
+            .get(&TransferKey::from(chunk))
+            .is_some_and(|set| set.contains(chunk.offset..chunk.offset + u64::from(chunk.length)))
+    }
+
+    /// The next chunk for `connection` to send, now in flight on it.
+    pub fn next(&mut self, connection: u64) -> Option<(ChunkId, Arc<Vec<u8>>)> {
+        while let Some(index) = self.queue.pop_front() {
+            let outgoing = &mut self.chunks[index];
+            if outgoing.state != State::Queued {
+                continue;
+            }
+            let bytes = outgoing.message.len() as u64;
+            if outgoing.sends > 0 {
+                self.stats.resent_bytes += bytes;
+            }
+            outgoing.sends += 1;
+            outgoing.state = State::InFlight { connection };
+            self.stats.sent += 1;
+            self.stats.sent_bytes += bytes;
+            return Some((outgoing.chunk, Arc::clone(&outgoing.message)));
+        }
+        None
+    }
+
+    /// The peer holds `chunk`'s range: settles every chunk it covers.
+    /// Returns how many were newly settled.
+    pub fn ack(&mut self, chunk: &ChunkId) -> usize {
+        let key = TransferKey::from(chunk);
+        let end = chunk.offset.saturating_add(u64::from(chunk.length));
+        self.acked.entry(key).or_default().insert(chunk.offset..end);
+        // A chunk the new range completes intersects it, and starts at
+        // most 2^24 elements before it.
+        let from = chunk.offset.saturating_sub(u64::from(MAX_CHUNK_ELEMENTS));
+        let candidates: Vec<usize> = self
+            .by_start
+            .range((key, from)..(key, end))
+            .map(|(_, &index)| index)
+            .collect();
+        let mut settled = 0;
+        for index in candidates {
+            let outgoing = &self.chunks[index];
+            if outgoing.state != State::Acked && self.is_acked(&outgoing.chunk) {
+                self.chunks[index].state = State::Acked;
+                settled += 1;
+            }
+        }
+        self.remaining -= settled;
+        self.stats.acked += settled as u64;
+        settled
+    }
+
+    /// `connection` is gone: its chunks in flight are uncertain until a
+    /// new connection is welcomed.
+    pub fn connection_lost(&mut self, connection: u64) -> usize {
+        let mut count = 0;
+        for outgoing in &mut self.chunks {
+            if outgoing.state == (State::InFlight { connection }) {
+                outgoing.state = State::Uncertain;
+                count += 1;
+            }
+        }
+        count
+    }
+
+    /// A connection was welcomed, after the peer's replayed acks were
+    /// applied: the uncertain chunks it does not hold are queued again,
+    /// first.
+    pub fn resumed(&mut self) -> usize {
+        let mut again = Vec::new();
+        for (index, outgoing) in self.chunks.iter_mut().enumerate() {
+            if outgoing.state == State::Uncertain {
+                outgoing.state = State::Queued;
+                again.push(index);
+            }
+        }
+        for &index in again.iter().rev() {
+            self.queue.push_front(index);
+        }
+        again.len()
+    }
+
+    /// Forgets every acknowledgement (the peer restarted and holds none
+    /// of it): acknowledged chunks are queued again, in order.
+    pub fn forget_acks(&mut self) -> usize {
+        self.acked.clear();
+        let mut again = 0;
+        for (index, outgoing) in self.chunks.iter_mut().enumerate() {
+            if outgoing.state == State::Acked {
+                outgoing.state = State::Queued;
+                self.queue.push_back(index);
+                again += 1;
+            }
+        }
+        self.remaining += again;
+        again
+    }
+
+    /// Chunks not yet acknowledged.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.remaining == 0
+    }
+
+    /// Whether a chunk waits to be sent now.
+    pub fn has_queued(&self) -> bool {
+        self.queue
+            .iter()
+            .any(|&index| self.chunks[index].state == State::Queued)
+    }
+
+    pub fn stats(&self) -> OutboxStats {
+        self.stats
+    }
+}

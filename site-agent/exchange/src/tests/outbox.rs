@@ -1,0 +1,133 @@
+//! The outbox against a model receiver: connections lost at random, acks
+//! lost with them, the receiver's replay on every reconnect. Nothing the
+//! receiver holds is ever sent to it again, and every chunk gets there.
+
+use std::collections::BTreeSet;
+
+use longhaul_core::rng::SeedRng;
+use proptest::prelude::*;
+
+use crate::plan::Phase;
+use crate::*;
+
+fn chunks(count: u32) -> Vec<ChunkId> {
+    (0..count)
+        .map(|k| ChunkId {
+            phase: Phase::ReduceScatter,
+            fragment: 0,
+            shard: k % 3,
+            offset: u64::from(k) * 10,
+            length: 10,
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn a_resumed_sender_sends_nothing_the_receiver_holds(
+        count in 1u32..60,
+        connections in 1u64..5,
+        seed in any::<u64>(),
+    ) {
+        let mut rng = SeedRng::new(seed);
+        let mut outbox = Outbox::new();
+        for c in chunks(count) {
+            outbox.push(c, vec![0; 100]);
+        }
+        let mut ledger = AckLedger::new();
+        let mut received: BTreeSet<(u32, u64)> = BTreeSet::new();
+        let mut live: Vec<u64> = (0..connections).collect();
+        let mut next_connection = connections;
+        let mut steps = 0;
+        while !outbox.is_done() {
+            steps += 1;
+            prop_assert!(steps < 100_000, "seed {seed}: no progress");
+            if live.is_empty() || rng.chance(0.05) {
+                // Lose a connection (its acks in flight with it), then
+                // reconnect: replay, welcome.
+                if let Some(&lost) = live.get(rng.index(live.len().max(1))) {
+                    live.retain(|&c| c != lost);
+                    outbox.connection_lost(lost);
+                }
+                for ack in ledger.replay("a") {
+                    outbox.ack(&ack);
+                }
+                outbox.resumed();
+                live.push(next_connection);
+                next_connection += 1;
+                continue;
+            }
+            let connection = live[rng.index(live.len())];
+            let Some((chunk, _)) = outbox.next(connection) else {
+                // Everything left is in flight or uncertain: let some
+                // connection fail so it comes back.
+                let lost = live[rng.index(live.len())];
+                live.retain(|&c| c != lost);
+                outbox.connection_lost(lost);
+                continue;
+            };
+            // Delivered (most of the time) and acked (the ack may be lost).
+            if rng.chance(0.9) {
+                prop_assert!(
+                    received.insert((chunk.shard, chunk.offset)),
+                    "seed {seed}: {chunk:?} arrived twice"
+                );
+                ledger.record("a", &chunk);
+                if rng.chance(0.8) {
+                    outbox.ack(&chunk);
+                }
+            } else {
+                // Lost on the way: its connection fails.
+                live.retain(|&c| c != connection);
+                outbox.connection_lost(connection);
+            }
+        }
+        prop_assert_eq!(received.len() as u32, count);
+        prop_assert_eq!(outbox.stats().acked, u64::from(count));
+    }
+}
+
+#[test]
+fn acks_settle_every_chunk_they_cover_and_a_pushed_acked_chunk_is_never_queued() {
+    let mut outbox = Outbox::new();
+    let all = chunks(6);
+    for c in &all {
+        outbox.push(*c, vec![1; 10]);
+    }
+    // Shard 0 holds chunks 0 and 3 (offsets 0 and 30): one ack for 0..40.
+    let wide = ChunkId {
+        offset: 0,
+        length: 40,
+        ..all[0]
+    };
+    assert_eq!(outbox.ack(&wide), 2);
+    assert_eq!(outbox.remaining(), 4);
+    let mut sent = Vec::new();
+    while let Some((c, _)) = outbox.next(1) {
+        sent.push(c.offset);
+    }
+    assert_eq!(sent, [10, 20, 40, 50]);
+    // Within shard 0's acked range: settled at once; beyond it: queued.
+    let within = ChunkId {
+        offset: 10,
+        ..all[0]
+    };
+    outbox.push(within, vec![1; 10]);
+    assert_eq!(outbox.remaining(), 4);
+    let beyond = ChunkId {
+        offset: 100,
+        ..all[0]
+    };
+    outbox.push(beyond, vec![1; 10]);
+    assert_eq!(outbox.remaining(), 5);
+    let mut again = Outbox::new();
+    again.ack(&wide);
+    again.push(all[0], vec![1; 10]);
+    assert!(again.is_done() && again.next(1).is_none());
+    // A restarted peer: every acknowledgement forgotten, all sent again.
+    assert_eq!(again.forget_acks(), 1);
+    assert_eq!(again.remaining(), 1);
+    assert_eq!(again.next(1).map(|(c, _)| c), Some(all[0]));
+}

@@ -1,0 +1,248 @@
+//! One connection of the pool to one peer: connect (or take the pool's
+//! connection of this slot, kept from the last fragment, so that its
+//! congestion window carries over), open a stream, hello, the peer's
+//! replayed acks and welcome, then chunks out and acks in until stopped;
+//! reconnect with backoff after a failure.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use longhaul_exchange::Phase;
+use longhaul_exchange::wire::{ChunkId, Kind};
+use tokio::sync::watch;
+
+use super::io::{ReadMessageError, read_message, write_message};
+use super::node::NodeInner;
+use super::state::FragmentState;
+use crate::tls;
+
+/// Connects to `peer` and serves the pool until `stop`, reconnecting
+/// after failures.
+pub(crate) async fn connection_loop(
+    node: Arc<NodeInner>,
+    state: Arc<FragmentState>,
+    peer: String,
+    addr: SocketAddr,
+    slot: u32,
+    mut stop: watch::Receiver<bool>,
+) {
+    let first = node.options.reconnect_backoff;
+    let mut backoff = first;
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
+        let mut welcomed = false;
+        let result = tokio::select! {
+            result = run_connection(&node, &state, &peer, addr, slot, id, &mut welcomed) => result,
+            _ = stop.changed() => return,
+        };
+        let error = match result {
+            Ok(()) => return,
+            Err(error) => error,
+        };
+        node.evict_if_closed(addr, slot);
+        {
+            let mut inner = state.lock();
+            if let Some(p) = inner.peers.get_mut(&peer) {
+                p.outbox.connection_lost(id);
+                if welcomed {
+                    p.connected = p.connected.saturating_sub(1);
+                    p.report.connections_lost += 1;
+                    backoff = first;
+                }
+                p.report.last_error = Some(error.clone());
+            }
+        }
+        state.notify();
+        tracing::debug!(peer = %peer, %error, "exchange connection failed");
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+async fn run_connection(
+    node: &NodeInner,
+    state: &FragmentState,
+    peer: &str,
+    addr: SocketAddr,
+    slot: u32,
+    id: u64,
+    welcomed: &mut bool,
+) -> Result<(), String> {
+    let handshake = node.options.handshake_timeout;
+    let connection = match node.pooled(addr, slot) {
+        Some(connection) => connection,
+        None => {
+            let server_name = tls::site_name(peer).map_err(|e| e.to_string())?;
+            let connecting = node
+                .endpoint
+                .connect_with(node.client_config.clone(), addr, &server_name.to_str())
+                .map_err(|e| format!("connect to {addr}: {e}"))?;
+            let connection = tokio::time::timeout(handshake, connecting)
+                .await
+                .map_err(|_| format!("handshake with {addr} timed out after {handshake:?}"))?
+                .map_err(|e| format!("handshake with {addr}: {e}"))?;
+            node.pool(addr, slot, connection.clone());
+            if let Some(p) = state.lock().peers.get_mut(peer) {
+                p.report.handshakes += 1;
+            }
+            connection
+        }
+    };
+    let (mut send, mut recv) = tokio::time::timeout(handshake, connection.open_bi())
+        .await
+        .map_err(|_| "opening a stream timed out".to_string())?
+        .map_err(|e| format!("open a stream: {e}"))?;
+    let hello = state.header(
+        Kind::Hello,
+        ChunkId {
+            phase: Phase::ReduceScatter,
+            fragment: state.key.fragment,
+            shard: 0,
+            offset: 0,
+            length: 0,
+        },
+    );
+    write_message(&mut send, &hello, state.me.as_bytes()).await?;
+
+    // The peer's acks of what it holds, then its welcome.
+    let mut buffer = Vec::new();
+    let mut replayed = Vec::new();
+    let incarnation = loop {
+        let message = tokio::time::timeout(handshake, read_message(&mut recv, &mut buffer))
+            .await
+            .map_err(|_| format!("no welcome within {handshake:?}"))?
+            .map_err(|e| format!("before the welcome: {e}"))?;
+        match message.header.kind {
+            Kind::Ack => replayed.push(message.header.chunk),
+            Kind::Welcome => {
+                let bytes: [u8; 8] = message
+                    .payload
+                    .try_into()
+                    .map_err(|_| "a welcome without its incarnation".to_string())?;
+                break u64::from_le_bytes(bytes);
+            }
+            Kind::Refused => {
+                return Err(format!(
+                    "refused: {}",
+                    String::from_utf8_lossy(message.payload)
+                ));
+            }
+            other => return Err(format!("a {} message before the welcome", other.name())),
+        }
+    };
+    {
+        let mut inner = state.lock();
+        let Some(p) = inner.peers.get_mut(peer) else {
+            return Err(format!("{peer:?} is not a peer"));
+        };
+        if p.incarnation.is_some_and(|known| known != incarnation) {
+            // A restarted peer holds nothing its last incarnation acked.
+            p.outbox.forget_acks();
+        }
+        p.incarnation = Some(incarnation);
+        for chunk in &replayed {
+            p.outbox.ack(chunk);
+        }
+        p.outbox.resumed();
+        p.connected += 1;
+        p.report.connections += 1;
+        p.alive_at = Instant::now();
+    }
+    *welcomed = true;
+    state.notify();
+
+    let reader = async {
+        let mut buffer = Vec::new();
+        loop {
+            let message = match read_message(&mut recv, &mut buffer).await {
+                Ok(message) => message,
+                Err(ReadMessageError::Finished) => {
+                    return Err("the peer ended the stream".to_string());
+                }
+                Err(error) => return Err(format!("reading acks: {error}")),
+            };
+            let chunk = message.header.chunk;
+            {
+                let mut inner = state.lock();
+                let Some(p) = inner.peers.get_mut(peer) else {
+                    return Err(format!("{peer:?} is not a peer"));
+                };
+                p.alive_at = Instant::now();
+                match message.header.kind {
+                    Kind::Ack => {
+                        p.outbox.ack(&chunk);
+                    }
+                    Kind::Refused => {
+                        let reason = String::from_utf8_lossy(message.payload).into_owned();
+                        p.report.refusals_received += 1;
+                        p.report.last_error = Some(format!("chunk {chunk:?} refused: {reason}"));
+                    }
+                    other => return Err(format!("a {} message among acks", other.name())),
+                }
+            }
+            state.notify();
+        }
+    };
+    let writer = async {
+        let mut changes = state.subscribe();
+        loop {
+            let next = {
+                let mut inner = state.lock();
+                let Some(p) = inner.peers.get_mut(peer) else {
+                    return Err(format!("{peer:?} is not a peer"));
+                };
+                p.outbox.next(id).map(|(_, message)| {
+                    let wait = pace(
+                        p,
+                        message.len() as u64,
+                        node.options.pacing_bytes_per_second,
+                    );
+                    (message, wait)
+                })
+            };
+            match next {
+                Some((message, wait)) => {
+                    if let Some(until) = wait {
+                        tokio::time::sleep_until(until.into()).await;
+                    }
+                    send.write_all(&message)
+                        .await
+                        .map_err(|e| format!("sending a chunk: {e}"))?;
+                }
+                None => {
+                    if changes.changed().await.is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        result = reader => result,
+        result = writer => result,
+    }
+}
+
+/// When the next `bytes` may go to the peer at `rate` bytes per second
+/// (`None`: now), counting them as sent. A pool idle for more than 10 ms
+/// starts its count again, so pacing never allows a burst after a pause.
+fn pace(peer: &mut super::state::Peer, bytes: u64, rate: Option<u64>) -> Option<Instant> {
+    let rate = rate?;
+    let now = Instant::now();
+    let due = peer.paced_since + Duration::from_secs_f64(peer.paced_bytes as f64 / rate as f64);
+    if due + Duration::from_millis(10) < now {
+        peer.paced_since = now;
+        peer.paced_bytes = 0;
+    }
+    let due = peer.paced_since + Duration::from_secs_f64(peer.paced_bytes as f64 / rate as f64);
+    peer.paced_bytes += bytes;
+    (due > now).then_some(due)
+}

@@ -1,0 +1,120 @@
+//! Fragments exchanged among sites over QUIC: the same hash everywhere,
+//! the in-memory reference's; excluded sites left out.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use longhaul_codec::EncoderConfig;
+use longhaul_exchange::{CollectivePlan, LinkCodecs};
+use longhaul_site_agent::exchange::ExchangeNode;
+
+use crate::{Pki, fragments, loopback, options, reference_hash, run};
+
+/// Starts nodes for `sites`, runs the fragment at every one of them at
+/// once, and returns their outcomes by site.
+async fn exchange_all(
+    sites: &[&str],
+    plan: &CollectivePlan,
+    codecs: &LinkCodecs,
+    fragments: &BTreeMap<String, Vec<f32>>,
+) -> BTreeMap<String, longhaul_site_agent::exchange::ExchangeOutcome> {
+    let pki = Pki::new("test CA");
+    let mut nodes = BTreeMap::new();
+    let mut peers = BTreeMap::new();
+    for (k, site) in sites.iter().enumerate() {
+        let node = ExchangeNode::bind(loopback(), &pki.agent(site), options(k as u64 + 1)).unwrap();
+        peers.insert(site.to_string(), node.local_addr().unwrap());
+        nodes.insert(site.to_string(), Arc::new(node));
+    }
+    let peers = Arc::new(peers);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (site, node) in &nodes {
+        let (site, node, peers) = (site.clone(), Arc::clone(node), Arc::clone(&peers));
+        let (plan, codecs) = (plan.clone(), codecs.clone());
+        let values = fragments[&site].clone();
+        tasks.spawn(async move {
+            let outcome = run(
+                &node,
+                &plan,
+                &codecs,
+                &values,
+                &peers,
+                Duration::from_secs(60),
+            )
+            .await;
+            (site, outcome)
+        });
+    }
+    let mut outcomes = BTreeMap::new();
+    while let Some(done) = tasks.join_next().await {
+        let (site, outcome) = done.unwrap();
+        outcomes.insert(site, outcome);
+    }
+    outcomes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sites_exchange_a_fragment_and_every_hash_is_the_references() {
+    let sites = ["north", "south", "west"];
+    let n = 300_000;
+    let fragments = fragments(14, &[("north", 1.0), ("south", 2.0), ("west", 0.5)], n);
+    let plan = CollectivePlan::new(&sites, &[], n as u64, 1 << 13).unwrap();
+    // Another codec on one link: the averages are still one frame each.
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap()).with_link(
+        "north",
+        "west",
+        EncoderConfig::new(4, 64, true, false).unwrap(),
+    );
+    let outcomes = exchange_all(&sites, &plan, &codecs, &fragments).await;
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    for (site, outcome) in &outcomes {
+        println!("{site}: {:?} in {:?}", outcome.hash, outcome.elapsed);
+        assert_eq!(
+            outcome.hash.as_deref(),
+            Some(expected.as_str()),
+            "{site}: {outcome:?}"
+        );
+        assert!(
+            outcome.unfinished.is_empty(),
+            "{site}: {:?}",
+            outcome.unfinished
+        );
+        for (peer, report) in &outcome.peers {
+            assert!(
+                report.finished && report.connections >= 1,
+                "{site} → {peer}: {report:?}"
+            );
+            assert_eq!(report.refused, 0, "{site} → {peer}: {report:?}");
+            assert!(
+                report.sent_bytes > 0 && report.received_bytes > 0,
+                "{site} → {peer}: {report:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_excluded_site_is_left_out_and_the_average_reweighted() {
+    let participants = ["a", "b", "c", "d"];
+    let n = 50_000;
+    // d's values are a thousand times larger: counted, they would show.
+    let fragments = fragments(15, &[("a", 1.0), ("b", 1.0), ("c", 1.0), ("d", 1000.0)], n);
+    let plan = CollectivePlan::new(&participants, &["d"], n as u64, 4096).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, false, false).unwrap());
+    let outcomes = exchange_all(&["a", "b", "c"], &plan, &codecs, &fragments).await;
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    for (site, outcome) in &outcomes {
+        assert_eq!(outcome.hash.as_deref(), Some(expected.as_str()), "{site}");
+        assert!(!outcome.peers.contains_key("d"), "{site} exchanged with d");
+    }
+    // The average of the three live sites, weight 1/3 each.
+    let result = outcomes["a"].result.as_ref().unwrap();
+    for (i, value) in result.iter().enumerate() {
+        let mean = (fragments["a"][i] + fragments["b"][i] + fragments["c"][i]) / 3.0;
+        assert!(
+            (value - mean).abs() < 0.02,
+            "element {i}: {value} against {mean}"
+        );
+    }
+}

@@ -1,0 +1,126 @@
+//! The exchange through the emulator's UDP proxy: a link cut mid-fragment
+//! and healed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use longhaul_codec::EncoderConfig;
+use longhaul_core::units::{DataRate, Distance};
+use longhaul_exchange::{CollectivePlan, Contributor, LinkCodecs};
+use longhaul_simulations::emulator::{Emulator, LinkSpec};
+use longhaul_simulations::link::LinkConfig;
+use longhaul_site_agent::exchange::{ExchangeNode, ExchangeOptions};
+
+use crate::{JOB, Pki, bounded, fragments, loopback, options, reference_hash, run};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_cut_mid_fragment_and_healed_resumes_without_duplicates() {
+    let seed = 19;
+    println!("emulator seed {seed}");
+    let link = LinkConfig::new(
+        DataRate::from_bits_per_second(200_000_000),
+        Distance::from_km(100.0).unwrap(),
+    );
+    let emulator = Emulator::new(seed, vec![LinkSpec::symmetric("a", "b", link)]).unwrap();
+    let pki = Pki::new("test CA");
+    let n = 1 << 20;
+    let fragments = fragments(seed, &[("a", 1.0), ("b", 1.0)], n);
+    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 1 << 14).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    // Short idle timeouts, so that the cut ends the connections; a paced
+    // at 1 MB/s, so that the cut comes mid-fragment; a peer timeout well
+    // past the cut, so that nobody is reported dead.
+    let quick = |incarnation, pacing| ExchangeOptions {
+        connections_per_peer: 2,
+        idle_timeout: Duration::from_secs(2),
+        keep_alive_interval: Duration::from_millis(300),
+        peer_timeout: Duration::from_secs(60),
+        pacing_bytes_per_second: pacing,
+        ..options(incarnation)
+    };
+    let a = Arc::new(
+        ExchangeNode::bind(loopback(), &pki.agent("a"), quick(1, Some(1_000_000))).unwrap(),
+    );
+    let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), quick(2, None)).unwrap());
+    let to_b = emulator
+        .udp_proxy("a", "b", loopback(), b.local_addr().unwrap())
+        .await
+        .unwrap();
+    let to_a = emulator
+        .udp_proxy("b", "a", loopback(), a.local_addr().unwrap())
+        .await
+        .unwrap();
+    let peers_of_a: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), to_b.local_addr()),
+    ]
+    .into();
+    let peers_of_b: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), to_a.local_addr()),
+        ("b".to_string(), b.local_addr().unwrap()),
+    ]
+    .into();
+    let deadline = Duration::from_secs(90);
+    let spawn =
+        |node: &Arc<ExchangeNode>, site: &str, peers: BTreeMap<String, std::net::SocketAddr>| {
+            let (node, plan, codecs) = (Arc::clone(node), plan.clone(), codecs.clone());
+            let values = fragments[site].clone();
+            tokio::spawn(async move { run(&node, &plan, &codecs, &values, &peers, deadline).await })
+        };
+    let a_task = spawn(&a, "a", peers_of_a);
+    let b_task = spawn(&b, "b", peers_of_b);
+
+    let total: u64 = Contributor::new(n as u64)
+        .contributions(&plan, &codecs, "a", &fragments["a"])
+        .unwrap()
+        .iter()
+        .filter(|c| c.to == "b")
+        .map(|c| c.frame.len() as u64)
+        .sum();
+    let held = bounded(60, async {
+        loop {
+            let held = b
+                .progress(JOB, 1, 0, &plan)
+                .and_then(|p| p.get("a").map(|r| r.received_bytes))
+                .unwrap_or(0);
+            if held >= total / 4 {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    emulator.set_down("a", Some("b"), true).unwrap();
+    println!("cut with {held} of {total} bytes held by b");
+    // Past both sides' idle timeouts: every connection is gone.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    emulator.set_down("a", Some("b"), false).unwrap();
+
+    let a_outcome = bounded(120, a_task).await.unwrap();
+    let b_outcome = bounded(120, b_task).await.unwrap();
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    assert_eq!(
+        a_outcome.hash.as_deref(),
+        Some(expected.as_str()),
+        "{a_outcome:?}"
+    );
+    assert_eq!(
+        b_outcome.hash.as_deref(),
+        Some(expected.as_str()),
+        "{b_outcome:?}"
+    );
+    let to_b = &a_outcome.peers["b"];
+    let from_a = &b_outcome.peers["a"];
+    println!("a to b: {to_b:?}\nb from a: {from_a:?}");
+    assert!(
+        to_b.connections_lost >= 1,
+        "the cut ended no connection: {to_b:?}"
+    );
+    assert!(
+        to_b.connections > to_b.connections_lost,
+        "no connection after the heal: {to_b:?}"
+    );
+    // Nothing b held before the cut was sent to it again.
+    assert_eq!(from_a.duplicate_bytes, 0, "{from_a:?}");
+}
