@@ -484,43 +484,41 @@ fn positive(path: FieldPath, value: u64, out: &mut Vec<Violation>) {
     }
 }
 
+/// The bounds of [`crate::limits`] on a job, its fields under `path`: at
+/// file read, and at admission of a submitted job (not at apply: see
+/// [`crate::state`]'s admission).
+pub(crate) fn job_bounds(path: &FieldPath, spec: &JobSpec, out: &mut Vec<Violation>) {
+    use crate::limits::{
+        MAX_GLOBAL_BATCH, MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMETERS, MAX_SEQUENCE_LENGTH,
+        MAX_SITES, check_at_most, check_entries,
+    };
+    let sites = path.key("constraints").key("allowed_sites");
+    let allowed = spec.constraints.allowed_sites.len();
+    check_entries(&sites, allowed, MAX_SITES, "sites", out);
+    let model = path.key("model");
+    let m = &spec.model;
+    let parameters = model.key("parameters");
+    check_at_most(&parameters, m.parameters, MAX_PARAMETERS, "parameters", out);
+    check_at_most(&model.key("layers"), m.layers, MAX_LAYERS, "layers", out);
+    let hidden = model.key("hidden_size");
+    check_at_most(&hidden, m.hidden_size, MAX_HIDDEN_SIZE, "", out);
+    let sequence = model.key("sequence_length");
+    check_at_most(
+        &sequence,
+        m.sequence_length,
+        MAX_SEQUENCE_LENGTH,
+        "tokens",
+        out,
+    );
+    let global = path.key("batch").key("global_batch");
+    let batch = spec.batch.global_batch;
+    check_at_most(&global, batch, MAX_GLOBAL_BATCH, "sequences", out);
+}
+
 impl Validate for JobSpec {
     fn bounds(&self) -> Vec<Violation> {
         let mut out = Vec::new();
-        let path = FieldPath::root().key("constraints").key("allowed_sites");
-        let allowed = self.constraints.allowed_sites.len();
-        let max = crate::limits::MAX_SITES;
-        crate::limits::check_entries(&path, allowed, max, "sites", &mut out);
-        let model = FieldPath::root().key("model");
-        let m = &self.model;
-        use crate::limits::{
-            MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_PARAMETERS, MAX_SEQUENCE_LENGTH, check_at_most,
-        };
-        let parameters = model.key("parameters");
-        check_at_most(
-            &parameters,
-            m.parameters,
-            MAX_PARAMETERS,
-            "parameters",
-            &mut out,
-        );
-        check_at_most(
-            &model.key("layers"),
-            m.layers,
-            MAX_LAYERS,
-            "layers",
-            &mut out,
-        );
-        let hidden = model.key("hidden_size");
-        check_at_most(&hidden, m.hidden_size, MAX_HIDDEN_SIZE, "", &mut out);
-        let sequence = model.key("sequence_length");
-        check_at_most(
-            &sequence,
-            m.sequence_length,
-            MAX_SEQUENCE_LENGTH,
-            "tokens",
-            &mut out,
-        );
+        job_bounds(&FieldPath::root(), self, &mut out);
         out
     }
 

@@ -77,6 +77,8 @@ pub const MAX_PARAMETERS: u64 = 1_000_000_000_000_000;
 pub const MAX_LAYERS: u32 = 100_000;
 /// A model's hidden size.
 pub const MAX_HIDDEN_SIZE: u32 = 1 << 20;
+/// Sequences per optimizer step (the placement search walks the divisors).
+pub const MAX_GLOBAL_BATCH: u32 = 1 << 24;
 /// A model's sequence length, in tokens.
 pub const MAX_SEQUENCE_LENGTH: u32 = 1 << 26;
 
@@ -154,6 +156,21 @@ pub fn check_at_most<T: PartialOrd + std::fmt::Display>(
                 "is {value}{}{what}, more than the {max} allowed",
                 if what.is_empty() { "" } else { " " }
             ),
+        ));
+    }
+}
+
+/// A rate of at most [`MAX_RATE_BITS_PER_SECOND`].
+pub fn check_rate_at_most(
+    path: &FieldPath,
+    rate: crate::units::DataRate,
+    out: &mut Vec<Violation>,
+) {
+    let max = crate::units::DataRate::from_bits_per_second(MAX_RATE_BITS_PER_SECOND);
+    if rate.bits_per_second() > max.bits_per_second() {
+        out.push(Violation::new(
+            path.clone(),
+            format!("is {rate}, faster than the {max} allowed"),
         ));
     }
 }

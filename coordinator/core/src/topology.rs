@@ -471,14 +471,6 @@ fn check_rate(path: FieldPath, rate: DataRate, out: &mut Vec<Violation>) {
             path,
             "must be a positive data rate, found 0",
         ));
-    } else if rate.bits_per_second() > crate::limits::MAX_RATE_BITS_PER_SECOND {
-        out.push(Violation::new(
-            path,
-            format!(
-                "is {rate}, faster than the {} allowed",
-                DataRate::from_bits_per_second(crate::limits::MAX_RATE_BITS_PER_SECOND)
-            ),
-        ));
     }
 }
 
@@ -503,6 +495,14 @@ impl Validate for Topology {
         let links = FieldPath::root().key("links");
         let max = crate::limits::MAX_LINKS;
         crate::limits::check_entries(&links, self.links.len(), max, "links", &mut out);
+        for (l, link) in self.links.iter().enumerate() {
+            crate::state::link_bounds(&links.index(l), link, &mut out);
+        }
+        let gpu_types = FieldPath::root().key("gpu_types");
+        for (i, gpu) in self.gpu_types.iter().enumerate() {
+            let path = gpu_types.index(i).key("scale_up");
+            crate::limits::check_rate_at_most(&path, gpu.scale_up, &mut out);
+        }
         // The sum only when no site's own bounds failed: they say more.
         if out.is_empty() {
             crate::limits::check_at_most(
@@ -743,23 +743,7 @@ impl Validate for Topology {
                 "link",
                 &mut out,
             );
-            crate::limits::check_at_most(
-                &path.key("parallel_links"),
-                link.parallel_links,
-                crate::limits::MAX_PARALLEL_LINKS,
-                "links",
-                &mut out,
-            );
-            if link.distance.km() > crate::limits::MAX_ROUTE_KM {
-                out.push(Violation::new(
-                    path.key("distance"),
-                    format!(
-                        "a fibre route of {:.3e} km is longer than twice around the Earth ({} km allowed)",
-                        link.distance.km(),
-                        crate::limits::MAX_ROUTE_KM
-                    ),
-                ));
-            }
+
             check_rate(path.key("link_rate"), link.link_rate, &mut out);
             if !(link.loss.is_finite() && (0.0..1.0).contains(&link.loss)) {
                 out.push(Violation::new(

@@ -22,7 +22,7 @@
 use super::{ApplyError, ClusterState, Command, InventoryChange, Placement, Request};
 use crate::config::{FieldPath, Violation};
 use crate::limits::{self, check_at_most, check_entries, check_len};
-use crate::topology::{DomainGroup, Site};
+use crate::topology::{DomainGroup, Site, WanLink};
 
 impl ClusterState {
     /// Refuses, with the error apply would give or a bound it exceeds, a
@@ -41,6 +41,34 @@ impl ClusterState {
                     member.id
                 ),
             ));
+        }
+        // The bounds on a whole site hold for the site an inventory update leaves.
+        if let Command::UpdateInventory {
+            site_id, changes, ..
+        } = &request.command
+            && let Some(record) = self.sites.get(site_id)
+        {
+            let mut site = record.site.clone();
+            // A change that cannot apply is refused below, by apply's own check.
+            if changes
+                .iter()
+                .enumerate()
+                .all(|(i, change)| super::apply_inventory_change(&mut site, change, i).is_ok())
+            {
+                let mut out = Vec::new();
+                site_bounds(&FieldPath::root().key("site"), &site, &mut out);
+                if let Some(first) = out.into_iter().next() {
+                    return Err(ApplyError::invalid(
+                        "changes",
+                        format!(
+                            "would leave site {} out of bounds: {} {}",
+                            limits::quote(site_id),
+                            first.path,
+                            first.message
+                        ),
+                    ));
+                }
+            }
         }
         if let Some(expected) = request.expected_revision
             && expected != self.revision
@@ -111,6 +139,7 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             for (i, site) in link.between.iter().enumerate() {
                 id(root.key("link").key("between").index(i), site, &mut out);
             }
+            link_bounds(&root.key("link"), link, &mut out);
         }
         Command::RecordLinkMeasurement { site_a, site_b, .. } => {
             id(root.key("site_a"), site_a, &mut out);
@@ -124,9 +153,9 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             id(root.key("job_id"), job_id, &mut out);
             let spec_path = root.key("spec");
             id(spec_path.key("name"), &spec.name, &mut out);
+            crate::job::job_bounds(&spec_path, spec, &mut out);
             let sites = spec_path.key("constraints").key("allowed_sites");
             let allowed = &spec.constraints.allowed_sites;
-            check_entries(&sites, allowed.len(), limits::MAX_SITES, "sites", &mut out);
             for (i, site) in allowed.iter().enumerate() {
                 id(sites.index(i), site, &mut out);
             }
@@ -289,9 +318,14 @@ pub(crate) fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation
         "buildings",
         out,
     );
+    if let Some(rate) = site.campus_interconnect {
+        limits::check_rate_at_most(&path.key("campus_interconnect"), rate, out);
+    }
     for (b, building) in site.buildings.iter().enumerate() {
         let path = path.key("buildings").index(b);
         check_len(&path.key("id"), &building.id, limits::MAX_ID_LEN, out);
+        let fabric = path.key("fabric").key("link_rate");
+        limits::check_rate_at_most(&fabric, building.fabric.link_rate, out);
         check_entries(
             &path.key("domains"),
             building.domains.len(),
@@ -314,6 +348,24 @@ pub(crate) fn site_bounds(path: &FieldPath, site: &Site, out: &mut Vec<Violation
         "GPUs in all",
         out,
     );
+}
+
+/// The bounds on one WAN link: its parallel links, route length and rate.
+pub(crate) fn link_bounds(path: &FieldPath, link: &WanLink, out: &mut Vec<Violation>) {
+    let parallel = path.key("parallel_links");
+    let max = limits::MAX_PARALLEL_LINKS;
+    check_at_most(&parallel, link.parallel_links, max, "links", out);
+    if link.distance.km() > limits::MAX_ROUTE_KM {
+        out.push(Violation::new(
+            path.key("distance"),
+            format!(
+                "a fibre route of {:.3e} km is longer than twice around the Earth ({} km allowed)",
+                link.distance.km(),
+                limits::MAX_ROUTE_KM
+            ),
+        ));
+    }
+    limits::check_rate_at_most(&path.key("link_rate"), link.link_rate, out);
 }
 
 fn group_bounds(path: &FieldPath, group: &DomainGroup, out: &mut Vec<Violation>) {

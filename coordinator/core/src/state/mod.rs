@@ -14,7 +14,7 @@ pub mod rounds;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 pub use admission::check_bounds;
-pub(crate) use admission::{site_bounds, total_gpus};
+pub(crate) use admission::{link_bounds, site_bounds, total_gpus};
 pub use command::{
     ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,

@@ -677,6 +677,76 @@ fn admission_bounds_every_string_and_list_and_quotes_a_short_prefix() {
     );
 }
 
+/// Bounds on sizes are admission's: a job, a link and the site an
+/// inventory update leaves are held to them before anything is proposed.
+#[test]
+fn admission_bounds_sizes_of_jobs_links_and_the_site_an_update_leaves() {
+    let state = registered();
+    let mut huge_model = JobSpec::from_toml("job.toml", JOB).unwrap();
+    huge_model.model.parameters = crate::limits::MAX_PARAMETERS + 1;
+    let mut huge_batch = JobSpec::from_toml("job.toml", JOB).unwrap();
+    huge_batch.batch.global_batch = crate::limits::MAX_GLOBAL_BATCH + 2;
+    let mut many_links = link();
+    many_links.parallel_links = crate::limits::MAX_PARALLEL_LINKS + 1;
+    let mut far = link();
+    far.distance = crate::units::Distance::from_km(1e300).unwrap();
+    // Each group is within its own bounds and holds just over half of the
+    // 10^7 GPUs a site may have: one is admitted, two are not.
+    let north = state.site("north").unwrap().site.clone();
+    let building = north.buildings[0].id.clone();
+    let big = |id: &str| {
+        let mut group = north.buildings[0].domains[0].clone();
+        group.id = id.to_string();
+        group.count = (crate::limits::MAX_GPUS / group.gpus_per_domain() / 2 + 1) as u32;
+        InventoryChange::PutGroup {
+            building: building.clone(),
+            group,
+        }
+    };
+    let update = |changes| Command::UpdateInventory {
+        site_id: "north".into(),
+        lease_id: 101,
+        changes,
+        at_unix_ms: 20,
+    };
+    let cases = [
+        (
+            Command::SubmitJob {
+                job_id: "j".into(),
+                spec: huge_model,
+                placement: Placement::Pending,
+            },
+            "spec.model.parameters",
+        ),
+        (
+            Command::SubmitJob {
+                job_id: "j".into(),
+                spec: huge_batch,
+                placement: Placement::Pending,
+            },
+            "spec.batch.global_batch",
+        ),
+        (Command::PutLink { link: many_links }, "link.parallel_links"),
+        (Command::PutLink { link: far }, "link.distance"),
+        (update(vec![big("big-1"), big("big-2")]), "changes"),
+    ];
+    for (command, field) in cases {
+        let error = state.admit(&Request::new(command)).unwrap_err();
+        let ApplyError::InvalidArgument {
+            field: got,
+            message,
+        } = &error
+        else {
+            panic!("{error}");
+        };
+        assert_eq!(got, field, "{message}");
+    }
+    // One such group alone is admitted: the bound is on the sum.
+    state
+        .admit(&Request::new(update(vec![big("big-1")])))
+        .unwrap();
+}
+
 /// A state holding a link serialises (snapshots are the state as JSON),
 /// and a state written with an empty link map still reads.
 #[test]
