@@ -186,7 +186,8 @@ impl PacketEmulator {
         // created so far.
         for (index, site) in names.iter().enumerate() {
             let address = site_address(index);
-            let namespace = Namespace::create(&netns::namespace_name(&options.prefix, run, site))?;
+            let namespace =
+                Namespace::create(&netns::namespace_name(&options.prefix, run, index, site))?;
             let mtu = options.mtu;
             let wanted = options.congestion_control.as_deref();
             let (tun, congestion_control) = namespace.run(|| {

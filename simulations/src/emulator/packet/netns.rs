@@ -127,9 +127,11 @@ impl Drop for Namespace {
 }
 
 /// A namespace name: `{prefix}-{pid}-{run}-{site}`, the site cut to
-/// letters, digits, `-` and `_` and to 32 characters.
-pub fn namespace_name(prefix: &str, run: u64, site: &str) -> String {
-    let site: String = site
+/// letters, digits, `-` and `_` and to 32 characters; a site id that had to
+/// be cut or changed gets `-{index}` (its place among the run's sites) after
+/// it, so two ids that read the same once cut still name two namespaces.
+pub fn namespace_name(prefix: &str, run: u64, index: usize, site: &str) -> String {
+    let cut: String = site
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -140,7 +142,12 @@ pub fn namespace_name(prefix: &str, run: u64, site: &str) -> String {
         })
         .take(32)
         .collect();
-    format!("{prefix}-{}-{run}-{site}", std::process::id())
+    let pid = std::process::id();
+    if cut == site {
+        format!("{prefix}-{pid}-{run}-{cut}")
+    } else {
+        format!("{prefix}-{pid}-{run}-{cut}-{index}")
+    }
 }
 
 /// Removes the namespaces named `{prefix}-{pid}-...` whose process is gone:
@@ -267,4 +274,31 @@ fn run_ip(args: &[&str]) -> Result<(), EmulatorError> {
         command: command_line,
         message: format!("{status}: {}", stderr.trim()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::namespace_name;
+
+    #[test]
+    fn names_keep_a_plain_site_id_and_tell_apart_ids_that_read_the_same_once_cut() {
+        let pid = std::process::id();
+        assert_eq!(
+            namespace_name("lh", 0, 3, "south"),
+            format!("lh-{pid}-0-south")
+        );
+        let long_a = format!("{}-a", "x".repeat(40));
+        let long_b = format!("{}-b", "x".repeat(40));
+        let (a, b) = (
+            namespace_name("lh", 0, 0, &long_a),
+            namespace_name("lh", 0, 1, &long_b),
+        );
+        assert_ne!(a, b);
+        assert!(a.ends_with(&format!("{}-0", "x".repeat(32))), "{a}");
+        // Characters `ip netns` would not take are replaced, and the index says so.
+        assert_eq!(
+            namespace_name("lh", 1, 2, "eu/west"),
+            format!("lh-{pid}-1-eu_west-2")
+        );
+    }
 }
