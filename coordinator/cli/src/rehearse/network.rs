@@ -73,9 +73,9 @@ pub(super) fn start_packet(emulator: &Emulator) -> anyhow::Result<Arc<PacketEmul
     });
     match started {
         Ok(packet) => Ok(Arc::new(packet)),
-        Err(error @ EmulatorError::PacketModeUnavailable { .. }) => Err(anyhow!(
-            "--mode packet: {error}; run as root, or rehearse with --mode proxy (no privileges needed)"
-        )),
+        Err(error @ EmulatorError::PacketModeUnavailable { .. }) => {
+            Err(anyhow!("--mode packet: {error} (--mode proxy)"))
+        }
         Err(error) => {
             Err(anyhow::Error::new(error).context("--mode packet: cannot set up the sites"))
         }
