@@ -71,6 +71,9 @@ Modes:
   kernel's TCP and UDP run end to end through the link model. The
   rehearsal's console reaches each replica from inside that replica's own
   namespace, never through a link. Faults are the same in both modes.
+  --congestion-control sets the sites' default TCP congestion control (a
+  namespace may only default to one in the host's
+  net.ipv4.tcp_allowed_congestion_control).
   Needs Linux, root (CAP_SYS_ADMIN and CAP_NET_ADMIN), /dev/net/tun and
   iproute2; without them the error names what is missing, and --mode proxy
   still works. The namespaces are removed when the rehearsal ends, fails
@@ -80,7 +83,8 @@ Modes:
 Examples:
   longhaul rehearse
   longhaul rehearse deploy/scenarios/quick-failover.toml --output json
-  sudo longhaul rehearse --mode packet";
+  sudo longhaul rehearse --mode packet
+  sudo longhaul rehearse --mode packet --congestion-control reno";
 
 const BUNDLED_SCENARIO: &str = include_str!("../../../../deploy/scenarios/two-campuses-80km.toml");
 const BUNDLED_TOPOLOGY: &str = include_str!("../../../../deploy/examples/two-campuses-80km.toml");
@@ -99,6 +103,10 @@ pub struct RehearseArgs {
     /// /dev/net/tun and iproute2. See "Modes" below.
     #[arg(long, value_enum, default_value_t = Mode::Proxy)]
     pub mode: Mode,
+    /// `--mode packet`: the sites' default TCP congestion control (reno,
+    /// cubic, bbr: one the kernel offers); the host's default when omitted.
+    #[arg(long, value_name = "NAME")]
+    pub congestion_control: Option<String>,
     /// Seed of the emulated links and the probes; the scenario's when omitted.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -198,6 +206,13 @@ fn progress(quiet: bool, line: &str) {
 }
 
 pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    if args.mode == Mode::Proxy && args.congestion_control.is_some() {
+        return Err(anyhow!(
+            "--congestion-control is for --mode packet: in --mode proxy, the processes' TCP \
+             runs over loopback"
+        )
+        .into());
+    }
     let loaded = load(args.scenario.as_deref())?;
     let exe = std::env::current_exe().context("cannot find this program's path")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -294,7 +309,10 @@ async fn play(
     // so that it drops (removing the namespaces) after they are killed,
     // on every path out of here.
     let packet = match args.mode {
-        Mode::Packet => Some(network::start_packet(&emulator)?),
+        Mode::Packet => Some(network::start_packet(
+            &emulator,
+            args.congestion_control.as_deref(),
+        )?),
         Mode::Proxy => None,
     };
     let network = packet.as_ref().map_or(Network::Proxy, Network::packet);
@@ -348,6 +366,21 @@ async fn play(
         &leader_addr,
     )
     .await?;
+    if let Some(packet) = &packet {
+        for site in packet.sites() {
+            progress(
+                quiet,
+                &format!(
+                    "  site {} at {} in network namespace {} (tcp {}; `ip netns exec {} ...` to look)",
+                    site.site,
+                    site.address,
+                    site.namespace,
+                    site.congestion_control,
+                    site.namespace
+                ),
+            );
+        }
+    }
     progress(quiet, "  coordinator leader elected");
 
     // Agents: one per site, reaching remote replicas and agents through

@@ -65,17 +65,29 @@ pub(super) enum Network {
     },
 }
 
-/// Starts the packet-level mode over `emulator`; the error names what is
-/// missing and suggests `--mode proxy` when the machine cannot.
-pub(super) fn start_packet(emulator: &Emulator) -> anyhow::Result<Arc<PacketEmulator>> {
-    let started = tokio::task::block_in_place(|| {
-        PacketEmulator::start(emulator.clone(), &PacketOptions::default())
-    });
+/// Starts the packet-level mode over `emulator`, the sites' TCP with
+/// `congestion_control` if given; the error names what is missing and
+/// suggests `--mode proxy` when the machine cannot.
+pub(super) fn start_packet(
+    emulator: &Emulator,
+    congestion_control: Option<&str>,
+) -> anyhow::Result<Arc<PacketEmulator>> {
+    let options = PacketOptions {
+        congestion_control: congestion_control.map(str::to_string),
+        ..PacketOptions::default()
+    };
+    let started = tokio::task::block_in_place(|| PacketEmulator::start(emulator.clone(), &options));
     match started {
         Ok(packet) => Ok(Arc::new(packet)),
         Err(error @ EmulatorError::PacketModeUnavailable { .. }) => {
             Err(anyhow!("--mode packet: {error} (--mode proxy)"))
         }
+        Err(
+            error @ EmulatorError::InvalidArgument {
+                field: "congestion_control",
+                ..
+            },
+        ) => Err(anyhow!("--congestion-control: {error}")),
         Err(error) => {
             Err(anyhow::Error::new(error).context("--mode packet: cannot set up the sites"))
         }
