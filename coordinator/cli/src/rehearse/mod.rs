@@ -139,6 +139,7 @@ pub enum InternalCommand {
 }
 
 pub fn internal(command: InternalCommand) -> Result<(), Failure> {
+    exit_with_parent();
     match command {
         InternalCommand::Replica(args) => longhaul_coordinator::daemon::run_blocking(*args)?,
         InternalCommand::Agent { config, log } => {
@@ -146,6 +147,34 @@ pub fn internal(command: InternalCommand) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Exits this process once the rehearsal that started it is gone: a
+/// rehearsal killed with SIGKILL cannot kill its children, which are then
+/// reparented, so the parent id changes. Without this an orphaned replica
+/// or agent would run on, holding its ports and, in packet mode, its
+/// site's namespace (alive, if no longer named, while a process is in it).
+/// Polled: `PR_SET_PDEATHSIG` would fire when the *thread* that started
+/// the process ends, and packet mode starts processes from a short-lived
+/// thread that entered the site's namespace.
+fn exit_with_parent() {
+    let parent = std::os::unix::process::parent_id();
+    let watch = std::thread::Builder::new()
+        .name("parent watch".to_string())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                if std::os::unix::process::parent_id() != parent {
+                    eprintln!(
+                        "the rehearsal that started this process (pid {parent}) is gone: exiting"
+                    );
+                    std::process::exit(1);
+                }
+            }
+        });
+    if let Err(error) = watch {
+        eprintln!("cannot watch the parent process: {error}");
+    }
 }
 
 /// What was loaded: the scenario, its topology and job.
@@ -245,14 +274,17 @@ pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure>
     // killed and, in packet mode, its namespaces removed.
     let result = runtime.block_on(async {
         tokio::select! {
-            result = play(args, &loaded, &exe, &dir) => result,
+            // The signal first: its handlers are in place before any
+            // process starts.
+            biased;
             stopped = super::emulate::stop_signal() => match stopped {
                 Ok(()) => Err(anyhow!(
-                    "stopped by a signal before the end: processes killed, namespaces removed"
+                    "stopped by a signal before the end: its processes were killed (and in packet mode its namespaces removed)"
                 )),
                 Err(Failure::Other(error) | Failure::Unsatisfiable(error)) => Err(error),
                 Err(Failure::Invalid(error)) => Err(error.into()),
             },
+            result = play(args, &loaded, &exe, &dir) => result,
         }
     });
     runtime.shutdown_timeout(Duration::from_secs(2));

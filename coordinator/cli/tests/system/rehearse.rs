@@ -258,18 +258,19 @@ fn a_packet_mode_rehearsal_stopped_midway_removes_its_namespaces() {
         .spawn()
         .unwrap();
     let pid = child.id();
-    // Wait for its sites' namespaces (bounded), then stop it while its
-    // processes run inside them.
+    // Its files' directory, which its processes' command lines name.
+    let files = format!("longhaul-rehearsal-{pid}-");
+    // Wait for its sites' namespaces and its replicas in them (bounded),
+    // then stop it.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while namespaces_of(pid).len() < 2 {
+    while namespaces_of(pid).len() < 2 || processes_naming(&files).len() < 3 {
         assert!(
             Instant::now() < deadline,
-            "no namespaces after 60 s: {:?}",
+            "no namespaces and replicas after 60 s: {:?}",
             child.try_wait()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    std::thread::sleep(Duration::from_secs(3));
     let _ = Command::new("kill").arg(pid.to_string()).status();
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
@@ -292,6 +293,87 @@ fn a_packet_mode_rehearsal_stopped_midway_removes_its_namespaces() {
         .unwrap();
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("stopped by a signal"), "{stderr}");
+    assert_eq!(namespaces_of(pid), Vec::<String>::new(), "{stderr}");
+    assert_eq!(processes_naming(&files), Vec::<u32>::new(), "{stderr}");
+}
+
+/// The processes whose command line names `needle`, from `/proc`.
+fn processes_naming(needle: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+#[test]
+fn after_a_packet_mode_rehearsal_is_killed_its_processes_exit_and_the_next_run_removes_its_namespaces()
+ {
+    if let Some(reason) = packet_mode_unavailable() {
+        println!("skipped: {reason}");
+        return;
+    }
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let keep = tempfile::tempdir().unwrap();
+    let keep_dir = keep.path().display().to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_longhaul"))
+        .args([
+            "rehearse",
+            QUICK_FAILOVER,
+            "--mode",
+            "packet",
+            "--keep",
+            &keep_dir,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // It and its three replicas and two agents run, those in its
+    // namespaces (bounded).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while namespaces_of(pid).len() < 2 || processes_naming(&keep_dir).len() < 6 {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("no namespaces and 6 processes after 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SIGKILL: nothing of it runs to clean up.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !processes_naming(&keep_dir).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "orphaned processes still run 60 s after the rehearsal was killed: {:?}",
+            processes_naming(&keep_dir)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The next packet-mode emulator removes what the killed one left.
+    assert_eq!(namespaces_of(pid).len(), 2);
+    let (output, _) = run_bounded(Command::new(env!("CARGO_BIN_EXE_longhaul")).args([
+        "emulate",
+        QUICK_FAILOVER,
+        "--mode",
+        "packet",
+        "--duration",
+        "1 s",
+        "--control",
+        "127.0.0.1:0",
+    ]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
     assert_eq!(namespaces_of(pid), Vec::<String>::new(), "{stderr}");
 }
 
