@@ -24,8 +24,8 @@ pub const DEFAULT_CONTROL: &str = "127.0.0.1:50070";
 /// How real processes reach the emulated links.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Mode {
-    /// Loopback proxies (`--expose`); no privileges. TCP is relayed: the
-    /// end hosts' TCP never sees a loss.
+    /// Loopback proxies per link; no privileges. TCP is relayed: the end
+    /// hosts' TCP never sees a loss.
     Proxy,
     /// Every site in its own network namespace behind a TUN device; kernel
     /// TCP and QUIC run end to end. Linux, root (CAP_SYS_ADMIN and
@@ -416,7 +416,7 @@ fn start_packet(
 /// Waits for Ctrl-C or, on Unix, SIGTERM: either stops the emulator
 /// cleanly (proxies closed, namespaces removed), with or without
 /// --duration.
-async fn stop_signal() -> Result<(), Failure> {
+pub(crate) async fn stop_signal() -> Result<(), Failure> {
     #[cfg(unix)]
     {
         let mut terminate =

@@ -4,10 +4,14 @@
 //! Every component is a process of this binary (`longhaul internal replica`
 //! and `longhaul internal agent`): the coordinator replicas at the sites the
 //! scenario puts them, one agent per site. Whatever crosses sites goes
-//! through the emulator's proxies for that pair of sites: raft traffic
-//! between replicas, an agent's calls to replicas elsewhere, probes between
-//! agents. The rehearsal itself is the operator's console: it talks to the
-//! replicas directly, and watches what they commit.
+//! through the emulated link of that pair of sites: raft traffic between
+//! replicas, an agent's calls to replicas elsewhere, probes between agents.
+//! In proxy mode (the default) the processes dial the emulator's proxies;
+//! in packet mode (`--mode packet`) each process runs in its site's
+//! network namespace and the kernel's own TCP and UDP cross the links
+//! end to end (see `network`). The rehearsal itself is the operator's
+//! console: it talks to the replicas directly, never through a link, and
+//! watches what they commit.
 //!
 //! It registers the inventories (each agent reads its site from the
 //! scenario's topology), configures the WAN links, submits the job and shows
@@ -17,10 +21,12 @@
 //! emulator's counters per link direction.
 //!
 //! This module holds the arguments, the `internal` roles, loading and the
-//! order of a rehearsal; `processes` starts the replicas and agents behind
-//! the emulator, `observe` watches what the replicas commit, `timeline`
+//! order of a rehearsal; `network` is the emulator mode (where processes
+//! live, how they and the console reach each other), `processes` starts the
+//! replicas and agents behind the emulator, `observe` watches what the replicas commit, `timeline`
 //! plays the faults, and `report` is what comes out.
 
+mod network;
 mod observe;
 pub use observe::plan_sites;
 mod processes;
@@ -28,7 +34,7 @@ mod report;
 mod timeline;
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,27 +44,69 @@ use clap::{Args, Subcommand};
 use longhaul_core::units;
 use longhaul_core::{JobSpec, Scenario, Topology};
 use longhaul_proto::v1 as pb;
-use longhaul_proto::v1::coordinator_client::CoordinatorClient;
 use longhaul_simulations::emulator::{self, Emulator};
-use tonic::transport::Channel;
 
+use super::emulate::Mode;
 use super::{Failure, Output};
 use longhaul_coordinator::server::convert::{job_to_wire, link_to_wire};
+use network::Network;
 use observe::{
     LiveReplicas, Observed, Shared, job_state, lock, spawn_change_watch, spawn_leader_watch,
 };
 use processes::Wan;
-pub use report::{LinkReport, PlanReport, Record, Report};
+pub use report::{LinkReport, PlanReport, Record, Report, SiteReport};
+
+const REHEARSE_HELP: &str = "\
+Modes:
+  --mode proxy (the default) needs no privileges. Every replica and agent
+  listens on a loopback port and reaches other sites through the emulator's
+  proxies for that pair of sites. UDP (the agents' probes) is faithful; TCP
+  (gRPC, raft) is a relay, so the processes' own TCP runs over loopback and
+  never sees the link's loss or queue.
+
+  --mode packet gives every site of the topology's links its own network
+  namespace (lh-PID-RUN-SITE) with the address 198.18.0.N behind a TUN
+  device; each replica and agent is started inside its site's namespace,
+  listens on the site's address and reaches the others at theirs, so the
+  kernel's TCP and UDP run end to end through the link model. The
+  rehearsal's console reaches each replica from inside that replica's own
+  namespace, never through a link. Faults are the same in both modes.
+  --congestion-control sets the sites' default TCP congestion control (a
+  namespace may only default to one in the host's
+  net.ipv4.tcp_allowed_congestion_control).
+  Needs Linux, root (CAP_SYS_ADMIN and CAP_NET_ADMIN), /dev/net/tun and
+  iproute2; without them the error names what is missing, and --mode proxy
+  still works. The namespaces are removed when the rehearsal ends, fails
+  or is stopped (Ctrl-C, SIGTERM); ones a killed rehearsal left are removed
+  by the next one.
+
+Examples:
+  longhaul rehearse
+  longhaul rehearse deploy/scenarios/quick-failover.toml --output json
+  sudo longhaul rehearse --mode packet
+  sudo longhaul rehearse --mode packet --congestion-control reno";
 
 const BUNDLED_SCENARIO: &str = include_str!("../../../../deploy/scenarios/two-campuses-80km.toml");
 const BUNDLED_TOPOLOGY: &str = include_str!("../../../../deploy/examples/two-campuses-80km.toml");
 const BUNDLED_JOB: &str = include_str!("../../../../deploy/examples/llama-70b.job.toml");
 
 #[derive(Debug, Args)]
+#[command(after_long_help = REHEARSE_HELP)]
 pub struct RehearseArgs {
     /// The scenario file; the bundled two-campuses-80km scenario (leader
     /// kill, then the south campus cut off and healed) when omitted.
     pub scenario: Option<PathBuf>,
+    /// How the processes reach the emulated links. `proxy`: loopback
+    /// proxies, no privileges, TCP relayed. `packet`: every replica and
+    /// agent inside its site's network namespace, kernel TCP and UDP end to
+    /// end through the links; needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN),
+    /// /dev/net/tun and iproute2. See "Modes" below.
+    #[arg(long, value_enum, default_value_t = Mode::Proxy)]
+    pub mode: Mode,
+    /// `--mode packet`: the sites' default TCP congestion control (reno,
+    /// cubic, bbr: one the kernel offers); the host's default when omitted.
+    #[arg(long, value_name = "NAME")]
+    pub congestion_control: Option<String>,
     /// Seed of the emulated links and the probes; the scenario's when omitted.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -91,6 +139,7 @@ pub enum InternalCommand {
 }
 
 pub fn internal(command: InternalCommand) -> Result<(), Failure> {
+    exit_with_parent();
     match command {
         InternalCommand::Replica(args) => longhaul_coordinator::daemon::run_blocking(*args)?,
         InternalCommand::Agent { config, log } => {
@@ -98,6 +147,34 @@ pub fn internal(command: InternalCommand) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// Exits this process once the rehearsal that started it is gone: a
+/// rehearsal killed with SIGKILL cannot kill its children, which are then
+/// reparented, so the parent id changes. Without this an orphaned replica
+/// or agent would run on, holding its ports and, in packet mode, its
+/// site's namespace (alive, if no longer named, while a process is in it).
+/// Polled: `PR_SET_PDEATHSIG` would fire when the *thread* that started
+/// the process ends, and packet mode starts processes from a short-lived
+/// thread that entered the site's namespace.
+fn exit_with_parent() {
+    let parent = std::os::unix::process::parent_id();
+    let watch = std::thread::Builder::new()
+        .name("parent watch".to_string())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(500));
+                if std::os::unix::process::parent_id() != parent {
+                    eprintln!(
+                        "the rehearsal that started this process (pid {parent}) is gone: exiting"
+                    );
+                    std::process::exit(1);
+                }
+            }
+        });
+    if let Err(error) = watch {
+        eprintln!("cannot watch the parent process: {error}");
+    }
 }
 
 /// What was loaded: the scenario, its topology and job.
@@ -132,12 +209,6 @@ fn load(path: Option<&Path>) -> Result<Loaded, Failure> {
     })
 }
 
-fn client(addr: SocketAddr) -> anyhow::Result<CoordinatorClient<Channel>> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .connect_timeout(Duration::from_millis(500));
-    Ok(CoordinatorClient::new(endpoint.connect_lazy()).max_decoding_message_size(64 << 20))
-}
-
 /// Retries `f` until it gives `Some`, for at most `limit`.
 async fn until<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> anyhow::Result<T>
 where
@@ -164,6 +235,13 @@ fn progress(quiet: bool, line: &str) {
 }
 
 pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure> {
+    if args.mode == Mode::Proxy && args.congestion_control.is_some() {
+        return Err(anyhow!(
+            "--congestion-control is for --mode packet: in --mode proxy, the processes' TCP \
+             runs over loopback"
+        )
+        .into());
+    }
     let loaded = load(args.scenario.as_deref())?;
     let exe = std::env::current_exe().context("cannot find this program's path")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -192,7 +270,23 @@ pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure>
             (temp.clone(), Some(temp))
         }
     };
-    let result = runtime.block_on(play(args, &loaded, &exe, &dir));
+    // A stop signal drops the rehearsal where it is: its processes are
+    // killed and, in packet mode, its namespaces removed.
+    let result = runtime.block_on(async {
+        tokio::select! {
+            // The signal first: its handlers are in place before any
+            // process starts.
+            biased;
+            stopped = super::emulate::stop_signal() => match stopped {
+                Ok(()) => Err(anyhow!(
+                    "stopped by a signal before the end: its processes were killed (and in packet mode its namespaces removed)"
+                )),
+                Err(Failure::Other(error) | Failure::Unsatisfiable(error)) => Err(error),
+                Err(Failure::Invalid(error)) => Err(error.into()),
+            },
+            result = play(args, &loaded, &exe, &dir) => result,
+        }
+    });
     runtime.shutdown_timeout(Duration::from_secs(2));
     if let Some(temp) = temp {
         let _ = std::fs::remove_dir_all(temp);
@@ -243,8 +337,20 @@ async fn play(
     // The emulator: every WAN link of the topology, with the impairments.
     let emulator = Emulator::new(seed, emulator::scenario_links(topology, Some(scenario)))
         .context("cannot start the emulator")?;
+    // Packet mode: the one strong reference, declared before the processes
+    // so that it drops (removing the namespaces) after they are killed,
+    // on every path out of here.
+    let packet = match args.mode {
+        Mode::Packet => Some(network::start_packet(
+            &emulator,
+            args.congestion_control.as_deref(),
+        )?),
+        Mode::Proxy => None,
+    };
+    let network = packet.as_ref().map_or(Network::Proxy, Network::packet);
     let mut wan = Wan {
         emulator: &emulator,
+        network: network.clone(),
         topology,
         host: IpAddr::V4(Ipv4Addr::LOCALHOST),
         proxies: Vec::new(),
@@ -255,8 +361,9 @@ async fn play(
     progress(
         quiet,
         &format!(
-            "rehearsal {:?}: {} sites, {} replicas ({}), lease TTL {} ms, seed {seed}, files in {}",
+            "rehearsal {:?} in {} mode: {} sites, {} replicas ({}), lease TTL {} ms, seed {seed}, files in {}",
             scenario.name,
+            mode_name(args.mode),
             topology.sites.len(),
             replicas.sites.len(),
             replicas.sites.join(", "),
@@ -270,7 +377,9 @@ async fn play(
     let shared: Shared = Arc::new(Mutex::new(Observed::default()));
     let leader_addr = || async {
         for r in &replicas.processes {
-            let Ok(mut c) = client(r.addr) else { continue };
+            let Ok(mut c) = network.client(r.addr) else {
+                continue;
+            };
             if let Ok(response) = c
                 .get_cluster(pb::GetClusterRequest { allow_stale: true })
                 .await
@@ -289,6 +398,21 @@ async fn play(
         &leader_addr,
     )
     .await?;
+    if let Some(packet) = &packet {
+        for site in packet.sites() {
+            progress(
+                quiet,
+                &format!(
+                    "  site {} at {} in network namespace {} (tcp {}; `ip netns exec {} ...` to look)",
+                    site.site,
+                    site.address,
+                    site.namespace,
+                    site.congestion_control,
+                    site.namespace
+                ),
+            );
+        }
+    }
     progress(quiet, "  coordinator leader elected");
 
     // Agents: one per site, reaching remote replicas and agents through
@@ -296,7 +420,7 @@ async fn play(
     let mut agents = processes::start_agents(&mut wan, &replicas, seed, exe, dir).await?;
     let expected = topology.sites.len();
     until(Duration::from_secs(90), "every site registered", || async {
-        let mut c = client(leader).ok()?;
+        let mut c = network.client(leader).ok()?;
         let sites = c
             .list_sites(pb::ListSitesRequest { allow_stale: true })
             .await
@@ -317,7 +441,7 @@ async fn play(
     );
 
     // Links, then the job.
-    let mut c = client(leader)?;
+    let mut c = network.client(leader)?;
     for link in &topology.links {
         c.put_link(pb::PutLinkRequest {
             link: Some(link_to_wire(link)),
@@ -366,8 +490,8 @@ async fn play(
             observed.sites.insert(site.id.clone(), true);
         }
     }
-    spawn_leader_watch(live.clone(), shared.clone(), t0);
-    spawn_change_watch(live.clone(), shared.clone(), t0, revision);
+    spawn_leader_watch(network.clone(), live.clone(), shared.clone(), t0);
+    spawn_change_watch(&network, live.clone(), shared.clone(), t0, revision);
     timeline::play(
         scenario,
         &mut timeline::Stage {
@@ -393,8 +517,19 @@ async fn play(
         replica.process.kill();
     }
     drop(wan);
+    let sites = packet
+        .as_ref()
+        .map_or_else(Vec::new, |p| report::site_reports(p));
+    let unroutable_packets = packet.as_ref().map(|p| p.unroutable_packets());
+    if let Some(packet) = packet {
+        // Blocking: stops the TUN readers and runs `ip netns del`.
+        tokio::task::block_in_place(|| drop(packet));
+    }
     Ok(Report {
         scenario: scenario.name.clone(),
+        emulator_mode: mode_name(network.mode()).to_string(),
+        sites,
+        unroutable_packets,
         seed,
         lease_ttl_ms: lease_ttl.as_millis() as u64,
         replicas: replicas
@@ -407,4 +542,12 @@ async fn play(
         links,
         directory: None,
     })
+}
+
+/// The mode as `--mode` spells it.
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Proxy => "proxy",
+        Mode::Packet => "packet",
+    }
 }

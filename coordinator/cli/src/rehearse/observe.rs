@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use longhaul_core::scenario::Action;
 use longhaul_proto::v1 as pb;
 
-use super::client;
+use super::network::Network;
 use super::report::Record;
 
 /// What the observers know now.
@@ -63,7 +63,12 @@ pub(super) fn job_state(job: &pb::Job) -> &'static str {
 }
 
 /// Polls the live replicas for the leader every 100 ms.
-pub(super) fn spawn_leader_watch(addrs: LiveReplicas, shared: Shared, t0: Instant) {
+pub(super) fn spawn_leader_watch(
+    network: Network,
+    addrs: LiveReplicas,
+    shared: Shared,
+    t0: Instant,
+) {
     tokio::spawn(async move {
         loop {
             let live: Vec<SocketAddr> = addrs
@@ -72,7 +77,9 @@ pub(super) fn spawn_leader_watch(addrs: LiveReplicas, shared: Shared, t0: Instan
                 .clone();
             let mut best: Option<(u64, u64)> = None;
             for addr in live {
-                let Ok(mut c) = client(addr) else { continue };
+                let Ok(mut c) = network.client(addr) else {
+                    continue;
+                };
                 let mut request = tonic::Request::new(pb::GetClusterRequest { allow_stale: true });
                 request.set_timeout(Duration::from_millis(300));
                 if let Ok(response) = c.get_cluster(request).await {
@@ -125,7 +132,13 @@ pub(super) fn spawn_leader_watch(addrs: LiveReplicas, shared: Shared, t0: Instan
 /// see the change only after the heal. Each stream is in revision order and
 /// only revisions above the highest taken are taken, so no change is taken
 /// twice or out of order.
-pub(super) fn spawn_change_watch(addrs: LiveReplicas, shared: Shared, t0: Instant, after: u64) {
+pub(super) fn spawn_change_watch(
+    network: &Network,
+    addrs: LiveReplicas,
+    shared: Shared,
+    t0: Instant,
+    after: u64,
+) {
     let all: Vec<SocketAddr> = addrs
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -133,6 +146,7 @@ pub(super) fn spawn_change_watch(addrs: LiveReplicas, shared: Shared, t0: Instan
     let taken = Arc::new(Mutex::new(after));
     for addr in all {
         let (addrs, shared, taken) = (addrs.clone(), shared.clone(), Arc::clone(&taken));
+        let network = network.clone();
         tokio::spawn(async move {
             loop {
                 let live = addrs
@@ -146,7 +160,7 @@ pub(super) fn spawn_change_watch(addrs: LiveReplicas, shared: Shared, t0: Instan
                 let after = *taken
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if let Ok(mut c) = client(addr)
+                if let Ok(mut c) = network.client(addr)
                     && let Ok(response) = c
                         .watch(pb::WatchRequest {
                             after_revision: after,

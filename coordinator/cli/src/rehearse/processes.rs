@@ -1,6 +1,8 @@
 //! The rehearsal's processes: coordinator replicas at the sites the
 //! scenario puts them and one agent per site, each a process of this binary
-//! with its config, reaching the other sites through the emulator's proxies.
+//! with its config, reaching the other sites through the emulator: its
+//! proxies, or in packet mode the other sites' addresses from inside the
+//! process's own site namespace ([`Network`]).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -10,6 +12,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
 use longhaul_coordinator::process::{KillOnDrop, append_log};
+
+use super::network::Network;
 use longhaul_coordinator::server::leases;
 use longhaul_core::{Scenario, Topology, units};
 use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy};
@@ -22,20 +26,31 @@ pub(super) fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
-/// A child process of this binary, killed (SIGKILL) when dropped, that the
-/// timeline may kill and start again with the same arguments.
+/// A child process of this binary at a site, killed (SIGKILL) when
+/// dropped, that the timeline may kill and start again with the same
+/// arguments (in packet mode, in the site's namespace again).
 #[derive(Debug)]
 pub(super) struct Process {
     name: String,
+    site: String,
+    network: Network,
     args: Vec<String>,
     log: PathBuf,
     child: Option<KillOnDrop>,
 }
 
 impl Process {
-    fn start(exe: &Path, name: String, args: Vec<String>, log: PathBuf) -> anyhow::Result<Self> {
+    fn start(
+        exe: &Path,
+        network: &Network,
+        (name, site): (String, &str),
+        args: Vec<String>,
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
         let mut process = Self {
             name,
+            site: site.to_string(),
+            network: network.clone(),
             args,
             log,
             child: None,
@@ -46,7 +61,8 @@ impl Process {
 
     pub(super) fn spawn(&mut self, exe: &Path) -> anyhow::Result<()> {
         let log = append_log(&self.log)?;
-        let child = KillOnDrop::spawn(
+        let child = self.network.spawn(
+            &self.site,
             self.name.clone(),
             Command::new(exe)
                 .args(&self.args)
@@ -70,15 +86,18 @@ impl Process {
 pub(super) struct ReplicaProcess {
     pub id: u64,
     pub site: String,
-    /// Where the rehearsal reaches it (directly).
+    /// Where it listens, and where the rehearsal reaches it (directly; in
+    /// packet mode from inside its site's namespace).
     pub addr: SocketAddr,
     pub process: Process,
 }
 
 /// The emulated WAN as the processes see it: what one site dials to reach
-/// an address at another site is a proxy of that pair of sites.
+/// an address at another site is a proxy of that pair of sites (proxy
+/// mode) or that address itself (packet mode).
 pub(super) struct Wan<'a> {
     pub emulator: &'a Emulator,
+    pub network: Network,
     pub topology: &'a Topology,
     pub host: IpAddr,
     /// The proxies opened so far; they must outlive the processes that
@@ -92,14 +111,17 @@ impl Wan<'_> {
         self.topology.links.iter().any(|l| l.joins(a, b))
     }
 
-    /// Opens TCP and UDP proxies for `from` to reach `target` at `to`;
-    /// their addresses, in that order.
+    /// What `from` dials to reach `target` at `to`, over TCP and UDP in
+    /// that order: the proxies opened for it, or in packet mode `target`.
     async fn expose(
         &mut self,
         from: &str,
         to: &str,
         target: SocketAddr,
     ) -> Result<(SocketAddr, SocketAddr), EmulatorError> {
+        if !self.network.uses_proxies() {
+            return Ok((target, target));
+        }
         let (tcp, udp) = self.emulator.expose(from, to, self.host, target).await?;
         let addrs = (tcp.local_addr(), udp.local_addr());
         self.proxies.push((tcp, udp));
@@ -147,8 +169,11 @@ pub(super) async fn start_replicas(
                 .unwrap_or_else(|| first_site.clone())
         })
         .collect();
-    let replica_addrs: Vec<SocketAddr> =
-        (0..count).map(|_| free_port()).collect::<Result<_, _>>()?;
+    let replica_addrs: Vec<SocketAddr> = replica_sites
+        .iter()
+        .enumerate()
+        .map(|(i, site)| wan.network.replica_listen(site, i))
+        .collect::<Result<_, _>>()?;
     let mut reach: BTreeMap<(String, usize), SocketAddr> = BTreeMap::new();
     for site in &topology.sites {
         for (j, target) in replica_addrs.iter().enumerate() {
@@ -211,7 +236,8 @@ pub(super) async fn start_replicas(
         ];
         let process = Process::start(
             exe,
-            format!("replica {id}"),
+            &wan.network,
+            (format!("replica {id}"), site),
             args,
             dir.join(format!("replica-{id}.log")),
         )?;
@@ -244,11 +270,12 @@ pub(super) async fn start_agents(
     let topology_file = dir.join("topology.toml");
     std::fs::write(&topology_file, topology.to_toml()?)
         .with_context(|| format!("cannot write {}", topology_file.display()))?;
-    let data: BTreeMap<String, SocketAddr> = topology
+    let listen: BTreeMap<String, (SocketAddr, SocketAddr)> = topology
         .sites
         .iter()
-        .map(|s| Ok((s.id.clone(), free_port()?)))
+        .map(|s| Ok((s.id.clone(), wan.network.agent_listen(&s.id)?)))
         .collect::<anyhow::Result<_>>()?;
+    let data: BTreeMap<&String, SocketAddr> = listen.iter().map(|(s, a)| (s, a.0)).collect();
     let mut agents: BTreeMap<String, Process> = BTreeMap::new();
     for site in &topology.sites {
         let coordinators: Vec<String> = (0..count)
@@ -283,8 +310,8 @@ pub(super) async fn start_agents(
             ..AgentConfig::new(
                 &site.id,
                 coordinators,
-                data[&site.id],
-                free_port()?,
+                listen[&site.id].0,
+                listen[&site.id].1,
                 InventoryConfig::static_file(&site.id, &topology_file),
             )
         };
@@ -296,7 +323,8 @@ pub(super) async fn start_agents(
             .with_context(|| format!("cannot write {}", path.display()))?;
         let process = Process::start(
             exe,
-            format!("agent {}", site.id),
+            &wan.network,
+            (format!("agent {}", site.id), &site.id),
             vec![
                 "internal".into(),
                 "agent".into(),

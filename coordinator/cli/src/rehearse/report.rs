@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use longhaul_core::units;
 use longhaul_proto::v1 as pb;
-use longhaul_simulations::emulator::{Emulator, human_ns};
+use longhaul_simulations::emulator::{Emulator, PacketEmulator, human_ns};
 use serde::Serialize;
 
 use super::observe::plan_sites;
@@ -79,10 +79,28 @@ pub struct PlanReport {
     pub step_seconds: f64,
 }
 
+/// A site as the packet-level mode set it up.
+#[derive(Debug, Clone, Serialize)]
+pub struct SiteReport {
+    pub site: String,
+    pub address: String,
+    pub namespace: String,
+    pub tcp_congestion_control: String,
+}
+
 /// The rehearsal's result.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub scenario: String,
+    /// `proxy` or `packet`, as `--mode` spells it.
+    pub emulator_mode: String,
+    /// Packet mode: every site's address and namespace; empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<SiteReport>,
+    /// Packet mode: packets the emulator dropped because no link leads to
+    /// their address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unroutable_packets: Option<u64>,
     pub seed: u64,
     pub lease_ttl_ms: u64,
     pub replicas: Vec<(u64, String)>,
@@ -103,6 +121,20 @@ pub(super) fn plan_report(placed: &pb::Job) -> PlanReport {
             * u64::from(plan.data_parallel),
         step_seconds: plan.predicted_step.map_or(0.0, |s| s.total_ns as f64 / 1e9),
     }
+}
+
+/// The packet-level mode's sites.
+pub(super) fn site_reports(packet: &PacketEmulator) -> Vec<SiteReport> {
+    packet
+        .sites()
+        .into_iter()
+        .map(|s| SiteReport {
+            site: s.site,
+            address: s.address.to_string(),
+            namespace: s.namespace,
+            tcp_congestion_control: s.congestion_control,
+        })
+        .collect()
 }
 
 /// The emulator's counters now, per link direction.
@@ -133,6 +165,24 @@ pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
         "rehearsal {:?}, seed {}, lease TTL {} ms",
         report.scenario, report.seed, report.lease_ttl_ms
     )?;
+    match report.emulator_mode.as_str() {
+        "packet" => writeln!(
+            out,
+            "emulator: packet mode, every process in its site's network namespace, kernel TCP/UDP \
+             end to end ({}; {} unroutable packets)",
+            report
+                .sites
+                .iter()
+                .map(|s| format!("{} {} {}", s.site, s.address, s.tcp_congestion_control))
+                .collect::<Vec<_>>()
+                .join(", "),
+            report.unroutable_packets.unwrap_or(0)
+        )?,
+        mode => writeln!(
+            out,
+            "emulator: {mode} mode, loopback proxies per link (TCP relayed)"
+        )?,
+    }
     writeln!(
         out,
         "replicas: {}",

@@ -391,12 +391,29 @@ fn create_tun(address: Ipv4Addr, mtu: u16) -> Result<Tun, EmulatorError> {
 fn congestion_control(wanted: Option<&str>) -> Result<String, EmulatorError> {
     const PATH: &str = "/proc/sys/net/ipv4/tcp_congestion_control";
     if let Some(wanted) = wanted {
-        std::fs::write(PATH, wanted).map_err(|error| EmulatorError::InvalidArgument {
-            field: "congestion_control",
-            message: format!(
-                "{wanted:?} is not a congestion control this kernel offers \
-                 (see net.ipv4.tcp_available_congestion_control): {error}"
-            ),
+        std::fs::write(PATH, wanted).map_err(|error| {
+            // A namespace other than the host's may only default to a
+            // congestion control the host allows (the kernel's EPERM).
+            let message = if error.kind() == std::io::ErrorKind::PermissionDenied {
+                let allowed =
+                    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+                        .map(|a| a.trim().to_string())
+                        .unwrap_or_default();
+                format!(
+                    "{wanted:?} cannot be a site namespace's default: the host allows only \
+                     {allowed:?} there (net.ipv4.tcp_allowed_congestion_control; add it with \
+                     `sysctl -w net.ipv4.tcp_allowed_congestion_control=\"{allowed} {wanted}\"`): {error}"
+                )
+            } else {
+                format!(
+                    "{wanted:?} is not a congestion control this kernel offers \
+                     (see net.ipv4.tcp_available_congestion_control): {error}"
+                )
+            };
+            EmulatorError::InvalidArgument {
+                field: "congestion_control",
+                message,
+            }
         })?;
     }
     std::fs::read_to_string(PATH)
