@@ -14,14 +14,23 @@ pub(crate) enum ReadMessageError {
     Cut,
     #[error("{0}")]
     Wire(#[from] WireError),
+    #[error("a message of {total} bytes where at most {limit} may come")]
+    TooLong { total: usize, limit: usize },
 }
 
-/// Reads one message into `buffer` (at most
-/// [`wire::MAX_MESSAGE_BYTES`]: the length is checked from the fixed
-/// header before the rest is read) and decodes it.
+/// The largest message with no data payload: a hello (a site id), a
+/// welcome (8 bytes), an ack (none) or a refusal (a reason). What a peer
+/// sends before it is known is held to this, not to a data message's 32 MiB.
+pub(crate) const MAX_CONTROL_MESSAGE_BYTES: usize =
+    FIXED_LEN + wire::MAX_JOB_BYTES + 4 + wire::MAX_REASON_BYTES;
+
+/// Reads one message of at most `limit` bytes (itself at most
+/// [`wire::MAX_MESSAGE_BYTES`]) into `buffer` and decodes it: the length is
+/// checked from the fixed header before anything is allocated for the rest.
 pub(crate) async fn read_message<'b>(
     recv: &mut RecvStream,
     buffer: &'b mut Vec<u8>,
+    limit: usize,
 ) -> Result<Message<'b>, ReadMessageError> {
     buffer.clear();
     buffer.resize(FIXED_LEN, 0);
@@ -32,6 +41,9 @@ pub(crate) async fn read_message<'b>(
         Err(ReadExactError::ReadError(error)) => return Err(error.into()),
     }
     let total = wire::message_length(buffer)?;
+    if total > limit {
+        return Err(ReadMessageError::TooLong { total, limit });
+    }
     buffer.resize(total, 0);
     match recv.read_exact(&mut buffer[FIXED_LEN..]).await {
         Ok(()) => {}

@@ -234,7 +234,8 @@ pub struct PeerReport {
 /// The result of one fragment's exchange.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExchangeOutcome {
-    /// The reduced fragment and its hash, when every chunk arrived.
+    /// The reduced fragment and its hash, when every chunk arrived and the
+    /// exchange ended without a failure (`reason` is `None`).
     pub result: Option<Vec<f32>>,
     pub hash: Option<String>,
     /// Per peer.

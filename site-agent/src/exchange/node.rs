@@ -18,7 +18,7 @@ use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use super::io::{ReadMessageError, expect, read_message, write_message};
+use super::io::{MAX_CONTROL_MESSAGE_BYTES, ReadMessageError, expect, read_message, write_message};
 use super::state::{FragmentKey, FragmentState, Registry, Taken};
 use super::{ExchangeError, ExchangeOptions, ExchangeOutcome, code, sender};
 use crate::tls::{self, AgentTls};
@@ -240,6 +240,15 @@ impl ExchangeNode {
             reducer,
             &peers,
         ));
+        // Before encoding: encoding moves the contributor's error-feedback
+        // residuals, which a refused call must leave as they were.
+        if node.registry.get(&key).is_some() {
+            return Err(ExchangeError::Busy {
+                job: key.job,
+                round: key.round,
+                fragment: key.fragment,
+            });
+        }
         let chunks = request
             .contributor
             .contributions(plan, request.codecs, me, request.values)?;
@@ -378,9 +387,18 @@ fn outcome(state: &FragmentState, reason: Option<String>, elapsed: Duration) -> 
         }
         peers.insert(site.clone(), report);
     }
-    let result = inner.assembler.result().map(<[f32]>::to_vec);
+    // A result only when the exchange ended without a failure: a site that
+    // applied one while the round re-plans without a dead peer would
+    // diverge from the others.
+    let (result, hash) = match reason {
+        None => (
+            inner.assembler.result().map(<[f32]>::to_vec),
+            inner.assembler.hash(),
+        ),
+        Some(_) => (None, None),
+    };
     ExchangeOutcome {
-        hash: inner.assembler.hash(),
+        hash,
         result,
         peers,
         unfinished,
@@ -476,7 +494,12 @@ async fn serve_stream(
 ) {
     let handshake = node.options.handshake_timeout;
     let mut buffer = Vec::new();
-    let hello = match tokio::time::timeout(handshake, read_message(&mut recv, &mut buffer)).await {
+    let hello = match tokio::time::timeout(
+        handshake,
+        read_message(&mut recv, &mut buffer, MAX_CONTROL_MESSAGE_BYTES),
+    )
+    .await
+    {
         Ok(Ok(message)) => message,
         Ok(Err(error)) => {
             let header = refusal("?", 0, 0, NO_CHUNK);
@@ -579,7 +602,7 @@ async fn serve_stream(
         return;
     }
     loop {
-        let message = match read_message(&mut recv, &mut buffer).await {
+        let message = match read_message(&mut recv, &mut buffer, wire::MAX_MESSAGE_BYTES).await {
             Ok(message) => message,
             Err(ReadMessageError::Wire(error)) => {
                 // The framing cannot be trusted past a message that does

@@ -13,7 +13,7 @@ use longhaul_exchange::Phase;
 use longhaul_exchange::wire::{ChunkId, Kind};
 use tokio::sync::watch;
 
-use super::io::{ReadMessageError, read_message, write_message};
+use super::io::{MAX_CONTROL_MESSAGE_BYTES, ReadMessageError, read_message, write_message};
 use super::node::NodeInner;
 use super::state::FragmentState;
 use crate::tls;
@@ -116,10 +116,13 @@ async fn run_connection(
     let mut buffer = Vec::new();
     let mut replayed = Vec::new();
     let incarnation = loop {
-        let message = tokio::time::timeout(handshake, read_message(&mut recv, &mut buffer))
-            .await
-            .map_err(|_| format!("no welcome within {handshake:?}"))?
-            .map_err(|e| format!("before the welcome: {e}"))?;
+        let message = tokio::time::timeout(
+            handshake,
+            read_message(&mut recv, &mut buffer, MAX_CONTROL_MESSAGE_BYTES),
+        )
+        .await
+        .map_err(|_| format!("no welcome within {handshake:?}"))?
+        .map_err(|e| format!("before the welcome: {e}"))?;
         match message.header.kind {
             Kind::Ack => replayed.push(message.header.chunk),
             Kind::Welcome => {
@@ -162,13 +165,14 @@ async fn run_connection(
     let reader = async {
         let mut buffer = Vec::new();
         loop {
-            let message = match read_message(&mut recv, &mut buffer).await {
-                Ok(message) => message,
-                Err(ReadMessageError::Finished) => {
-                    return Err("the peer ended the stream".to_string());
-                }
-                Err(error) => return Err(format!("reading acks: {error}")),
-            };
+            let message =
+                match read_message(&mut recv, &mut buffer, MAX_CONTROL_MESSAGE_BYTES).await {
+                    Ok(message) => message,
+                    Err(ReadMessageError::Finished) => {
+                        return Err("the peer ended the stream".to_string());
+                    }
+                    Err(error) => return Err(format!("reading acks: {error}")),
+                };
             let chunk = message.header.chunk;
             {
                 let mut inner = state.lock();
