@@ -149,6 +149,9 @@ pub fn internal(command: InternalCommand) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The environment variable in which a rehearsal gives its processes its pid.
+pub(super) const PARENT_PID_ENV: &str = "LONGHAUL_REHEARSAL_PID";
+
 /// Exits this process once the rehearsal that started it is gone: a
 /// rehearsal killed with SIGKILL cannot kill its children, which are then
 /// reparented, so the parent id changes. Without this an orphaned replica
@@ -157,19 +160,26 @@ pub fn internal(command: InternalCommand) -> Result<(), Failure> {
 /// Polled: `PR_SET_PDEATHSIG` would fire when the *thread* that started
 /// the process ends, and packet mode starts processes from a short-lived
 /// thread that entered the site's namespace.
+///
+/// The rehearsal names itself in [`PARENT_PID_ENV`]: a process started just
+/// before its rehearsal was killed is already reparented when it first
+/// looks, and would take its new parent for the one to watch.
 fn exit_with_parent() {
-    let parent = std::os::unix::process::parent_id();
+    let parent = std::env::var(PARENT_PID_ENV)
+        .ok()
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .unwrap_or_else(std::os::unix::process::parent_id);
     let watch = std::thread::Builder::new()
         .name("parent watch".to_string())
         .spawn(move || {
             loop {
-                std::thread::sleep(Duration::from_millis(500));
                 if std::os::unix::process::parent_id() != parent {
                     eprintln!(
                         "the rehearsal that started this process (pid {parent}) is gone: exiting"
                     );
                     std::process::exit(1);
                 }
+                std::thread::sleep(Duration::from_millis(500));
             }
         });
     if let Err(error) = watch {

@@ -66,6 +66,8 @@ impl Process {
             self.name.clone(),
             Command::new(exe)
                 .args(&self.args)
+                // The process watches for this parent (see `exit_with_parent`).
+                .env(super::PARENT_PID_ENV, std::process::id().to_string())
                 .stdout(Stdio::null())
                 .stderr(log),
         )?;
