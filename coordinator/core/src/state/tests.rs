@@ -587,6 +587,21 @@ fn admission_refuses_what_apply_would_refuse_with_the_same_error() {
     assert!(requests.iter().filter(|r| state.admit(r).is_err()).count() >= 5);
 }
 
+/// Admission refuses `command` as an invalid argument naming `field`; the
+/// message.
+fn refused_field(state: &ClusterState, command: Command, field: &str) -> String {
+    let error = state.admit(&Request::new(command)).unwrap_err();
+    let ApplyError::InvalidArgument {
+        field: got,
+        message,
+    } = error
+    else {
+        panic!("{error}");
+    };
+    assert_eq!(got, field, "{message}");
+    message
+}
+
 #[test]
 fn admission_bounds_every_string_and_list_and_quotes_a_short_prefix() {
     let state = registered();
@@ -659,15 +674,7 @@ fn admission_bounds_every_string_and_list_and_quotes_a_short_prefix() {
         ),
     ];
     for (command, field) in cases {
-        let error = state.admit(&Request::new(command)).unwrap_err();
-        let ApplyError::InvalidArgument {
-            field: got,
-            message,
-        } = &error
-        else {
-            panic!("{error}");
-        };
-        assert_eq!(got, field, "{message}");
+        let message = refused_field(&state, command, field);
         assert!(message.len() < 200, "{field}: {} bytes", message.len());
     }
     assert!(
@@ -731,15 +738,7 @@ fn admission_bounds_sizes_of_jobs_links_and_the_site_an_update_leaves() {
         (update(vec![big("big-1"), big("big-2")]), "changes"),
     ];
     for (command, field) in cases {
-        let error = state.admit(&Request::new(command)).unwrap_err();
-        let ApplyError::InvalidArgument {
-            field: got,
-            message,
-        } = &error
-        else {
-            panic!("{error}");
-        };
-        assert_eq!(got, field, "{message}");
+        refused_field(&state, command, field);
     }
     // One such group alone is admitted: the bound is on the sum.
     state
