@@ -326,8 +326,8 @@ impl Drop for ExchangeNode {
     }
 }
 
-/// Waits until the exchange is complete (`None`), a peer is dead or the
-/// deadline passes (the reason).
+/// Waits until the exchange is complete (`None`), a peer is dead, a peer
+/// refused a chunk or the deadline passes (the reason).
 async fn wait(node: &NodeInner, state: &FragmentState, deadline: Instant) -> Option<String> {
     let mut changes = state.subscribe();
     // Timeouts are checked at least this often.
@@ -337,6 +337,13 @@ async fn wait(node: &NodeInner, state: &FragmentState, deadline: Instant) -> Opt
             let inner = state.lock();
             if FragmentState::is_complete(&inner) {
                 return None;
+            }
+            if let Some((site, refused)) = inner
+                .peers
+                .iter()
+                .find_map(|(site, p)| p.refused.as_ref().map(|r| (site, r)))
+            {
+                return Some(format!("{site} {refused}"));
             }
             let dead: Vec<&str> = inner
                 .peers

@@ -187,7 +187,9 @@ async fn run_connection(
                     Kind::Refused => {
                         let reason = String::from_utf8_lossy(message.payload).into_owned();
                         p.report.refusals_received += 1;
-                        p.report.last_error = Some(format!("chunk {chunk:?} refused: {reason}"));
+                        let error = format!("chunk {chunk:?} refused: {reason}");
+                        p.refused.get_or_insert_with(|| error.clone());
+                        p.report.last_error = Some(error);
                     }
                     other => return Err(format!("a {} message among acks", other.name())),
                 }

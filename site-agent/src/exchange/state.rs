@@ -38,6 +38,11 @@ pub(crate) struct Peer {
     /// Bytes handed to the pool for pacing, since `paced_since`.
     pub paced_bytes: u64,
     pub paced_since: Instant,
+    /// The first chunk the peer refused, and why. A receiver refuses what
+    /// it cannot take (a frame its reducer or assembler will not hold), and
+    /// would refuse the same bytes again: the exchange ends on it rather
+    /// than waiting out its deadline.
+    pub refused: Option<String>,
 }
 
 #[derive(Debug)]
@@ -88,6 +93,7 @@ impl FragmentState {
                     alive_at: now,
                     paced_bytes: 0,
                     paced_since: now,
+                    refused: None,
                 };
                 (site.clone(), peer)
             })

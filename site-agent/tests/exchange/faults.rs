@@ -324,3 +324,94 @@ async fn read_one(recv: &mut quinn::RecvStream, buffer: &mut Vec<u8>) -> (Kind, 
         String::from_utf8_lossy(message.payload).into_owned(),
     )
 }
+
+/// Reads one message: its header and payload.
+async fn read_header(
+    recv: &mut quinn::RecvStream,
+    buffer: &mut Vec<u8>,
+) -> Option<(Header, Vec<u8>)> {
+    buffer.resize(wire::FIXED_LEN, 0);
+    recv.read_exact(&mut buffer[..]).await.ok()?;
+    let total = wire::message_length(buffer).ok()?;
+    buffer.resize(total, 0);
+    recv.read_exact(&mut buffer[wire::FIXED_LEN..]).await.ok()?;
+    let message = wire::decode(buffer).ok()?;
+    Some((message.header.clone(), message.payload.to_vec()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_chunk_ends_the_exchange_with_the_reason_not_at_the_deadline() {
+    let pki = Pki::new("test CA");
+    let n = 10_000;
+    let fragments = fragments(19, &[("a", 1.0), ("b", 1.0)], n);
+    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 4096).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let a = ExchangeNode::bind(loopback(), &pki.agent("a"), options(1)).unwrap();
+    // b: a receiver with b's certificate that welcomes every stream and
+    // refuses every data message.
+    let server = pki
+        .agent("b")
+        .quinn_server_config(&[wire::ALPN], Arc::new(quinn::TransportConfig::default()))
+        .unwrap();
+    let endpoint = quinn::Endpoint::server(server, loopback()).unwrap();
+    let b_addr = endpoint.local_addr().unwrap();
+    let receiver = tokio::spawn(async move {
+        while let Some(incoming) = endpoint.accept().await {
+            tokio::spawn(async move {
+                let Ok(connection) = incoming.await else {
+                    return;
+                };
+                while let Ok((mut send, mut recv)) = connection.accept_bi().await {
+                    tokio::spawn(async move {
+                        let mut buffer = Vec::new();
+                        let Some((hello, _)) = read_header(&mut recv, &mut buffer).await else {
+                            return;
+                        };
+                        let welcome = Header {
+                            kind: Kind::Welcome,
+                            ..hello.clone()
+                        };
+                        let bytes = wire::encode_to_vec(&welcome, &7u64.to_le_bytes()).unwrap();
+                        if send.write_all(&bytes).await.is_err() {
+                            return;
+                        }
+                        while let Some((data, _)) = read_header(&mut recv, &mut buffer).await {
+                            let refused = Header {
+                                kind: Kind::Refused,
+                                ..data
+                            };
+                            let bytes =
+                                wire::encode_to_vec(&refused, b"this receiver refuses everything")
+                                    .unwrap();
+                            if send.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            });
+        }
+    });
+    let peers: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), b_addr),
+    ]
+    .into();
+    let deadline = Duration::from_secs(120);
+    let outcome = bounded(
+        100,
+        run(&a, &plan, &codecs, &fragments["a"], &peers, deadline),
+    )
+    .await;
+    receiver.abort();
+    assert_eq!(outcome.hash, None, "{outcome:?}");
+    assert_eq!(outcome.result, None);
+    let reason = outcome.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.starts_with("b chunk") && reason.contains("this receiver refuses everything"),
+        "{reason}"
+    );
+    assert!(outcome.peers["b"].refusals_received >= 1, "{outcome:?}");
+    // Ended on the refusal: well before the deadline (a wide bound).
+    assert!(outcome.elapsed < deadline / 2, "{:?}", outcome.elapsed);
+}
