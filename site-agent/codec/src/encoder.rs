@@ -138,6 +138,20 @@ impl Encoder {
         self.config
     }
 
+    /// Puts back a residual taken with [`Encoder::residual`] from this
+    /// encoder; refused, changing nothing, when its length is not this
+    /// encoder's.
+    pub fn restore_residual(&mut self, saved: &[f32]) -> Result<(), EncodeError> {
+        if saved.len() != self.residual.len() {
+            return Err(EncodeError::FragmentLength {
+                expected: self.residual.len(),
+                found: saved.len(),
+            });
+        }
+        self.residual.copy_from_slice(saved);
+        Ok(())
+    }
+
     /// Elements of the fragment.
     pub fn len(&self) -> usize {
         self.elements

@@ -175,6 +175,12 @@ pub struct Chunk {
 /// the encoder of the codec its shard's link uses; should a new plan move
 /// it to a link of another codec, it waits there until the element is next
 /// sent with that codec.
+/// A [`Contributor`]'s residuals at one moment ([`Contributor::checkpoint`]).
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    residuals: Vec<(EncoderConfig, Vec<f32>)>,
+}
+
 #[derive(Debug)]
 pub struct Contributor {
     elements: u64,
@@ -223,8 +229,45 @@ impl Contributor {
             })
     }
 
+    /// The residuals as they are now, for [`Contributor::restore`]: what a
+    /// caller keeps while the frames of an encoding are in flight, to undo
+    /// the encoding if the exchange fails and the fragment is planned again.
+    pub fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            residuals: self
+                .encoders
+                .iter()
+                .map(|e| (e.config(), e.residual().to_vec()))
+                .collect(),
+        }
+    }
+
+    /// Puts the residuals back as [`Contributor::checkpoint`] took them; an
+    /// encoder made since is dropped (it starts from zero when next used,
+    /// as it did then).
+    pub fn restore(&mut self, checkpoint: Checkpoint) {
+        self.encoders.retain(|e| {
+            checkpoint
+                .residuals
+                .iter()
+                .any(|(config, _)| *config == e.config())
+        });
+        for encoder in &mut self.encoders {
+            if let Some((_, saved)) = checkpoint
+                .residuals
+                .iter()
+                .find(|(config, _)| *config == encoder.config())
+            {
+                // Taken from this encoder, so of its length.
+                let _ = encoder.restore_residual(saved);
+            }
+        }
+    }
+
     /// Every chunk `site` contributes to the reduce-scatter of `plan`, its
-    /// own shard's included (addressed to itself), shard by shard.
+    /// own shard's included (addressed to itself), shard by shard, each
+    /// encoded with its link's codec. On an error nothing changed: the
+    /// residuals are put back.
     pub fn contributions(
         &mut self,
         plan: &CollectivePlan,
@@ -237,6 +280,21 @@ impl Contributor {
                 site: site.to_string(),
             });
         }
+        let checkpoint = self.checkpoint();
+        let result = self.encode_contributions(plan, codecs, site, fragment);
+        if result.is_err() {
+            self.restore(checkpoint);
+        }
+        result
+    }
+
+    fn encode_contributions(
+        &mut self,
+        plan: &CollectivePlan,
+        codecs: &LinkCodecs,
+        site: &str,
+        fragment: &[f32],
+    ) -> Result<Vec<Chunk>, CollectiveError> {
         let mut out = Vec::new();
         for shard in plan.shards() {
             let config = codecs.link(site, &shard.owner);

@@ -29,7 +29,7 @@ mod tests;
 pub mod wire;
 
 pub use collective::{
-    Accepted, Assembler, Chunk, CollectiveError, Contributor, LinkCodecs, ShardReducer,
+    Accepted, Assembler, Checkpoint, Chunk, CollectiveError, Contributor, LinkCodecs, ShardReducer,
     reduce_in_memory,
 };
 pub use outbox::{Outbox, OutboxStats};

@@ -205,9 +205,27 @@ impl ExchangeNode {
     /// chunk is in and every peer acknowledged what it was sent; or, at the
     /// deadline or once a peer has had no working connection for
     /// [`ExchangeOptions::peer_timeout`], the peers that did not finish.
+    ///
+    /// Unless it returns a result, the contributor's error-feedback
+    /// residuals are put back as they were (a copy is kept meanwhile, as
+    /// large as the residuals), so the fragment planned again without a
+    /// dead peer encodes the same residual, not one an abandoned attempt
+    /// moved.
     pub async fn exchange(
         &self,
-        request: FragmentRequest<'_>,
+        mut request: FragmentRequest<'_>,
+    ) -> Result<ExchangeOutcome, ExchangeError> {
+        let checkpoint = request.contributor.checkpoint();
+        let result = self.exchange_once(&mut request).await;
+        if !matches!(&result, Ok(outcome) if outcome.reason.is_none()) {
+            request.contributor.restore(checkpoint);
+        }
+        result
+    }
+
+    async fn exchange_once(
+        &self,
+        request: &mut FragmentRequest<'_>,
     ) -> Result<ExchangeOutcome, ExchangeError> {
         let started = Instant::now();
         let node = &self.inner;

@@ -301,3 +301,55 @@ fn a_rounds_link_codecs_give_the_widest_locally_and_refuse_what_has_no_frame() {
         16
     );
 }
+
+/// The frames of `contributions`, in order.
+fn frames(chunks: Vec<Chunk>) -> Vec<Vec<u8>> {
+    chunks.into_iter().map(|c| c.frame).collect()
+}
+
+#[test]
+fn a_failed_encoding_and_a_restored_checkpoint_leave_the_residuals_as_they_were() {
+    let names = site_names(3);
+    let n = 5_000;
+    let plan = CollectivePlan::new(&names, &[], n, 700).unwrap();
+    // Error feedback on, and a second codec on one link, so two residuals.
+    let codecs = LinkCodecs::uniform(config(8, 256, true, false)).with_link(
+        &names[0],
+        &names[2],
+        config(4, 64, true, false),
+    );
+    let mut rng = SeedRng::new(23);
+    let rounds: Vec<Vec<f32>> = (0..3).map(|_| fragment(&mut rng, n, 1.0)).collect();
+    let me = &names[0];
+
+    // The reference: three rounds encoded in turn.
+    let mut reference = Contributor::new(n);
+    let expected: Vec<Vec<Vec<u8>>> = rounds
+        .iter()
+        .map(|values| frames(reference.contributions(&plan, &codecs, me, values).unwrap()))
+        .collect();
+
+    let mut contributor = Contributor::new(n);
+    let first = contributor
+        .contributions(&plan, &codecs, me, &rounds[0])
+        .unwrap();
+    assert_eq!(frames(first), expected[0]);
+    // A fragment whose last element is NaN fails after the earlier chunks
+    // were encoded; the residuals are put back.
+    let mut bad = rounds[1].clone();
+    bad[n as usize - 1] = f32::NAN;
+    assert!(contributor.contributions(&plan, &codecs, me, &bad).is_err());
+    // An exchange abandoned after encoding: restored from its checkpoint.
+    let checkpoint = contributor.checkpoint();
+    contributor
+        .contributions(&plan, &codecs, me, &rounds[1])
+        .unwrap();
+    contributor.restore(checkpoint);
+    // The same bytes as the reference from here on.
+    for (values, expected) in rounds[1..].iter().zip(&expected[1..]) {
+        let again = contributor
+            .contributions(&plan, &codecs, me, values)
+            .unwrap();
+        assert_eq!(&frames(again), expected);
+    }
+}
