@@ -229,7 +229,7 @@ impl Connection {
         {
             *ssthresh = match growth {
                 Growth::Reno => (flight / 2.0).max(2.0),
-                Growth::Cubic(cubic) => cubic.on_congestion(flight),
+                Growth::Cubic(cubic) => cubic.on_timeout(flight),
             };
             *cwnd = 1.0;
             *recovery_end = self.next_transmission;

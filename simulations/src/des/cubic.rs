@@ -34,6 +34,9 @@ pub(crate) struct Cubic {
     k_seconds: f64,
     /// The Reno-friendly estimate W_est, segments.
     w_est: f64,
+    /// A retransmission timeout was the last reduction: the next epoch
+    /// starts with K = 0 and W_max the window it starts at (§4.8).
+    after_timeout: bool,
 }
 
 impl Cubic {
@@ -44,6 +47,7 @@ impl Cubic {
             epoch_start_ns: None,
             k_seconds: 0.0,
             w_est: 0.0,
+            after_timeout: false,
         }
     }
 
@@ -59,7 +63,19 @@ impl Cubic {
         };
         self.w_prior = cwnd;
         self.epoch_start_ns = None;
+        self.after_timeout = false;
         (cwnd * BETA).max(MIN_WINDOW)
+    }
+
+    /// A retransmission timeout with `flight` segments in flight: the new
+    /// ssthresh (β·flight, as for any congestion event), and the first
+    /// congestion-avoidance epoch after it grows from its own start, K = 0
+    /// and W_max = the window then (RFC 9438 §4.8), not back towards the
+    /// window the timeout ended.
+    pub fn on_timeout(&mut self, flight: f64) -> f64 {
+        let ssthresh = self.on_congestion(flight);
+        self.after_timeout = true;
+        ssthresh
     }
 
     /// The window after one more segment is ACKed in congestion avoidance,
@@ -71,7 +87,8 @@ impl Cubic {
                 // A new epoch (§4.2): from a window above the last W_max
                 // (slow start overshot it, or there was no reduction yet)
                 // the curve starts at its plateau.
-                if cwnd >= self.w_max {
+                if self.after_timeout || cwnd >= self.w_max {
+                    self.after_timeout = false;
                     self.w_max = cwnd;
                     self.k_seconds = 0.0;
                 } else {
@@ -150,6 +167,40 @@ mod tests {
         assert!((990.0..=1010.0).contains(&at_k), "{at_k} at K = {k} s");
         // At 2K: C·K³ + W_max = W_max + 300, within the RTT's lead.
         assert!((1270.0..=1400.0).contains(&cwnd), "{cwnd} at 2K");
+    }
+
+    /// After a timeout the first epoch starts at its plateau (K = 0, W_max =
+    /// the window then), so it grows slowly at first; after a loss it climbs
+    /// back towards the window the loss ended.
+    #[test]
+    fn after_a_timeout_the_first_epoch_starts_at_its_own_window() {
+        let grow_for = |cubic: &mut Cubic, mut cwnd: f64, seconds: f64| {
+            let mut now = 0u64;
+            while (now as f64) < seconds * 1e9 {
+                cwnd = cubic.grow(cwnd, now, RTT_NS);
+                now += (RTT_NS / cwnd) as u64;
+            }
+            cwnd
+        };
+        let mut timed_out = Cubic::new();
+        let ssthresh = timed_out.on_timeout(1000.0);
+        assert_eq!(ssthresh, 700.0);
+        // From ssthresh (slow start is the connection's): one second of
+        // congestion avoidance.
+        let after_timeout = grow_for(&mut timed_out, ssthresh, 1.0);
+        assert_eq!(timed_out.k_seconds, 0.0);
+        assert_eq!(timed_out.w_max, 700.0);
+        let mut lost = Cubic::new();
+        let from = lost.on_congestion(1000.0);
+        let after_loss = grow_for(&mut lost, from, 1.0);
+        // From 700: C·t³ is under 1 segment in a second, and the
+        // Reno-friendly region's α per RTT (≈ 0.53 × 10 RTTs) about 5; the
+        // concave climb back towards 1000 gains far more.
+        assert!(after_timeout < 710.0, "{after_timeout}");
+        assert!(
+            after_loss > after_timeout + 50.0,
+            "{after_loss} vs {after_timeout}"
+        );
     }
 
     /// Fast convergence: a second loss below the last W_max lowers it to
