@@ -115,25 +115,16 @@ fn check_failover(report: &Value, stderr: &str) {
     assert!(stderr.contains("partitioned south"), "{stderr}");
 }
 
-/// Why the packet-level mode cannot run here (not root, no TUN driver), or
-/// `None` where it must: CI runs as root.
+/// Why the packet-level mode cannot run here (what the emulator's own
+/// check finds missing), or `None` where it can. With
+/// `LONGHAUL_REQUIRE_PACKET=1` (as `.ci/run` sets) a machine that cannot
+/// run it fails the tests instead.
 fn packet_mode_unavailable() -> Option<String> {
-    let root = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("Uid:"))
-                .and_then(|uids| uids.split_whitespace().nth(1).map(|euid| euid == "0"))
-        })
-        .unwrap_or(false);
-    if !root {
-        return Some("not root (network namespaces and TUN devices need it)".to_string());
+    let missing = longhaul_simulations::emulator::packet::netns::check_support().err()?;
+    if std::env::var("LONGHAUL_REQUIRE_PACKET").is_ok_and(|v| v == "1") {
+        panic!("LONGHAUL_REQUIRE_PACKET=1, but {missing}");
     }
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        return Some("no /dev/net/tun (the TUN driver)".to_string());
-    }
-    None
+    Some(missing.to_string())
 }
 
 /// The network namespaces the rehearsal process `pid` created that still
