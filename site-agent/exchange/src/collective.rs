@@ -275,15 +275,29 @@ impl Contributor {
         site: &str,
         fragment: &[f32],
     ) -> Result<Vec<Chunk>, CollectiveError> {
+        let checkpoint = self.checkpoint();
+        self.contributions_from(&checkpoint, plan, codecs, site, fragment)
+    }
+
+    /// [`Contributor::contributions`] for a caller that holds `checkpoint`,
+    /// taken just before, anyway: on an error the residuals are put back
+    /// from it, and no second copy is made.
+    pub fn contributions_from(
+        &mut self,
+        checkpoint: &Checkpoint,
+        plan: &CollectivePlan,
+        codecs: &LinkCodecs,
+        site: &str,
+        fragment: &[f32],
+    ) -> Result<Vec<Chunk>, CollectiveError> {
         if !plan.is_live(site) {
             return Err(CollectiveError::NotLive {
                 site: site.to_string(),
             });
         }
-        let checkpoint = self.checkpoint();
         let result = self.encode_contributions(plan, codecs, site, fragment);
         if result.is_err() {
-            self.restore(checkpoint);
+            self.restore(checkpoint.clone());
         }
         result
     }

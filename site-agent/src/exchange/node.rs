@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use longhaul_core::limits::shorten;
 use longhaul_exchange::wire::{ChunkId, Kind};
 use longhaul_exchange::{
-    Accepted, CollectivePlan, Contributor, LinkCodecs, Phase, ShardReducer, wire,
+    Accepted, Checkpoint, CollectivePlan, Contributor, LinkCodecs, Phase, ShardReducer, wire,
 };
 use quinn::{Connection, RecvStream, SendStream};
 use tokio::sync::watch;
@@ -216,7 +216,7 @@ impl ExchangeNode {
         mut request: FragmentRequest<'_>,
     ) -> Result<ExchangeOutcome, ExchangeError> {
         let checkpoint = request.contributor.checkpoint();
-        let result = self.exchange_once(&mut request).await;
+        let result = self.exchange_once(&mut request, &checkpoint).await;
         if !matches!(&result, Ok(outcome) if outcome.reason.is_none()) {
             request.contributor.restore(checkpoint);
         }
@@ -226,6 +226,7 @@ impl ExchangeNode {
     async fn exchange_once(
         &self,
         request: &mut FragmentRequest<'_>,
+        checkpoint: &Checkpoint,
     ) -> Result<ExchangeOutcome, ExchangeError> {
         let started = Instant::now();
         let node = &self.inner;
@@ -267,9 +268,13 @@ impl ExchangeNode {
                 fragment: key.fragment,
             });
         }
-        let chunks = request
-            .contributor
-            .contributions(plan, request.codecs, me, request.values)?;
+        let chunks = request.contributor.contributions_from(
+            checkpoint,
+            plan,
+            request.codecs,
+            me,
+            request.values,
+        )?;
         {
             let mut guard = state.lock();
             let inner = &mut *guard;
