@@ -241,6 +241,12 @@ const SLOW_PASS: Duration = Duration::from_millis(10);
 /// bounded by less than this anyway (`forward::DEFAULT_WAIT`, or its own deadline capped by it).
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A proposal not applied after this long is answered with an unknown
+/// outcome (its entry may still commit), so that no caller waits forever on
+/// an entry a later leader overwrote without this replica seeing a change
+/// of leader.
+const PROPOSAL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// At most this many reads wait for a confirmation; more are refused at once.
 const MAX_PENDING_READS: usize = 65_536;
 
@@ -292,6 +298,41 @@ impl Pending {
         self.ready_reads.retain(|(_, reply)| !reply.is_closed());
         self.conf_changes.retain(|_, reply| !reply.is_closed());
         before - self.reads.len()
+    }
+
+    /// Answers the proposals waiting since before `now - max_age` with an unknown outcome;
+    /// returns how many.
+    fn expire_proposals(&mut self, now: Instant, max_age: Duration) -> usize {
+        let expired: Vec<u64> = self
+            .proposals
+            .iter()
+            .filter(|(_, (proposed, _))| now.saturating_duration_since(*proposed) > max_age)
+            .map(|(seq, _)| *seq)
+            .collect();
+        for seq in &expired {
+            if let Some((proposed, reply)) = self.proposals.remove(seq) {
+                tracing::warn!(
+                    seq,
+                    waited_ms = now.saturating_duration_since(proposed).as_millis() as u64,
+                    "a proposal was not applied in time; its outcome is unknown"
+                );
+                let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
+            }
+        }
+        expired.len()
+    }
+
+    /// Answers every proposal and membership change in flight with an unknown outcome (they
+    /// may still commit under another leader, or be lost); returns how many proposals.
+    fn abandon_proposals(&mut self) -> u64 {
+        let lost = self.proposals.len() as u64;
+        for (_, (_, reply)) in self.proposals.drain() {
+            let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
+        }
+        for (_, reply) in self.conf_changes.drain() {
+            let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
+        }
+        lost
     }
 }
 
@@ -475,6 +516,7 @@ async fn run(
     // The state file's fsync running on a blocking thread, if one is.
     let mut state_flush: Option<tokio::task::JoinHandle<std::io::Result<()>>> = None;
     let mut leader_id = 0;
+    let mut leader_term = 0;
     let mut snapshots_installed = 0;
     // Registered once: a handle records without the registry look-up each call would make.
     let ready_seconds = metrics::histogram!("longhaul_ready_seconds");
@@ -499,6 +541,10 @@ async fn run(
                 let expired = pending.expire_reads(Instant::now(), READ_TIMEOUT);
                 if expired > 0 {
                     metrics::counter!("longhaul_reads_expired_total").increment(expired as u64);
+                }
+                let expired = pending.expire_proposals(Instant::now(), PROPOSAL_TIMEOUT);
+                if expired > 0 {
+                    metrics::counter!("longhaul_proposals_failed_total", "reason" => "timed_out").increment(expired as u64);
                 }
             }
             _ = state_sync.tick(), if state_flush.is_none() => {
@@ -662,18 +708,14 @@ async fn run(
                     } => {
                         tracing::info!(leader = new_leader, term, "leader changed");
                         metrics::counter!("longhaul_leader_changes_total").increment(1);
-                        if leader_id == id && new_leader != id {
-                            // Proposals in flight may still commit under the
-                            // new leader, or may be lost: their outcome is unknown.
-                            let lost = pending.proposals.len() as u64;
+                        // This replica's leadership ended, or went on in a later term (it
+                        // stepped down and was elected again between two passes: what it
+                        // proposed before may have been overwritten meanwhile).
+                        if leader_id == id && (new_leader != id || term != leader_term) {
+                            let lost = pending.abandon_proposals();
                             metrics::counter!("longhaul_proposals_failed_total", "reason" => "leader_changed").increment(lost);
-                            for (_, (_, reply)) in pending.proposals.drain() {
-                                let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
-                            }
-                            for (_, reply) in pending.conf_changes.drain() {
-                                let _ = reply.send(Err(ConsensusError::OutcomeUnknown));
-                            }
                         }
+                        leader_term = term;
                         if new_leader == 0 {
                             for (_, (_, reply)) in pending.reads.drain() {
                                 let _ = reply.send(Err(ConsensusError::NoLeader));
@@ -794,5 +836,34 @@ mod tests {
         );
         assert_eq!(pending.reads.keys().copied().collect::<Vec<_>>(), vec![2]);
         assert!(pending.ready_reads.is_empty());
+    }
+
+    #[test]
+    fn proposals_waiting_too_long_are_answered_with_an_unknown_outcome() {
+        let mut pending = Pending {
+            proposals: HashMap::new(),
+            reads: HashMap::new(),
+            ready_reads: Vec::new(),
+            conf_changes: HashMap::new(),
+        };
+        let now = Instant::now();
+        let old = now.checked_sub(Duration::from_secs(11)).unwrap_or(now);
+        let (stale_tx, mut stale_rx) = oneshot::channel();
+        let (fresh_tx, mut fresh_rx) = oneshot::channel();
+        pending.proposals.insert(1, (old, stale_tx));
+        pending.proposals.insert(2, (now, fresh_tx));
+
+        assert_eq!(pending.expire_proposals(now, PROPOSAL_TIMEOUT), 1);
+        assert!(matches!(
+            stale_rx.try_recv(),
+            Ok(Err(ConsensusError::OutcomeUnknown))
+        ));
+        assert!(fresh_rx.try_recv().is_err(), "a fresh proposal still waits");
+        assert_eq!(pending.abandon_proposals(), 1);
+        assert!(matches!(
+            fresh_rx.try_recv(),
+            Ok(Err(ConsensusError::OutcomeUnknown))
+        ));
+        assert!(pending.proposals.is_empty());
     }
 }

@@ -42,6 +42,9 @@ pub struct ReplanInputs {
     topology: longhaul_core::Topology,
     links: Vec<LinkRecord>,
     jobs: Vec<JobRecord>,
+    /// The state's [`ClusterState::liveness_epoch`] when these were read:
+    /// what a `SetPlacement` computed from them is conditional on.
+    sites_as_of: u64,
 }
 
 impl ReplanInputs {
@@ -61,6 +64,7 @@ impl ReplanInputs {
                 })
                 .cloned()
                 .collect(),
+            sites_as_of: state.liveness_epoch(),
         }
     }
 
@@ -223,6 +227,7 @@ pub fn spawn(raft: RaftHandle) {
                 continue;
             }
             let inputs = ReplanInputs::of(&raft.state().read());
+            let sites_as_of = inputs.sites_as_of;
             let changes = match tokio::task::spawn_blocking(move || inputs.replans()).await {
                 Ok(changes) => changes,
                 Err(error) => {
@@ -236,11 +241,14 @@ pub fn spawn(raft: RaftHandle) {
                     job_id: change.job_id.clone(),
                     placement: change.placement,
                     at_unix_ms: super::service::now_unix_ms(),
+                    sites_as_of: Some(sites_as_of),
                 };
                 match raft.propose(Request::new(command)).await {
                     Ok(ApplyResponse::Applied { .. }) => {}
+                    // A site changed liveness while this pass placed: that
+                    // change's own pass places again from the newer sites.
                     Ok(ApplyResponse::Refused { error }) => {
-                        tracing::warn!(job = %change.job_id, %error, "re-plan refused");
+                        tracing::info!(job = %change.job_id, %error, "re-plan refused");
                     }
                     Err(error) => {
                         tracing::warn!(job = %change.job_id, %error, "re-plan not stored; retrying in a second");
@@ -375,6 +383,7 @@ mod tests {
                     job_id: change.job_id,
                     placement: change.placement,
                     at_unix_ms: 0,
+                    sites_as_of: None,
                 }))
                 .unwrap();
         };
@@ -414,6 +423,55 @@ mod tests {
         assert!(
             replans(&state).is_empty(),
             "placed as before: nothing more to do"
+        );
+    }
+
+    /// A pass that places while a site comes back (placement takes a while,
+    /// off the state's lock) must not undo the return: its `SetPlacement`
+    /// is conditional on the sites it read, refused once one has changed,
+    /// and the return's own pass places the job with the site.
+    #[test]
+    fn a_placement_computed_before_a_site_came_back_is_refused_and_changes_nothing() {
+        let mut state = three_continents();
+        let set = |change: &super::Replan, sites_as_of: u64| {
+            Request::new(Command::SetPlacement {
+                job_id: change.job_id.clone(),
+                placement: change.placement.clone(),
+                at_unix_ms: 0,
+                sites_as_of: Some(sites_as_of),
+            })
+        };
+        let inputs = super::ReplanInputs::of(&state);
+        let first = inputs.replans().remove(0);
+        state.apply(&set(&first, inputs.sites_as_of)).unwrap();
+        let sites = first.placement.plan().unwrap().site_order.clone();
+        let victim = sites[0].clone();
+        down(&mut state, &victim);
+        // The pass for the site going down reads the sites ...
+        let stale = super::ReplanInputs::of(&state);
+        let without = stale.replans().remove(0);
+        assert!(
+            !without
+                .placement
+                .plan()
+                .unwrap()
+                .site_order
+                .contains(&victim)
+        );
+        // ... and the site is back before its placement is proposed.
+        let site = state.site(&victim).unwrap().site.clone();
+        state.apply(&register(site)).unwrap();
+        let before = state.job(&first.job_id).unwrap().clone();
+        let error = state.apply(&set(&without, stale.sites_as_of)).unwrap_err();
+        assert!(error.to_string().contains("sites_as_of"), "{error}");
+        assert_eq!(
+            state.job(&first.job_id).unwrap(),
+            &before,
+            "nothing changed"
+        );
+        assert!(
+            super::ReplanInputs::of(&state).replans().is_empty(),
+            "the plan that holds the site still stands"
         );
     }
 

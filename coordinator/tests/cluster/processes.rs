@@ -32,10 +32,10 @@ impl Process {
             .arg(&self.data_dir)
             .args(["--initial-cluster", &self.cluster])
             .args(["--tick-interval", "20ms", "--election-ticks", "10"])
-            .args(["--log", "warn"])
+            .args(["--log", &replica_log_filter()])
             .args(&self.extra_args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(self.log_file());
         let name = format!("replica {}", self.id);
         self.child = Some(KillOnDrop::spawn(name, &mut command).unwrap());
     }
@@ -43,6 +43,82 @@ impl Process {
     /// SIGKILL: no shutdown path runs.
     pub(crate) fn kill(&mut self) {
         self.child = None;
+    }
+
+    /// The replica's log, beside its data directory, appended to across
+    /// restarts.
+    fn log_path(&self) -> PathBuf {
+        self.data_dir.with_extension("log")
+    }
+
+    fn log_file(&self) -> Stdio {
+        longhaul_coordinator::process::append_log(&self.log_path())
+            .map_or_else(|_| Stdio::null(), Stdio::from)
+    }
+}
+
+impl Process {
+    /// The replica's `longhaul_raft_*` and proposal metrics, when it serves
+    /// metrics (`--metrics-listen` among its arguments): read with a plain
+    /// blocking request, as a failing test unwinds.
+    fn raft_figures(&self) -> Option<String> {
+        use std::io::{Read, Write};
+        let at = self
+            .extra_args
+            .iter()
+            .position(|a| a == "--metrics-listen")?;
+        let addr: SocketAddr = self.extra_args.get(at + 1)?.parse().ok()?;
+        let mut stream =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut body = String::new();
+        let _ = stream.read_to_string(&mut body);
+        let figures: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("longhaul_raft_") || l.starts_with("longhaul_proposals"))
+            .collect();
+        Some(figures.join("\n"))
+    }
+}
+
+/// `LONGHAUL_TEST_REPLICA_LOG` (a tracing filter) when set, `warn` otherwise.
+fn replica_log_filter() -> String {
+    std::env::var("LONGHAUL_TEST_REPLICA_LOG").unwrap_or_else(|_| "warn".into())
+}
+
+impl Drop for Process {
+    /// A failing test shows the end of each replica's log.
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        if let Some(exited) = self.child.as_mut().and_then(KillOnDrop::exited) {
+            eprintln!("--- {exited} before the test ended ---");
+        } else if self.child.is_some()
+            && let Some(figures) = self.raft_figures()
+        {
+            eprintln!("--- replica {} raft figures ---\n{figures}", self.id);
+        }
+        self.child = None;
+        let Ok(log) = std::fs::read_to_string(self.log_path()) else {
+            return;
+        };
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(80)..];
+        eprintln!(
+            "--- replica {} log, last {} of {} lines ---",
+            self.id,
+            tail.len(),
+            lines.len()
+        );
+        for line in tail {
+            eprintln!("{line}");
+        }
     }
 }
 

@@ -181,23 +181,25 @@ async fn reports(
     latencies: Latencies,
 ) {
     let mut next = 0usize;
+    // The last refusal, shown when it changes: a failing test tells why
+    // its reports did not land.
+    let mut last_error = String::new();
     loop {
         tokio::time::sleep(Duration::from_millis(40)).await;
         // Busy before `reporting` is read, so that once the test has
         // cleared `reporting` and then seen `busy` clear, nothing more is
         // sent.
         busy.store(true, Ordering::SeqCst);
-        if reporting.load(Ordering::SeqCst)
-            && report(
-                site,
-                addrs[next % addrs.len()],
-                Duration::from_secs(2),
-                &latencies,
-            )
-            .await
-            .is_err()
-        {
-            next += 1;
+        if reporting.load(Ordering::SeqCst) {
+            let addr = addrs[next % addrs.len()];
+            if let Err(status) = report(site, addr, Duration::from_secs(2), &latencies).await {
+                let error = format!("{:?}: {}", status.code(), status.message());
+                if error != last_error {
+                    eprintln!("{site}: a report to {addr} failed: {error}");
+                    last_error = error;
+                }
+                next += 1;
+            }
         }
         busy.store(false, Ordering::SeqCst);
     }
@@ -955,12 +957,25 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
     // The killed replica restarts from its store with the same rounds.
     processes[old as usize - 1].start();
     let restarted = processes[old as usize - 1].addr;
+    let seen = std::sync::Mutex::new(String::new());
     eventually(
         Duration::from_secs(30),
         "the restarted replica to have the rounds",
         || async {
-            let rounds = rounds(restarted, true).await?;
-            rounds
+            let rounds = rounds(restarted, true).await;
+            let now = format!(
+                "{:?}",
+                rounds.as_ref().map(|r| r
+                    .iter()
+                    .map(|r| (r.round_id, r.state()))
+                    .collect::<Vec<_>>())
+            );
+            let mut seen = seen.lock().unwrap();
+            if *seen != now {
+                eprintln!("the restarted replica has rounds {now}");
+                *seen = now;
+            }
+            rounds?
                 .iter()
                 .any(|r| r.round_id == open.round_id && r.state() == pb::RoundState::Committed)
                 .then_some(())

@@ -97,6 +97,14 @@ pub enum Command {
         /// was carried: the round's opening time stands in).
         #[serde(default)]
         at_unix_ms: u64,
+        /// The revision of the last site liveness change the placement was
+        /// computed from ([`ClusterState::liveness_epoch`]): refused at apply
+        /// if a site has gone down or come back since, so that a placement
+        /// computed while a site changed never undoes that change (the
+        /// change's own re-planning pass follows). `None` in commands logged
+        /// before it was carried: not checked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sites_as_of: Option<u64>,
     },
     CancelJob {
         job_id: String,

@@ -116,6 +116,15 @@ impl ClusterState {
     pub fn revision(&self) -> u64 {
         self.revision
     }
+    /// The revision of the latest site liveness change (a registration, a
+    /// site marked down, one back up): 0 before any site registered.
+    pub fn liveness_epoch(&self) -> u64 {
+        self.sites()
+            .map(|site| site.liveness_revision)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn sites(&self) -> impl Iterator<Item = &SiteRecord> {
         self.sites.values()
     }
@@ -503,8 +512,20 @@ impl ClusterState {
                 job_id,
                 placement,
                 at_unix_ms,
+                sites_as_of,
             } => {
                 let job = self.live_job(job_id)?;
+                let epoch = self.liveness_epoch();
+                if let Some(as_of) = sites_as_of
+                    && epoch > *as_of
+                {
+                    return Err(ApplyError::precondition(
+                        "sites_as_of",
+                        format!(
+                            "the placement was computed from the sites as of revision {as_of}; a site changed liveness at revision {epoch} since"
+                        ),
+                    ));
+                }
                 let mut changes = vec![Change::Job {
                     record: JobRecord {
                         state: state_of(placement),

@@ -502,6 +502,7 @@ fn set_placement(sites: Option<&[String]>, at_unix_ms: u64) -> Request {
         job_id: JOB_ID.into(),
         placement,
         at_unix_ms,
+        sites_as_of: None,
     })
 }
 

@@ -227,6 +227,7 @@ fn command_for(
             job_id: JOB_ID.into(),
             placement: placed_on(*mask),
             at_unix_ms: now,
+            sites_as_of: None,
         }),
         Op::Cancel => Request::new(Command::CancelJob {
             job_id: JOB_ID.into(),
