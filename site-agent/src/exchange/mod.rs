@@ -23,10 +23,15 @@
 //!   the receiver holds. A welcome names the receiver's incarnation: a
 //!   restarted receiver holds nothing, so acks of its previous incarnation
 //!   are forgotten and those chunks sent again.
-//! - **Refusal**: a message that does not decode closes its connection
-//!   (the stream's framing cannot be trusted after it); a decoded chunk
-//!   that the plan or the codec refuses is answered with a refusal naming
-//!   the reason, counted, and never reaches a sum.
+//! - **Refusal**: a message that does not decode, or a certificate that
+//!   does not name the site the hello claims, closes its connection (a
+//!   peer that frames wrongly cannot be trusted on its other streams); a
+//!   hello for a fragment or plan this node is not exchanging, or a
+//!   message out of place, ends only its stream, with a refusal naming the
+//!   reason, so the pooled connection keeps carrying the peer's other
+//!   fragments; a decoded chunk that the plan or the codec refuses is
+//!   answered with a refusal naming the reason, counted, and never reaches
+//!   a sum.
 //! - **Deadlines**: every handshake, hello and welcome has
 //!   [`ExchangeOptions::handshake_timeout`]; a connection with no packet
 //!   for [`ExchangeOptions::idle_timeout`] is dropped; a peer with no
@@ -72,7 +77,8 @@ pub use node::{ExchangeNode, FragmentRequest};
 
 use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, SOCKET_BUFFER_RANGE};
 
-/// Application error codes for closing exchange connections.
+/// Application error codes for closing exchange connections and stopping
+/// their streams.
 pub mod code {
     /// The exchange is over.
     pub const DONE: u32 = 0;

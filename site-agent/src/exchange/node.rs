@@ -472,22 +472,40 @@ async fn serve_connection(node: Arc<NodeInner>, incoming: quinn::Incoming) {
     }
 }
 
-/// Refuses the connection: a refusal naming the reason, then a close.
+/// What a refusal ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// Only the refused stream: the connection is pooled and carries the
+    /// peer's other fragments, which one stale hello must not cut off.
+    Stream,
+    /// The whole connection: its certificate does not name the site it
+    /// claims, or a message on it did not decode (a peer that frames
+    /// wrongly once cannot be trusted on its other streams either).
+    Connection,
+}
+
+/// Refuses a stream (or its connection, by `scope`): a refusal naming the
+/// reason, then the end of the stream or a close carrying the reason too.
 async fn refuse(
     connection: &Connection,
-    send: &mut SendStream,
+    (send, recv): (&mut SendStream, &mut RecvStream),
     header: wire::Header,
     reason: &str,
     code: u32,
+    scope: Scope,
 ) {
     // shorten: at most 1 KiB, the wire's bound on a reason.
     let reason = shorten(reason.to_string());
     let _ = write_message(send, &header, reason.as_bytes()).await;
-    // Let the refusal reach the peer before the close discards it (the
-    // close carries the reason too).
+    // Let the refusal reach the peer before the close discards it.
     let _ = send.finish();
     let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
-    connection.close(code.into(), reason.as_bytes());
+    match scope {
+        Scope::Stream => {
+            let _ = recv.stop(code.into());
+        }
+        Scope::Connection => connection.close(code.into(), reason.as_bytes()),
+    }
 }
 
 fn refusal(job: &str, round: u64, plan: u32, chunk: ChunkId) -> wire::Header {
@@ -535,16 +553,18 @@ async fn serve_stream(
             let header = refusal("?", 0, 0, NO_CHUNK);
             refuse(
                 &connection,
-                &mut send,
+                (&mut send, &mut recv),
                 header,
                 &format!("hello: {error}"),
                 code::PROTOCOL,
+                Scope::Connection,
             )
             .await;
             return;
         }
         Err(_) => {
-            connection.close(code::PROTOCOL.into(), b"no hello in time");
+            let _ = send.reset(code::PROTOCOL.into());
+            let _ = recv.stop(code::PROTOCOL.into());
             return;
         }
     };
@@ -555,7 +575,15 @@ async fn serve_stream(
             hello.header.plan,
             NO_CHUNK,
         );
-        refuse(&connection, &mut send, header, &error, code::PROTOCOL).await;
+        refuse(
+            &connection,
+            (&mut send, &mut recv),
+            header,
+            &error,
+            code::PROTOCOL,
+            Scope::Stream,
+        )
+        .await;
         return;
     }
     // The decoder checked the site id.
@@ -572,7 +600,15 @@ async fn serve_stream(
     {
         tracing::warn!(remote = %connection.remote_address(), claimed_site = %site, %error, "exchange client refused");
         let (h, reason) = refused(error);
-        refuse(&connection, &mut send, h, &reason, code::WRONG_SITE).await;
+        refuse(
+            &connection,
+            (&mut send, &mut recv),
+            h,
+            &reason,
+            code::WRONG_SITE,
+            Scope::Connection,
+        )
+        .await;
         return;
     }
     let key = FragmentKey {
@@ -590,7 +626,15 @@ async fn serve_stream(
             "job {:?} round {} fragment {} plan {:#010x}: not exchanged by this node",
             key.job, key.round, key.fragment, key.plan
         ));
-        refuse(&connection, &mut send, h, &reason, code::UNKNOWN).await;
+        refuse(
+            &connection,
+            (&mut send, &mut recv),
+            h,
+            &reason,
+            code::UNKNOWN,
+            Scope::Stream,
+        )
+        .await;
         return;
     };
     if site == state.me || !state.plan.is_live(&site) {
@@ -599,7 +643,15 @@ async fn serve_stream(
             header.plan,
             state.plan.live()
         ));
-        refuse(&connection, &mut send, h, &reason, code::UNKNOWN).await;
+        refuse(
+            &connection,
+            (&mut send, &mut recv),
+            h,
+            &reason,
+            code::UNKNOWN,
+            Scope::Stream,
+        )
+        .await;
         return;
     }
     // Replay what is held from this site, then welcome it.
@@ -645,10 +697,11 @@ async fn serve_stream(
                 let header = state.header(Kind::Refused, NO_CHUNK);
                 refuse(
                     &connection,
-                    &mut send,
+                    (&mut send, &mut recv),
                     header,
                     &error.to_string(),
                     code::PROTOCOL,
+                    Scope::Connection,
                 )
                 .await;
                 return;
@@ -666,7 +719,15 @@ async fn serve_stream(
                 key.round
             );
             let header = state.header(Kind::Refused, NO_CHUNK);
-            refuse(&connection, &mut send, header, &reason, code::PROTOCOL).await;
+            refuse(
+                &connection,
+                (&mut send, &mut recv),
+                header,
+                &reason,
+                code::PROTOCOL,
+                Scope::Stream,
+            )
+            .await;
             return;
         }
         let chunk = h.chunk;

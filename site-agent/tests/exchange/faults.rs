@@ -415,3 +415,93 @@ async fn a_refused_chunk_ends_the_exchange_with_the_reason_not_at_the_deadline()
     // Ended on the refusal: well before the deadline (a wide bound).
     assert!(outcome.elapsed < deadline / 2, "{:?}", outcome.elapsed);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_leaves_the_pooled_connection_to_the_peers_other_streams() {
+    let pki = Pki::new("test CA");
+    let n = 10_000;
+    let fragments = fragments(20, &[("a", 1.0), ("b", 1.0)], n);
+    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 4096).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), options(1)).unwrap());
+    // b's address for a's own sends: nobody answers; a keeps the fragment
+    // open (its peer timeout is 20 s) while the client below talks to it.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let peers: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), silent.local_addr().unwrap()),
+    ]
+    .into();
+    let a_task = {
+        let (a, plan, codecs, peers) =
+            (Arc::clone(&a), plan.clone(), codecs.clone(), peers.clone());
+        let values = fragments["a"].clone();
+        tokio::spawn(async move {
+            run(&a, &plan, &codecs, &values, &peers, Duration::from_secs(60)).await
+        })
+    };
+    let client_config = pki
+        .agent("b")
+        .quinn_client_config(&[wire::ALPN], Arc::new(quinn::TransportConfig::default()))
+        .unwrap();
+    let endpoint = quinn::Endpoint::client(loopback()).unwrap();
+    let connection = bounded(
+        20,
+        endpoint
+            .connect_with(client_config, peers["a"], "a.site.longhaul")
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let header = |kind| Header {
+        kind,
+        job: JOB.to_string(),
+        round: 1,
+        plan: plan.digest(),
+        chunk: ChunkId {
+            phase: Phase::ReduceScatter,
+            fragment: 0,
+            shard: 0,
+            offset: 0,
+            length: 0,
+        },
+    };
+    let hello = wire::encode_to_vec(&header(Kind::Hello), b"b").unwrap();
+    let mut buffer = vec![0u8; wire::MAX_REASON_BYTES + 200];
+    // A stream welcomed, then sent a message out of place (an ack, which
+    // a receiver never takes): refused, and only that stream ends.
+    let (mut send, mut recv) = bounded(20, connection.open_bi()).await.unwrap();
+    send.write_all(&hello).await.unwrap();
+    assert_eq!(
+        bounded(20, read_one(&mut recv, &mut buffer)).await.0,
+        Kind::Welcome
+    );
+    let ack = wire::encode_to_vec(
+        &Header {
+            chunk: ChunkId {
+                length: 1,
+                ..header(Kind::Ack).chunk
+            },
+            ..header(Kind::Ack)
+        },
+        &[],
+    )
+    .unwrap();
+    send.write_all(&ack).await.unwrap();
+    let (kind, reason) = bounded(20, read_one(&mut recv, &mut buffer)).await;
+    assert_eq!(kind, Kind::Refused);
+    assert!(reason.contains("a ack message"), "{reason}");
+    // The same connection still carries a new stream, which is welcomed.
+    let (mut send, mut recv) = bounded(20, connection.open_bi()).await.unwrap();
+    send.write_all(&hello).await.unwrap();
+    assert_eq!(
+        bounded(20, read_one(&mut recv, &mut buffer)).await.0,
+        Kind::Welcome
+    );
+    assert!(
+        connection.close_reason().is_none(),
+        "{:?}",
+        connection.close_reason()
+    );
+    a_task.abort();
+}

@@ -8,7 +8,8 @@
 //! - `faults`: a peer that never comes up is reported and the round goes
 //!   on without it; a sender killed mid-fragment and restarted resumes
 //!   without the receiver getting anything it held; corrupted messages are
-//!   refused and never reach the sum;
+//!   refused and never reach the sum; a refused stream leaves the pooled
+//!   connection to the peer's other streams;
 //! - `emulated`: through the emulator's UDP proxy, a link cut mid-fragment
 //!   and healed: the connections die and come back, and nothing the
 //!   receiver held is sent to it again.
