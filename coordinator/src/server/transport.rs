@@ -29,6 +29,16 @@ use super::raft_loop::RaftHandle;
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Messages queued for one peer before further ones count as unreachable.
 const PEER_QUEUE: usize = 4096;
+/// A peer's stream that takes no message for this long (its queue of [`PEER_QUEUE`] full) is
+/// dropped and reconnected: a stalled peer must not hold every later message behind it. Raft
+/// sends again what was lost.
+const STREAM_STALL: Duration = Duration::from_secs(5);
+/// A snapshot transfer gets this long, plus [`snapshot_timeout`]'s allowance for its size,
+/// then fails (and is reported failed, so raft sends another): a peer that accepts the
+/// connection and never answers must not stop this peer's messages for good.
+const SNAPSHOT_BASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The slowest transfer rate a snapshot is given time for, bytes per second.
+const SNAPSHOT_MIN_RATE: u64 = 4 << 20;
 
 /// Peer id → peer URL (`http://host:port`), shared with the service so that
 /// membership changes reach the transport.
@@ -213,7 +223,8 @@ async fn peer_task(
             continue;
         };
         if message.get_msg_type() == MessageType::MsgSnapshot {
-            let ok = send_snapshot(client_ref, cluster_id, &message).await;
+            let timeout = snapshot_timeout(message.get_snapshot().get_data().len());
+            let ok = send_snapshot(client_ref, cluster_id, &message, timeout).await;
             if !ok {
                 client = None;
                 stream = None;
@@ -247,8 +258,9 @@ async fn peer_task(
             stream = Some(tx);
         }
         let Some(tx) = stream.as_ref() else { continue };
-        if tx.send(envelope).await.is_err() {
-            // The stream's call ended (peer down); the next message reconnects.
+        let sent = tokio::time::timeout(STREAM_STALL, tx.send(envelope)).await;
+        if !matches!(sent, Ok(Ok(()))) {
+            // The stream's call ended (peer down) or stalled; the next message reconnects.
             stream = None;
             client = None;
             handle.report_unreachable(to);
@@ -256,18 +268,30 @@ async fn peer_task(
     }
 }
 
+/// How long a snapshot of `bytes` may take to send.
+fn snapshot_timeout(bytes: usize) -> Duration {
+    SNAPSHOT_BASE_TIMEOUT + Duration::from_secs(bytes as u64 / SNAPSHOT_MIN_RATE)
+}
+
+/// Sends a snapshot; false if it failed or took longer than `timeout`.
 async fn send_snapshot(
     client: &mut RaftTransportClient<tonic::transport::Channel>,
     cluster_id: u64,
     message: &Message,
+    timeout: Duration,
 ) -> bool {
     let Some(chunks) = snapshot_chunks(cluster_id, message) else {
         return false;
     };
-    match client.install_snapshot(tokio_stream::iter(chunks)).await {
-        Ok(_) => true,
-        Err(status) => {
+    let call = client.install_snapshot(tokio_stream::iter(chunks));
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(_)) => true,
+        Ok(Err(status)) => {
             tracing::warn!(peer = message.to, %status, "snapshot transfer failed");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(peer = message.to, ?timeout, "snapshot transfer timed out");
             false
         }
     }

@@ -435,6 +435,43 @@ fn nothing_is_taken_after_the_last_chunk_or_a_refusal() {
 /// lost: a snapshot field sent twice leaves an empty map of unknown fields that protobuf 2
 /// does not call equal to none, and unknown fields in a snapshot encode in no fixed order.
 /// Every known field survives the round trip.
+/// A peer that accepts the TCP connection and never speaks: the transfer fails at its
+/// timeout instead of holding the peer's queue for good.
+#[tokio::test]
+async fn a_snapshot_to_a_peer_that_never_answers_fails_at_its_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    let endpoint = tonic::transport::Endpoint::from_shared(url)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(1));
+    let mut client = RaftTransportClient::new(endpoint.connect_lazy());
+    let message = snapshot_of(3 * SNAPSHOT_CHUNK_BYTES);
+    let sent = tokio::time::timeout(
+        Duration::from_secs(20),
+        send_snapshot(&mut client, CLUSTER, &message, Duration::from_millis(300)),
+    )
+    .await
+    .expect("the transfer outlived its timeout");
+    assert!(!sent);
+    held.abort();
+}
+
+#[test]
+fn a_snapshot_is_given_time_for_its_size() {
+    assert_eq!(snapshot_timeout(0), SNAPSHOT_BASE_TIMEOUT);
+    let largest = snapshot_timeout(MAX_SNAPSHOT_BYTES as usize);
+    assert_eq!(
+        largest,
+        SNAPSHOT_BASE_TIMEOUT + Duration::from_secs(MAX_SNAPSHOT_BYTES / SNAPSHOT_MIN_RATE)
+    );
+}
+
 #[test]
 fn messages_with_unknown_and_repeated_fields_keep_their_known_fields_over_a_round_trip() {
     let inputs: [&[u8]; 2] = [
