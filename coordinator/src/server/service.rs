@@ -710,8 +710,11 @@ impl Coordinator for CoordinatorService {
 /// the state past revisions that were never applied here one by one),
 /// catches up from the retained history first, or fails the stream with
 /// OUT_OF_RANGE when those revisions are no longer retained, so the client
-/// re-lists: a watch never skips a revision silently. Returns when the
-/// receiver is gone or the feed ends, having said why on the stream.
+/// re-lists: a watch never skips a revision silently. One revision may
+/// carry several changes (a site marked down and the rounds it is excluded
+/// from; a re-placement and the round it aborts): each is sent, in order.
+/// Returns when the receiver is gone or the feed ends, having said why on
+/// the stream.
 pub(super) async fn follow_live<T>(
     mut live: tokio::sync::broadcast::Receiver<Event>,
     state: super::state_machine::SharedState,
@@ -719,17 +722,42 @@ pub(super) async fn follow_live<T>(
     tx: &tokio::sync::mpsc::Sender<Result<T, Status>>,
     mut map: impl FnMut(&Event) -> Option<T>,
 ) {
+    // Every change of a revision up to `last` was sent; of the revision
+    // being sent now, `partial` = (revision, changes sent so far).
+    let mut partial: Option<(u64, usize)> = None;
     loop {
+        let current = partial.map_or(last, |(revision, _)| revision);
+        let mut caught_up = false;
         let events = match live.recv().await {
             Ok(event) if event.revision <= last => continue,
-            Ok(event) if event.revision == last + 1 => vec![event],
+            // The next change of the revision being sent, or the first of
+            // the next revision.
+            Ok(event) if event.revision == current || event.revision == current + 1 => {
+                vec![event]
+            }
             // A gap: revisions in between either changed nothing (then the
             // history has nothing for them either) or were installed by a
             // snapshot; the history says which, or that they are gone.
             Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                 let catch_up = state.read().events_after(last);
                 match catch_up {
-                    Ok(events) => events,
+                    Ok(events) => {
+                        caught_up = true;
+                        // The history holds whole revisions: skip the
+                        // changes of the partial one already sent.
+                        let (revision, sent) = partial.take().unwrap_or((0, 0));
+                        let mut skip = sent;
+                        events
+                            .into_iter()
+                            .filter(|e| {
+                                if skip > 0 && e.revision == revision {
+                                    skip -= 1;
+                                    return false;
+                                }
+                                true
+                            })
+                            .collect()
+                    }
                     Err(error) => {
                         let _ = tx.send(Err(Status::out_of_range(error.to_string()))).await;
                         return;
@@ -744,11 +772,24 @@ pub(super) async fn follow_live<T>(
             }
         };
         for event in events {
-            last = event.revision;
+            partial = match partial {
+                Some((revision, sent)) if revision == event.revision => Some((revision, sent + 1)),
+                Some((revision, _)) => {
+                    last = revision;
+                    Some((event.revision, 1))
+                }
+                None => Some((event.revision, 1)),
+            };
             if let Some(item) = map(&event)
                 && tx.send(Ok(item)).await.is_err()
             {
                 return;
+            }
+        }
+        if caught_up {
+            // Whole revisions: the live feed's copies of them are skipped.
+            if let Some((revision, _)) = partial.take() {
+                last = revision;
             }
         }
     }

@@ -509,6 +509,25 @@ mod watch_tests {
         (revisions, ended)
     }
 
+    fn event(revision: u64) -> Event {
+        Event {
+            revision,
+            change: Change::Noop,
+        }
+    }
+
+    #[tokio::test]
+    async fn every_change_of_a_revision_is_sent_not_only_its_first() {
+        // A site marked down and the round it is excluded from share one
+        // revision: both reach the watch, then the next revision.
+        let state = SharedState::default();
+        let (sent, _) = follow(&state, 0, vec![event(1), event(1), event(2), event(2)]).await;
+        assert_eq!(sent, vec![1, 1, 2, 2]);
+        // Copies of revisions already sent are not sent again.
+        let (sent, _) = follow(&state, 1, vec![event(1), event(2), event(2), event(3)]).await;
+        assert_eq!(sent, vec![2, 2, 3]);
+    }
+
     #[tokio::test]
     async fn a_gap_in_the_live_feed_is_filled_from_the_history_or_fails_out_of_range() {
         let state = SharedState::default();
