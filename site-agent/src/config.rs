@@ -4,7 +4,7 @@
 //! site = "north"
 //! # Coordinator replicas; any may be a follower or down.
 //! coordinators = ["https://10.0.0.1:7700", "https://10.0.0.2:7700", "https://10.0.0.3:7700"]
-//! data_listen = "0.0.0.0:7800"      # QUIC, for probes from other agents
+//! data_listen = "0.0.0.0:7800"      # QUIC, for probes and exchanges with other agents
 //! data_advertise = "10.1.0.5:7800"  # what other agents dial (default: data_listen)
 //! status_listen = "127.0.0.1:7900"  # `site-agent status`
 //! metrics_listen = "127.0.0.1:9800" # Prometheus, optional
@@ -28,6 +28,11 @@
 //!
 //! [probe]                           # optional; every field has a default
 //! socket_buffer = "32 MiB"          # UDP buffers of the agent's QUIC sockets
+//!
+//! [exchange]                        # optional; every field has a default
+//! synthetic_elements = 4_000_000    # rehearsals: a seeded pseudo-gradient per fragment
+//! link_rate = "1 Gbit/s"            # sizes the QUIC windows and UDP buffers
+//! link_rtt = "50 ms"
 //! ```
 //!
 //! Relative paths are relative to the config file's directory.
@@ -41,7 +46,7 @@ use std::path::{Path, PathBuf};
 
 use longhaul_core::ConfigError;
 use longhaul_core::config::{FieldPath, Validate, Violation, check_id};
-use longhaul_core::units::{ByteSize, Duration};
+use longhaul_core::units::{ByteSize, DataRate, Duration};
 use serde::{Deserialize, Serialize};
 
 use crate::inventory::InventoryConfig;
@@ -90,6 +95,8 @@ pub struct AgentConfig {
     pub submit: Option<SubmitConfig>,
     #[serde(default, skip_serializing_if = "is_default")]
     pub probe: ProbeConfig,
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub exchange: ExchangeConfig,
 }
 
 /// Whether a section is all defaults, and so need not be written.
@@ -117,14 +124,14 @@ pub struct ProbeConfig {
     pub throughput_streams: u32,
     /// Base of every probe's seed (default 0); each probe's seed is logged.
     pub seed: u64,
-    /// Receive and send buffer of the agent's QUIC sockets (probe server
-    /// and clients), default 32 MiB, between 208 KiB and 1 GiB. Granted
+    /// Receive and send buffer of the agent's QUIC sockets (the data
+    /// endpoint, at least this, and the probe clients), default 32 MiB, between 208 KiB and 1 GiB. Granted
     /// past `net.core.rmem_max` only with `CAP_NET_ADMIN`; the log says
     /// what the kernel granted.
     pub socket_buffer: ByteSize,
-    /// Where to reach some sites' agents instead of the address they
-    /// registered (site id → host:port), e.g. through a NAT or the
-    /// rehearsal's emulated links.
+    /// Where to reach some sites' agents, for probes and the exchange,
+    /// instead of the address they registered (site id → host:port), e.g.
+    /// through a NAT or the rehearsal's emulated links.
     pub peer_addresses: std::collections::BTreeMap<String, SocketAddr>,
 }
 
@@ -170,6 +177,89 @@ impl ProbeConfig {
             interval: std(self.interval),
             probe: crate::probe::ProbeOptions { timeout, ..probe },
             ..crate::probe::SchedulerOptions::default()
+        }
+    }
+}
+
+/// The pseudo-gradient exchange with the other sites' agents (QUIC, on
+/// `data_listen` beside the probes; peers at the address they registered
+/// or `probe.peer_addresses`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExchangeConfig {
+    /// Take part in the outer rounds of the jobs this site is a replica
+    /// of, with a synthetic pseudo-gradient of this many f32 values per
+    /// fragment (seeded from `seed`, the job, the round, the fragment and
+    /// the site; between 1 and 2^28): rehearsals and benchmarks of the
+    /// links. Unset (the default): the agent serves its peers' exchanges
+    /// but contributes to no round (trainers do not hand it theirs yet).
+    pub synthetic_elements: Option<u64>,
+    /// Base of the synthetic pseudo-gradients' seeds (default 0).
+    pub seed: u64,
+    /// Connections to each peer, each with its own congestion controller
+    /// (default 4, at most 64).
+    pub connections_per_peer: u32,
+    /// The rate and round trip of the links, for the QUIC windows and UDP
+    /// buffers (default 1 Gbit/s and 50 ms).
+    pub link_rate: DataRate,
+    pub link_rtt: Duration,
+    /// Pace what is sent to each peer at this rate (a dedicated link's
+    /// planned share); unset: congestion control alone (default).
+    pub pacing: Option<DataRate>,
+    /// A peer with no working connection this long is given up on for
+    /// the fragment (default 15 s): the round's deadline excludes it.
+    pub peer_timeout: Duration,
+}
+
+impl Default for ExchangeConfig {
+    fn default() -> Self {
+        let defaults = crate::exchange::ExchangeOptions::default();
+        Self {
+            synthetic_elements: None,
+            seed: 0,
+            connections_per_peer: defaults.connections_per_peer,
+            link_rate: DataRate::from_bits_per_second(defaults.link_rate_bits_per_second),
+            link_rtt: Duration::from_nanos(defaults.link_rtt.as_nanos() as u64),
+            pacing: None,
+            peer_timeout: Duration::from_nanos(defaults.peer_timeout.as_nanos() as u64),
+        }
+    }
+}
+
+impl ExchangeConfig {
+    /// The exchange node's options.
+    pub fn options(&self) -> crate::exchange::ExchangeOptions {
+        crate::exchange::ExchangeOptions {
+            connections_per_peer: self.connections_per_peer,
+            link_rate_bits_per_second: self.link_rate.bits_per_second(),
+            link_rtt: self.link_rtt.into(),
+            pacing_bytes_per_second: self.pacing.map(|r| r.bits_per_second() / 8),
+            peer_timeout: self.peer_timeout.into(),
+            ..crate::exchange::ExchangeOptions::default()
+        }
+    }
+
+    fn violations(&self, at: &FieldPath, out: &mut Vec<Violation>) {
+        if let Some(elements) = self.synthetic_elements
+            && !(1..=crate::rounds::MAX_SYNTHETIC_ELEMENTS).contains(&elements)
+        {
+            out.push(Violation::new(
+                at.key("synthetic_elements"),
+                format!(
+                    "is {elements}; it must be between 1 and {}",
+                    crate::rounds::MAX_SYNTHETIC_ELEMENTS
+                ),
+            ));
+        }
+        if let Err(crate::exchange::ExchangeError::InvalidOptions { field, message }) =
+            self.options().validate()
+        {
+            let field = match field {
+                "link_rate_bits_per_second" => "link_rate",
+                "pacing_bytes_per_second" => "pacing",
+                other => other,
+            };
+            out.push(Violation::new(at.key(field), message));
         }
     }
 }
@@ -309,6 +399,7 @@ impl Validate for AgentConfig {
                 "must be at least 10 ms",
             ));
         }
+        self.exchange.violations(&root.key("exchange"), &mut out);
         if let Err(error) = self.render.validate() {
             out.push(Violation::new(root.key("render"), error.to_string()));
         }
@@ -362,6 +453,7 @@ impl AgentConfig {
             render: RenderOptions::default(),
             submit: None,
             probe: ProbeConfig::default(),
+            exchange: ExchangeConfig::default(),
         }
     }
 
@@ -513,6 +605,38 @@ static = { file = "topology.toml" }
         }
     }
 
+    #[test]
+    fn bad_exchange_settings_are_named() {
+        for (setting, field) in [
+            ("synthetic_elements = 0", "exchange.synthetic_elements"),
+            (
+                "synthetic_elements = 300_000_000",
+                "exchange.synthetic_elements",
+            ),
+            ("connections_per_peer = 0", "exchange.connections_per_peer"),
+            ("connections_per_peer = 65", "exchange.connections_per_peer"),
+            ("link_rate = \"100 kbit/s\"", "exchange.link_rate"),
+            ("pacing = \"1 kbit/s\"", "exchange.pacing"),
+            ("peer_timeout = \"0 s\"", "exchange.peer_timeout"),
+        ] {
+            let text = format!("{GOOD}\n[exchange]\n{setting}\n");
+            let error = AgentConfig::from_toml("agent.toml", &text, Path::new("."))
+                .expect_err(setting)
+                .to_string();
+            assert!(
+                error.contains(&format!("field `{field}`")),
+                "{setting}: {error}"
+            );
+        }
+        let text = format!("{GOOD}\n[exchange]\nsynthetic_elements = 4096\nlink_rtt = \"70 ms\"\n");
+        let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
+        assert_eq!(config.exchange.synthetic_elements, Some(4096));
+        assert_eq!(
+            config.exchange.options().link_rtt,
+            std::time::Duration::from_millis(70)
+        );
+    }
+
     /// A config with every field and section set to something other than
     /// its default, valid as a whole, with absolute paths (which parsing
     /// leaves as they are).
@@ -520,7 +644,6 @@ static = { file = "topology.toml" }
         use crate::inventory::{BuildingConfig, SlurmConfig};
         use crate::render::{SlurmTopology, Target};
         use longhaul_core::topology::{Fabric, FabricKind, Location};
-        use longhaul_core::units::DataRate;
 
         let fabric = |kind, oversubscription| Fabric {
             kind,
@@ -607,6 +730,15 @@ static = { file = "topology.toml" }
                     ("east-2".into(), SocketAddr::from(([127, 0, 0, 1], 17802))),
                 ]
                 .into(),
+            },
+            exchange: ExchangeConfig {
+                synthetic_elements: Some(1 << 20),
+                seed: 9,
+                connections_per_peer: 8,
+                link_rate: DataRate::from_gbit_per_second(10),
+                link_rtt: Duration::from_millis(70),
+                pacing: Some(DataRate::from_gbit_per_second(2)),
+                peer_timeout: Duration::from_secs(30),
             },
             ..AgentConfig::new(
                 "north",

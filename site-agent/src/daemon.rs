@@ -1,6 +1,7 @@
 //! The body of `site-agent run`: load the config, discover the inventory,
-//! start the lease and watch tasks, the probes and the status service, and
-//! run until interrupted. In the library so that `longhaul rehearse` can
+//! start the lease and watch tasks, the data endpoint (probes and the
+//! exchange), the round driver when configured, and the status service,
+//! and run until interrupted. In the library so that `longhaul rehearse` can
 //! start agents as processes of its own binary; like a binary's `main`, it
 //! reports errors with `anyhow`.
 
@@ -15,10 +16,12 @@ use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 use crate::agent::{self, Agent, Discover, Settings};
 use crate::config::AgentConfig;
 use crate::coordinator::Coordinators;
+use crate::data_endpoint::DataEndpoint;
 use crate::inventory::{Inventory, InventorySource, source_from_config};
 use crate::launch::RenderAndSubmit;
 use crate::prober;
 use crate::render::slurm::SlurmSubmitOptions;
+use crate::rounds;
 use crate::status::{StatusBoard, StatusService};
 use crate::store::Store;
 use crate::tls::AgentTls;
@@ -133,22 +136,44 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         // The server still answers the other sites' probes.
         probe_options.interval = Duration::from_secs(365 * 24 * 3600);
     }
+    // One QUIC endpoint on data_listen for the probes and the exchange.
+    let (data_endpoint, probe_server, exchange_node) = DataEndpoint::bind(
+        config.data_listen,
+        &agent_tls,
+        prober::server_options(&probe_options),
+        config.exchange.options(),
+    )
+    .with_context(|| format!("data_listen: cannot listen on {}", config.data_listen))?;
     let prober = prober::start(
         config.site.clone(),
-        config.data_listen,
+        probe_server,
         config.probe.peer_addresses.clone(),
         agent_tls,
         probe_options,
         coordinators.clone(),
         status.clone(),
     )
-    .await
-    .with_context(|| {
-        format!(
-            "data_listen: cannot start link probes on {}",
-            config.data_listen
+    .context("cannot start the link probes")?;
+    let exchange_node = Arc::new(exchange_node);
+    let round_driver = config.exchange.synthetic_elements.map(|elements| {
+        tracing::info!(
+            elements,
+            seed = config.exchange.seed,
+            "taking part in outer rounds with synthetic pseudo-gradients"
+        );
+        rounds::spawn(
+            rounds::RoundSettings {
+                site_id: config.site.clone(),
+                synthetic_elements: elements,
+                seed: config.exchange.seed,
+                call_timeout,
+            },
+            coordinators.clone(),
+            Arc::clone(&exchange_node),
+            prober.peers.clone(),
+            status.clone(),
         )
-    })?;
+    });
     let status_listener = tokio::net::TcpListener::bind(config.status_listen)
         .await
         .with_context(|| format!("status_listen: cannot listen on {}", config.status_listen))?;
@@ -176,9 +201,11 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
             shutdown(),
         );
     server.await.context("status server failed")?;
-    for task in tasks {
+    for task in tasks.into_iter().chain(round_driver) {
         task.abort();
     }
+    drop(prober);
+    drop(data_endpoint);
     tracing::info!("site agent stopped");
     Ok(())
 }

@@ -1,14 +1,15 @@
-//! The agent's link probes, wired to the rest: a probe server for the other
-//! agents, a scheduler that probes every other registered site (peers come
-//! from the coordinator's site list), each result reported to the
-//! coordinator (stored beside the configured link) and shown in the status.
+//! The agent's link probes, wired to the rest: beside the probe server for
+//! the other agents, a scheduler that probes every other registered site
+//! (peers come from the coordinator's site list, which the exchange reads
+//! too), each result reported to the coordinator (stored beside the
+//! configured link) and shown in the status.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use longhaul_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::coordinator::Coordinators;
 use crate::probe::{
@@ -25,6 +26,10 @@ const PEER_REFRESH: Duration = Duration::from_secs(5);
 pub struct Prober {
     pub server: ProbeServer,
     pub trigger: ProbeTrigger,
+    /// Where every other site that is up is reached (its registered data
+    /// address, or the configured override), refreshed every 5 s: the
+    /// probes' peers, and the exchange's.
+    pub peers: watch::Receiver<BTreeMap<String, SocketAddr>>,
 }
 
 fn peer_probe(report: &ProbeReport) -> pb::PeerProbe {
@@ -53,25 +58,29 @@ fn peer_probe(report: &ProbeReport) -> pb::PeerProbe {
     }
 }
 
-/// Starts the probe server on `listen` and the scheduler.
-pub async fn start(
+/// The probe server's options for a scheduler's: its socket buffers.
+pub fn server_options(options: &SchedulerOptions) -> ProbeServerOptions {
+    ProbeServerOptions {
+        transport: crate::probe::QuicTuning {
+            socket_buffer_bytes: options.probe.transport.socket_buffer_bytes,
+            ..crate::probe::QuicTuning::default()
+        },
+        ..ProbeServerOptions::default()
+    }
+}
+
+/// Starts the scheduler beside a running probe `server`.
+pub fn start(
     site_id: String,
-    listen: SocketAddr,
+    server: ProbeServer,
     overrides: BTreeMap<String, SocketAddr>,
     tls: AgentTls,
     options: SchedulerOptions,
     coordinators: Coordinators,
     status: SharedStatus,
 ) -> Result<Prober, crate::probe::ProbeError> {
-    let server_options = ProbeServerOptions {
-        transport: crate::probe::QuicTuning {
-            socket_buffer_bytes: options.probe.transport.socket_buffer_bytes,
-            ..crate::probe::QuicTuning::default()
-        },
-        ..ProbeServerOptions::default()
-    };
-    let server = ProbeServer::bind(listen, &tls, server_options).await?;
     let (scheduler, mut reports) = ProbeScheduler::start(tls, Vec::new(), options)?;
+    let (peers_tx, peers) = watch::channel(BTreeMap::new());
     let (trigger, mut requests) = mpsc::channel::<oneshot::Sender<Vec<pb::PeerProbe>>>(8);
     let scheduler = std::sync::Arc::new(scheduler);
     let peer_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -104,6 +113,13 @@ pub async fn start(
                             })
                             .collect();
                         peers.sort_by(|a, b| a.site.cmp(&b.site));
+                        peers_tx.send_if_modified(|current| {
+                            let fresh: BTreeMap<String, SocketAddr> =
+                                peers.iter().map(|p| (p.site.clone(), p.addr)).collect();
+                            let changed = *current != fresh;
+                            *current = fresh;
+                            changed
+                        });
                         if peers != known {
                             tracing::info!(peers = ?peers.iter().map(|p| &p.site).collect::<Vec<_>>(), "probe peers");
                             if scheduler.set_peers(peers.clone()).is_ok() {
@@ -201,5 +217,9 @@ pub async fn start(
             }
         });
     }
-    Ok(Prober { server, trigger })
+    Ok(Prober {
+        server,
+        trigger,
+        peers,
+    })
 }

@@ -33,7 +33,12 @@ pub struct StatusBoard {
     pub plaintext: bool,
     /// Revisions of the assignments acted on in this run (the last 256).
     pub handled_revisions: VecDeque<u64>,
+    /// Fragments exchanged and applied in this run (the last 1024).
+    pub exchanges: VecDeque<pb::FragmentExchange>,
 }
+
+/// How many exchanged fragments the status keeps.
+const EXCHANGES_KEPT: usize = 1024;
 
 /// How many handled revisions the status keeps.
 const HANDLED_KEPT: usize = 256;
@@ -52,6 +57,15 @@ impl StatusBoard {
         while self.handled_revisions.len() > HANDLED_KEPT {
             self.handled_revisions.pop_front();
         }
+    }
+
+    /// Notes a fragment exchanged and applied, keeping the last
+    /// [`EXCHANGES_KEPT`].
+    pub fn record_exchange(&mut self, exchange: pb::FragmentExchange) {
+        if self.exchanges.len() == EXCHANGES_KEPT {
+            self.exchanges.pop_front();
+        }
+        self.exchanges.push_back(exchange);
     }
 
     /// The board as the status service returns it.
@@ -117,6 +131,7 @@ impl StatusBoard {
             reconnects: self.reconnects,
             plaintext: self.plaintext,
             handled_revisions: self.handled_revisions.iter().copied().collect(),
+            exchanges: self.exchanges.iter().cloned().collect(),
         }
     }
 }

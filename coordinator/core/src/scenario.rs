@@ -31,6 +31,33 @@ pub struct Scenario {
     pub impairments: Vec<Impairment>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub timeline: Vec<TimelineEvent>,
+    #[serde(default, skip_serializing_if = "ScenarioExchange::is_default")]
+    pub exchange: ScenarioExchange,
+}
+
+/// What the agents exchange in the job's outer rounds (a job placed as
+/// DiLoCo replicas): a synthetic, seeded pseudo-gradient per fragment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScenarioExchange {
+    /// f32 values each agent contributes per fragment; 0 turns the
+    /// exchange off. Default 262,144 (1 MiB), at most 2^28.
+    pub elements: u64,
+}
+
+/// Largest synthetic fragment of a rehearsal.
+pub const MAX_EXCHANGE_ELEMENTS: u64 = 1 << 28;
+
+impl Default for ScenarioExchange {
+    fn default() -> Self {
+        Self { elements: 1 << 18 }
+    }
+}
+
+impl ScenarioExchange {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 /// Where the coordinator replicas run.
@@ -214,6 +241,15 @@ impl Validate for Scenario {
             out.push(Violation::new(
                 root.key("duration"),
                 "must be a positive duration, found 0",
+            ));
+        }
+        if self.exchange.elements > MAX_EXCHANGE_ELEMENTS {
+            out.push(Violation::new(
+                root.key("exchange").key("elements"),
+                format!(
+                    "is {}; at most {MAX_EXCHANGE_ELEMENTS} (1 GiB of f32 per fragment)",
+                    self.exchange.elements
+                ),
             ));
         }
         let replicas = self.coordinator.replicas;

@@ -41,6 +41,8 @@ const EXAMPLES: &[&str] = &[
     include_str!("../../../deploy/scenarios/quick-failover.toml"),
     include_str!("../../../deploy/scenarios/lossy-long-haul.toml"),
     include_str!("../../../deploy/scenarios/three-sites-continents.toml"),
+    include_str!("../../../deploy/scenarios/quick-exchange.toml"),
+    include_str!("../../../deploy/examples/llama-70b-diloco.job.toml"),
 ];
 
 /// What any text must give: a value that prints to TOML parsing back equal, or an error with

@@ -195,6 +195,11 @@ impl Contributor {
         }
     }
 
+    /// The fragment's length it encodes.
+    pub fn elements(&self) -> u64 {
+        self.elements
+    }
+
     /// Encodes elements `range` of `fragment` (the site's whole fragment)
     /// with `config`, carrying that codec's residual.
     pub fn encode_chunk(

@@ -73,6 +73,7 @@ mod state;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub(crate) use node::MAX_FRAGMENTS_AT_ONCE;
 pub use node::{ExchangeNode, FragmentRequest};
 
 use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, SOCKET_BUFFER_RANGE};

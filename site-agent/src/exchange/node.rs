@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -21,10 +21,11 @@ use tokio::task::JoinSet;
 use super::io::{MAX_CONTROL_MESSAGE_BYTES, ReadMessageError, expect, read_message, write_message};
 use super::state::{FragmentKey, FragmentState, Registry, Taken};
 use super::{ExchangeError, ExchangeOptions, ExchangeOutcome, code, sender};
+use crate::data_endpoint::{Pending, Source};
 use crate::tls::{self, AgentTls};
 
 /// Fragments one connection may carry at once (a stream each).
-const MAX_FRAGMENTS_AT_ONCE: u32 = 64;
+pub(crate) const MAX_FRAGMENTS_AT_ONCE: u32 = 64;
 
 /// What the node and its tasks share.
 #[derive(Debug)]
@@ -84,6 +85,8 @@ impl NodeInner {
 pub struct ExchangeNode {
     inner: Arc<NodeInner>,
     accept: tokio::task::JoinHandle<()>,
+    /// Whether dropping the node closes the endpoint (not a shared one).
+    owns_endpoint: bool,
 }
 
 /// One fragment to exchange.
@@ -105,6 +108,18 @@ pub struct FragmentRequest<'a> {
     pub deadline: Duration,
 }
 
+/// The QUIC settings of the node's connections: each pooled connection
+/// carries one bidirectional stream per fragment exchanged at once.
+fn transport(options: &ExchangeOptions) -> Result<Arc<quinn::TransportConfig>, ExchangeError> {
+    options
+        .tuning()
+        .transport_config(0, MAX_FRAGMENTS_AT_ONCE)
+        .map_err(|error| ExchangeError::InvalidOptions {
+            field: "transport",
+            message: error.to_string(),
+        })
+}
+
 impl ExchangeNode {
     /// Binds the endpoint on `addr` (inside a tokio runtime), with the UDP
     /// buffers and QUIC windows sized from `options`' link.
@@ -114,25 +129,31 @@ impl ExchangeNode {
         options: ExchangeOptions,
     ) -> Result<ExchangeNode, ExchangeError> {
         options.validate()?;
-        let tuning = options.tuning();
-        let invalid = |error: crate::probe::ProbeError| ExchangeError::InvalidOptions {
-            field: "transport",
-            message: error.to_string(),
-        };
-        // Each pooled connection carries one bidirectional stream per
-        // fragment exchanged at once.
-        let transport = tuning
-            .transport_config(0, MAX_FRAGMENTS_AT_ONCE)
-            .map_err(invalid)?;
-        let server_config = tls.quinn_server_config(&[wire::ALPN], Arc::clone(&transport))?;
-        let client_config = tls.quinn_client_config(&[wire::ALPN], transport)?;
+        let server_config = tls.quinn_server_config(&[wire::ALPN], transport(&options)?)?;
         let (endpoint, _buffers) = crate::udp::quic_endpoint(
             addr,
             Some(server_config),
-            tuning.socket_buffer_bytes,
+            options.tuning().socket_buffer_bytes,
             "exchange",
         )
         .map_err(|source| ExchangeError::Bind { addr, source })?;
+        let mut node =
+            Self::on_endpoint(endpoint.clone(), Source::Endpoint(endpoint), tls, options)?;
+        node.owns_endpoint = true;
+        Ok(node)
+    }
+
+    /// Serves peers' connections from `source` and connects to peers from
+    /// `endpoint` (shared, see [`crate::data_endpoint`]: the node then
+    /// leaves the endpoint open when it is dropped).
+    pub(crate) fn on_endpoint(
+        endpoint: quinn::Endpoint,
+        source: Source,
+        tls: &AgentTls,
+        options: ExchangeOptions,
+    ) -> Result<ExchangeNode, ExchangeError> {
+        options.validate()?;
+        let client_config = tls.quinn_client_config(&[wire::ALPN], transport(&options)?)?;
         let incarnation = options.incarnation.unwrap_or_else(|| {
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -149,8 +170,12 @@ impl ExchangeNode {
             next_connection: AtomicU64::new(1),
             connections: Mutex::new(HashMap::new()),
         });
-        let accept = tokio::spawn(accept_loop(Arc::clone(&inner)));
-        Ok(ExchangeNode { inner, accept })
+        let accept = tokio::spawn(accept_loop(Arc::clone(&inner), source));
+        Ok(ExchangeNode {
+            inner,
+            accept,
+            owns_endpoint: false,
+        })
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
@@ -190,8 +215,14 @@ impl ExchangeNode {
     /// Closes the endpoint and waits (at most `wait`) until its
     /// connections are gone, so that the address can be bound again.
     pub async fn shutdown(self, wait: Duration) {
-        self.inner.endpoint.close(code::DONE.into(), b"shutdown");
-        let _ = tokio::time::timeout(wait, self.inner.endpoint.wait_idle()).await;
+        // Its own connections, on a shared endpoint too.
+        for connection in self.inner.connections().drain().map(|(_, c)| c) {
+            connection.close(code::DONE.into(), b"shutdown");
+        }
+        if self.owns_endpoint {
+            self.inner.endpoint.close(code::DONE.into(), b"shutdown");
+            let _ = tokio::time::timeout(wait, self.inner.endpoint.wait_idle()).await;
+        }
     }
 
     /// Forgets every fragment of `job`'s `round` (once the round is over:
@@ -251,23 +282,85 @@ impl ExchangeNode {
             fragment: request.fragment,
             plan: plan.digest(),
         };
+        // A fragment tried before under this plan (its exchange ended
+        // without a result) is resumed: its state keeps what it holds and
+        // what its peers acknowledged, so nothing held is sent again.
+        let active = match node.registry.get(&key) {
+            Some(state) => {
+                if state.active.swap(true, Ordering::SeqCst) {
+                    return Err(ExchangeError::Busy {
+                        job: key.job,
+                        round: key.round,
+                        fragment: key.fragment,
+                    });
+                }
+                let active = Active(state);
+                // Encoded again from the checkpoint only to move the
+                // residuals as the first attempt did: the same values give
+                // the same frames, which the state holds already.
+                request.contributor.contributions_from(
+                    checkpoint,
+                    plan,
+                    request.codecs,
+                    me,
+                    request.values,
+                )?;
+                active.0.resume();
+                active
+            }
+            None => Active(self.register(request, checkpoint, key, &peers)?),
+        };
+        let state = Arc::clone(&active.0);
+
+        let (stop, stopped) = watch::channel(false);
+        let mut pool = JoinSet::new();
+        for (peer, addr) in &addresses {
+            for slot in 0..node.options.connections_per_peer {
+                pool.spawn(sender::connection_loop(
+                    Arc::clone(node),
+                    Arc::clone(&state),
+                    peer.clone(),
+                    *addr,
+                    slot,
+                    stopped.clone(),
+                ));
+            }
+        }
+        let reason = wait(node, &state, started + request.deadline).await;
+        // The exchange's time, without the pool's shutdown.
+        let elapsed = started.elapsed();
+        let _ = stop.send(true);
+        // The pool ends at once on the stop signal; the bound is a guard.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while pool.join_next().await.is_some() {}
+        })
+        .await;
+        pool.abort_all();
+        let outcome = outcome(&state, reason, elapsed);
+        super::metrics::record(&outcome);
+        Ok(outcome)
+    }
+
+    /// A new fragment's state, its chunks encoded and queued, registered
+    /// (and marked active) so that peers' hellos find it.
+    fn register(
+        &self,
+        request: &mut FragmentRequest<'_>,
+        checkpoint: &Checkpoint,
+        key: FragmentKey,
+        peers: &[String],
+    ) -> Result<Arc<FragmentState>, ExchangeError> {
+        let node = &self.inner;
+        let me = node.site.as_str();
+        let plan = request.plan;
         let reducer = ShardReducer::new(plan, me, request.codecs.gather())?;
         let state = Arc::new(FragmentState::new(
             key.clone(),
             me,
             plan.clone(),
             reducer,
-            &peers,
+            peers,
         ));
-        // Before encoding: encoding moves the contributor's error-feedback
-        // residuals, which a refused call must leave as they were.
-        if node.registry.get(&key).is_some() {
-            return Err(ExchangeError::Busy {
-                job: key.job,
-                round: key.round,
-                fragment: key.fragment,
-            });
-        }
         let chunks = request.contributor.contributions_from(
             checkpoint,
             plan,
@@ -304,6 +397,7 @@ impl ExchangeNode {
                 }
             }
         }
+        state.active.store(true, Ordering::SeqCst);
         if !node.registry.insert(Arc::clone(&state)) {
             return Err(ExchangeError::Busy {
                 job: key.job,
@@ -312,40 +406,25 @@ impl ExchangeNode {
             });
         }
 
-        let (stop, stopped) = watch::channel(false);
-        let mut pool = JoinSet::new();
-        for (peer, addr) in &addresses {
-            for slot in 0..node.options.connections_per_peer {
-                pool.spawn(sender::connection_loop(
-                    Arc::clone(node),
-                    Arc::clone(&state),
-                    peer.clone(),
-                    *addr,
-                    slot,
-                    stopped.clone(),
-                ));
-            }
-        }
-        let reason = wait(node, &state, started + request.deadline).await;
-        // The exchange's time, without the pool's shutdown.
-        let elapsed = started.elapsed();
-        let _ = stop.send(true);
-        // The pool ends at once on the stop signal; the bound is a guard.
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while pool.join_next().await.is_some() {}
-        })
-        .await;
-        pool.abort_all();
-        let outcome = outcome(&state, reason, elapsed);
-        super::metrics::record(&outcome);
-        Ok(outcome)
+        Ok(state)
+    }
+}
+
+/// Marks a fragment's state as being exchanged while it lives.
+struct Active(Arc<FragmentState>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.store(false, Ordering::SeqCst);
     }
 }
 
 impl Drop for ExchangeNode {
     fn drop(&mut self) {
         self.accept.abort();
-        self.inner.endpoint.close(code::DONE.into(), b"shutdown");
+        if self.owns_endpoint {
+            self.inner.endpoint.close(code::DONE.into(), b"shutdown");
+        }
     }
 }
 
@@ -438,11 +517,11 @@ fn outcome(state: &FragmentState, reason: Option<String>, elapsed: Duration) -> 
     }
 }
 
-async fn accept_loop(node: Arc<NodeInner>) {
+async fn accept_loop(node: Arc<NodeInner>, mut source: Source) {
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
-            incoming = node.endpoint.accept() => match incoming {
+            incoming = source.next() => match incoming {
                 Some(incoming) => {
                     connections.spawn(serve_connection(Arc::clone(&node), incoming));
                 }
@@ -453,9 +532,12 @@ async fn accept_loop(node: Arc<NodeInner>) {
     }
 }
 
-async fn serve_connection(node: Arc<NodeInner>, incoming: quinn::Incoming) {
+async fn serve_connection(node: Arc<NodeInner>, incoming: Pending) {
     let handshake = node.options.handshake_timeout;
-    let Ok(Ok(connection)) = tokio::time::timeout(handshake, incoming).await else {
+    let Ok(connecting) = incoming.accept() else {
+        return;
+    };
+    let Ok(Ok(connection)) = tokio::time::timeout(handshake, connecting).await else {
         return;
     };
     let mut streams = JoinSet::new();

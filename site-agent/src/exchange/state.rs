@@ -4,6 +4,7 @@
 //! peers) and the pool (data to peers) go through it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -62,6 +63,9 @@ pub(crate) struct FragmentState {
     inner: Mutex<Inner>,
     /// Bumped at every change that may let a task go on.
     changed: watch::Sender<u64>,
+    /// Whether an exchange of this node runs on it now (a second call for
+    /// the fragment is refused; a later one resumes it).
+    pub active: AtomicBool,
 }
 
 /// What the server does with a data message.
@@ -110,7 +114,18 @@ impl FragmentState {
                 peers,
             }),
             changed: watch::channel(0).0,
+            active: AtomicBool::new(false),
         }
+    }
+
+    /// Starts another attempt on this state: every peer is given a new
+    /// [`super::ExchangeOptions::peer_timeout`] from now.
+    pub fn resume(&self) {
+        let now = Instant::now();
+        for peer in self.lock().peers.values_mut() {
+            peer.alive_at = now;
+        }
+        self.notify();
     }
 
     /// The lock; a panic while holding it (a bug) does not stop others.

@@ -17,13 +17,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
-use quinn::{Connection, ConnectionError, Incoming, RecvStream, VarInt};
+use quinn::{Connection, ConnectionError, RecvStream, VarInt};
 use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use super::wire::{self, Datagram, Frame, ReadFrameError, ServerLimits, code};
 use super::{ProbeError, QuicTuning};
+use crate::data_endpoint::{Pending, Source};
 use crate::tls::{self, AgentTls};
 
 /// What a probe server allows.
@@ -141,6 +142,8 @@ pub struct ProbeServer {
     local_addr: SocketAddr,
     site: String,
     endpoint: quinn::Endpoint,
+    /// Whether stopping closes the endpoint (not a shared one).
+    owns_endpoint: bool,
     recent: Arc<Mutex<VecDeque<SessionRecord>>>,
     task: JoinHandle<()>,
 }
@@ -170,9 +173,32 @@ impl ProbeServer {
             "probe server",
         )
         .map_err(|source| ProbeError::Endpoint { addr, source })?;
-        let local_addr = endpoint
-            .local_addr()
-            .map_err(|source| ProbeError::Endpoint { addr, source })?;
+        tracing::info!(
+            socket_receive_buffer = buffers.receive,
+            socket_send_buffer = buffers.send,
+            "probe server socket"
+        );
+        let mut server =
+            Self::on_endpoint(endpoint.clone(), Source::Endpoint(endpoint), tls, options)?;
+        server.owns_endpoint = true;
+        Ok(server)
+    }
+
+    /// Serves probes from `source`, on `endpoint` (shared, see
+    /// [`crate::data_endpoint`]: this server then leaves the endpoint open
+    /// when it stops).
+    pub(crate) fn on_endpoint(
+        endpoint: quinn::Endpoint,
+        source: Source,
+        tls: &AgentTls,
+        options: ProbeServerOptions,
+    ) -> Result<Self, ProbeError> {
+        options.validate()?;
+        let addr_error = |source| ProbeError::Endpoint {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        };
+        let local_addr = endpoint.local_addr().map_err(addr_error)?;
         let recent = Arc::new(Mutex::new(VecDeque::new()));
         let shared = Arc::new(Shared {
             site: tls.site().to_string(),
@@ -184,15 +210,14 @@ impl ProbeServer {
             %local_addr,
             site = tls.site(),
             insecure = tls.is_insecure(),
-            socket_receive_buffer = buffers.receive,
-            socket_send_buffer = buffers.send,
             "probe server listening"
         );
-        let task = tokio::spawn(accept_loop(endpoint.clone(), shared));
+        let task = tokio::spawn(accept_loop(source, shared));
         Ok(Self {
             local_addr,
             site: tls.site().to_string(),
             endpoint,
+            owns_endpoint: false,
             recent,
             task,
         })
@@ -213,24 +238,29 @@ impl ProbeServer {
     }
 
     /// Closes every session with [`code::SHUTDOWN`] and waits (at most 2 s)
-    /// for the closes to be sent.
+    /// for the closes to be sent (an endpoint it shares is left open: its
+    /// sessions end with the server's task).
     pub async fn shutdown(self) {
-        self.endpoint.close(
-            VarInt::from_u32(code::SHUTDOWN),
-            b"probe server shutting down",
-        );
         self.task.abort();
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+        if self.owns_endpoint {
+            self.endpoint.close(
+                VarInt::from_u32(code::SHUTDOWN),
+                b"probe server shutting down",
+            );
+            let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+        }
     }
 }
 
 impl Drop for ProbeServer {
     fn drop(&mut self) {
-        self.endpoint.close(
-            VarInt::from_u32(code::SHUTDOWN),
-            b"probe server shutting down",
-        );
         self.task.abort();
+        if self.owns_endpoint {
+            self.endpoint.close(
+                VarInt::from_u32(code::SHUTDOWN),
+                b"probe server shutting down",
+            );
+        }
     }
 }
 
@@ -239,13 +269,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, shared: Arc<Shared>) {
+async fn accept_loop(mut source: Source, shared: Arc<Shared>) {
     let permits = Arc::new(Semaphore::new(shared.options.max_connections));
     // Dropping the set (when this task is aborted) aborts the sessions.
     let mut sessions = JoinSet::new();
     loop {
         tokio::select! {
-            incoming = endpoint.accept() => {
+            incoming = source.next() => {
                 let Some(incoming) = incoming else { break };
                 match Arc::clone(&permits).try_acquire_owned() {
                     Ok(permit) => {
@@ -281,7 +311,7 @@ enum SessionError {
     Lost(ConnectionError),
 }
 
-async fn serve(incoming: Incoming, shared: &Shared) {
+async fn serve(incoming: Pending, shared: &Shared) {
     let remote = incoming.remote_address();
     let deadline = Instant::now() + shared.options.max_probe_duration;
     let mut record = SessionRecord {
@@ -315,7 +345,7 @@ async fn serve(incoming: Incoming, shared: &Shared) {
 
 /// Runs one session to its end; the error says why it failed.
 async fn serve_session(
-    incoming: Incoming,
+    incoming: Pending,
     shared: &Shared,
     deadline: Instant,
     record: &mut SessionRecord,

@@ -68,6 +68,48 @@ async fn a_peer_that_never_comes_up_is_reported_and_the_round_goes_on_without_it
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fragment_tried_again_under_the_same_plan_resumes_once_the_peer_is_up() {
+    let pki = Pki::new("test CA");
+    let n = 20_000;
+    let fragments = fragments(17, &[("a", 1.0), ("b", 1.0)], n);
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let short = ExchangeOptions {
+        peer_timeout: Duration::from_secs(2),
+        ..options(1)
+    };
+    let a = ExchangeNode::bind(loopback(), &pki.agent("a"), short.clone()).unwrap();
+    // b's address, free until b starts there.
+    let b_addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let peers: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), b_addr),
+    ]
+    .into();
+    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 2048).unwrap();
+    let deadline = Duration::from_secs(60);
+    let first = run(&a, &plan, &codecs, &fragments["a"], &peers, deadline).await;
+    assert_eq!(first.dead, ["b"], "{first:?}");
+    assert_eq!(first.hash, None);
+    // b comes up; nothing excluded it, so a tries the same plan again:
+    // the state of the first attempt is resumed, not refused as busy.
+    let b = ExchangeNode::bind(b_addr, &pki.agent("b"), short).unwrap();
+    let (again_a, again_b) = tokio::join!(
+        run(&a, &plan, &codecs, &fragments["a"], &peers, deadline),
+        run(&b, &plan, &codecs, &fragments["b"], &peers, deadline),
+    );
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    assert_eq!(
+        again_a.hash.as_deref(),
+        Some(expected.as_str()),
+        "{again_a:?}"
+    );
+    assert_eq!(again_b.hash, again_a.hash, "{again_b:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_killed_mid_fragment_resumes_and_sends_nothing_the_receiver_held() {
     let pki = Pki::new("test CA");
     let n = 1 << 20;
