@@ -54,7 +54,7 @@ use observe::{
     LiveReplicas, Observed, Shared, job_state, lock, spawn_change_watch, spawn_leader_watch,
 };
 use processes::Wan;
-pub use report::{LinkReport, PlanReport, Record, Report, SiteReport};
+pub use report::{LinkReport, PlanReport, Record, Report, RoundRow, RoundsReport, SiteReport};
 
 const REHEARSE_HELP: &str = "\
 Modes:
@@ -427,7 +427,8 @@ async fn play(
 
     // Agents: one per site, reaching remote replicas and agents through
     // the emulator.
-    let mut agents = processes::start_agents(&mut wan, &replicas, seed, exe, dir).await?;
+    let (mut agents, agent_status) =
+        processes::start_agents(&mut wan, &replicas, seed, &scenario.exchange, exe, dir).await?;
     let expected = topology.sites.len();
     until(Duration::from_secs(90), "every site registered", || async {
         let mut c = network.client(leader).ok()?;
@@ -518,6 +519,13 @@ async fn play(
     .await?;
 
     let links = report::link_reports(&emulator);
+    let exchanges = agent_exchanges(&network, &agent_status).await;
+    let rounds = report::rounds_report(
+        &lock(&shared).rounds,
+        &exchanges,
+        topology,
+        scenario.exchange.elements,
+    );
     let mut records = lock(&shared).records.clone();
     records.sort_by_key(|r| r.t_ms);
     for agent in agents.values_mut() {
@@ -549,9 +557,29 @@ async fn play(
             .collect(),
         plan: plan_report,
         timeline: records,
+        rounds,
         links,
         directory: None,
     })
+}
+
+/// What every agent that answers says it exchanged, by site.
+async fn agent_exchanges(
+    network: &Network,
+    status: &std::collections::BTreeMap<String, std::net::SocketAddr>,
+) -> std::collections::BTreeMap<String, Vec<pb::FragmentExchange>> {
+    let mut out = std::collections::BTreeMap::new();
+    for (site, addr) in status {
+        let Ok(mut client) = network.agent_client(*addr) else {
+            continue;
+        };
+        let mut request = tonic::Request::new(pb::GetAgentStatusRequest {});
+        request.set_timeout(Duration::from_secs(2));
+        if let Ok(response) = client.get_status(request).await {
+            out.insert(site.clone(), response.into_inner().exchanges);
+        }
+    }
+    out
 }
 
 /// The mode as `--mode` spells it.

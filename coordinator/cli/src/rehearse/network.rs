@@ -39,6 +39,7 @@ use anyhow::{Context as _, anyhow};
 use hyper_util::rt::TokioIo;
 use longhaul_coordinator::process::KillOnDrop;
 use longhaul_proto::v1::coordinator_client::CoordinatorClient;
+use longhaul_proto::v1::site_agent_client::SiteAgentClient;
 use longhaul_simulations::emulator::{Emulator, EmulatorError, PacketEmulator, PacketOptions};
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -186,9 +187,23 @@ impl Network {
     /// The console's client of the replica at `addr` (lazy; connecting is
     /// bounded by a 500 ms timeout).
     pub(super) fn client(&self, addr: SocketAddr) -> anyhow::Result<CoordinatorClient<Channel>> {
+        Ok(CoordinatorClient::new(self.channel(addr)?).max_decoding_message_size(64 << 20))
+    }
+
+    /// The console's client of the status service of the agent at `addr`.
+    pub(super) fn agent_client(
+        &self,
+        addr: SocketAddr,
+    ) -> anyhow::Result<SiteAgentClient<Channel>> {
+        Ok(SiteAgentClient::new(self.channel(addr)?).max_decoding_message_size(64 << 20))
+    }
+
+    /// A lazy channel to `addr`, from inside the namespace of the site it
+    /// belongs to in packet mode.
+    fn channel(&self, addr: SocketAddr) -> anyhow::Result<Channel> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
             .connect_timeout(Duration::from_millis(500));
-        let channel = match self {
+        Ok(match self {
             Self::Proxy => endpoint.connect_lazy(),
             Self::Packet { emulator, sites } => {
                 let site = sites
@@ -201,8 +216,7 @@ impl Network {
                     connect_in(emulator.clone(), site.clone(), uri)
                 }))
             }
-        };
-        Ok(CoordinatorClient::new(channel).max_decoding_message_size(64 << 20))
+        })
     }
 }
 

@@ -26,6 +26,8 @@ pub(super) struct Observed {
     /// The last action and last site change, for "took".
     pub actions: Vec<(Duration, Action, Option<String>)>,
     pub site_changes: Vec<(Duration, String, bool)>,
+    /// The job's outer rounds by number, as last seen.
+    pub rounds: BTreeMap<u64, pb::OuterRound>,
 }
 
 pub(super) type Shared = Arc<Mutex<Observed>>;
@@ -126,12 +128,13 @@ pub(super) fn spawn_leader_watch(
     });
 }
 
-/// Watches site and job changes after `after` on every replica at once,
-/// and takes each change from whichever replica shows it first: a replica
-/// cut off from the quorum (or killed) lags, and a single watch on it would
-/// see the change only after the heal. Each stream is in revision order and
-/// only revisions above the highest taken are taken, so no change is taken
-/// twice or out of order.
+/// Watches site, job and round changes after `after` on every replica at
+/// once, and takes each change from whichever replica shows it first: a
+/// replica cut off from the quorum (or killed) lags, and a single watch on
+/// it would see the change only after the heal. Each stream is in revision
+/// order (one revision may carry several changes, in one order on every
+/// replica) and only changes past the last taken, as (revision, its n-th
+/// change), are taken, so no change is taken twice or out of order.
 pub(super) fn spawn_change_watch(
     network: &Network,
     addrs: LiveReplicas,
@@ -143,7 +146,7 @@ pub(super) fn spawn_change_watch(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .clone();
-    let taken = Arc::new(Mutex::new(after));
+    let taken = Arc::new(Mutex::new((after, usize::MAX)));
     for addr in all {
         let (addrs, shared, taken) = (addrs.clone(), shared.clone(), Arc::clone(&taken));
         let network = network.clone();
@@ -157,28 +160,45 @@ pub(super) fn spawn_change_watch(
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
-                let after = *taken
+                // The last revision taken may have had more changes than
+                // were taken: start before it and skip what was.
+                let (revision, count) = *taken
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let after = if count == usize::MAX {
+                    revision
+                } else {
+                    revision.saturating_sub(1)
+                };
                 if let Ok(mut c) = network.client(addr)
                     && let Ok(response) = c
                         .watch(pb::WatchRequest {
                             after_revision: after,
-                            kinds: vec!["site".into(), "job".into()],
+                            kinds: vec!["site".into(), "job".into(), "round".into()],
                         })
                         .await
                 {
                     let mut stream = response.into_inner();
+                    let mut at = (0u64, 0usize);
                     while let Ok(Some(event)) = stream.message().await {
                         let t = t0.elapsed();
+                        at = if at.0 == event.revision {
+                            (at.0, at.1 + 1)
+                        } else {
+                            (event.revision, 1)
+                        };
                         {
                             let mut taken = taken
                                 .lock()
                                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-                            if event.revision <= *taken {
+                            let past = match *taken {
+                                (revision, usize::MAX) => at.0 > revision,
+                                last => at > last,
+                            };
+                            if !past {
                                 continue;
                             }
-                            *taken = event.revision;
+                            *taken = at;
                         }
                         take(&shared, event, t);
                     }
@@ -263,7 +283,62 @@ fn take(shared: &Shared, event: pb::WatchEvent, t: Duration) {
             observed.job_state = state;
             observed.job_revision = job.revision;
         }
+        Some(pb::watch_event::Event::Round(round)) => {
+            let before = observed.rounds.get(&round.round_id).cloned();
+            round_records(&mut observed, before.as_ref(), &round, t);
+            observed.rounds.insert(round.round_id, round);
+        }
+        Some(pb::watch_event::Event::RoundReport(report)) => {
+            if let Some(before) = observed.rounds.get(&report.round_id).cloned() {
+                let mut round = before.clone();
+                longhaul_proto::rounds::apply_round_report(&mut round, &report);
+                round_records(&mut observed, Some(&before), &round, t);
+                observed.rounds.insert(round.round_id, round);
+            }
+        }
         _ => {}
+    }
+}
+
+/// Records for what a round's change did that an operator looks for: a
+/// participant excluded, the round aborted. Commits go to the rounds table.
+fn round_records(
+    observed: &mut Observed,
+    before: Option<&pb::OuterRound>,
+    round: &pb::OuterRound,
+    t: Duration,
+) {
+    for p in round.participant_states.iter().filter(|p| p.excluded) {
+        let known = before.is_some_and(|b| {
+            b.participant_states
+                .iter()
+                .any(|q| q.site_id == p.site_id && q.excluded)
+        });
+        if known {
+            continue;
+        }
+        let mut record = Record::new(
+            t,
+            "round",
+            format!(
+                "round {} went on without {} ({})",
+                round.round_id, p.site_id, p.exclusion_reason
+            ),
+        );
+        record.site = Some(p.site_id.clone());
+        if let Some((at, site, up)) = observed.site_changes.last() {
+            record.after = Some(format!("site {site} {}", if *up { "up" } else { "down" }));
+            record.took_ms = Some(t.saturating_sub(*at).as_millis() as u64);
+        }
+        observed.records.push(record);
+    }
+    let aborted = pb::RoundState::Aborted as i32;
+    if round.state == aborted && before.is_none_or(|b| b.state != aborted) {
+        observed.records.push(Record::new(
+            t,
+            "round",
+            format!("round {} aborted: {}", round.round_id, round.reason),
+        ));
     }
 }
 

@@ -15,9 +15,10 @@ use longhaul_coordinator::process::{KillOnDrop, append_log};
 
 use super::network::Network;
 use longhaul_coordinator::server::leases;
+use longhaul_core::scenario::ScenarioExchange;
 use longhaul_core::{Scenario, Topology, units};
 use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy};
-use longhaul_site_agent::config::{AgentConfig, ProbeConfig};
+use longhaul_site_agent::config::{AgentConfig, ExchangeConfig, ProbeConfig};
 use longhaul_site_agent::inventory::InventoryConfig;
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -259,14 +260,15 @@ pub(super) async fn start_replicas(
 }
 
 /// Starts one agent per site, reaching remote replicas and agents through
-/// the emulator; the agents by site.
+/// the emulator; the agents by site, with where each serves its status.
 pub(super) async fn start_agents(
     wan: &mut Wan<'_>,
     replicas: &Replicas,
     seed: u64,
+    exchange: &ScenarioExchange,
     exe: &Path,
     dir: &Path,
-) -> anyhow::Result<BTreeMap<String, Process>> {
+) -> anyhow::Result<(BTreeMap<String, Process>, BTreeMap<String, SocketAddr>)> {
     let topology = wan.topology;
     let count = replicas.sites.len();
     let topology_file = dir.join("topology.toml");
@@ -295,8 +297,24 @@ pub(super) async fn start_agents(
                 .with_context(|| format!("cannot expose {}'s agent to {}", other.id, site.id))?;
             peers.insert(other.id.clone(), udp);
         }
+        // The exchange's windows fit the site's longest link, at a rate
+        // this machine can carry through the emulator.
+        let longest = topology
+            .links
+            .iter()
+            .filter(|l| l.between.contains(&site.id))
+            .map(|l| l.rtt_seconds())
+            .fold(0.0, f64::max);
+        let exchange = ExchangeConfig {
+            synthetic_elements: (exchange.elements > 0).then_some(exchange.elements),
+            seed,
+            link_rate: units::DataRate::from_gbit_per_second(1),
+            link_rtt: units::Duration::from_nanos((longest.max(0.001) * 1e9) as u64),
+            ..ExchangeConfig::default()
+        };
         let config = AgentConfig {
             plaintext: true,
+            exchange,
             state_dir: Some(dir.join(format!("agent-{}", site.id))),
             rescan_interval: units::Duration::from_secs(30),
             call_timeout: units::Duration::from_secs(2),
@@ -337,7 +355,11 @@ pub(super) async fn start_agents(
         )?;
         agents.insert(site.id.clone(), process);
     }
-    Ok(agents)
+    let status = listen
+        .into_iter()
+        .map(|(site, (_, status))| (site, status))
+        .collect();
+    Ok((agents, status))
 }
 
 /// The direct addresses of the replicas running now.

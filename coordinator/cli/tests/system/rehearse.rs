@@ -15,6 +15,56 @@ const QUICK_FAILOVER: &str = concat!(
     "/../../deploy/scenarios/quick-failover.toml"
 );
 
+const QUICK_EXCHANGE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../deploy/scenarios/quick-exchange.toml"
+);
+
+#[test]
+fn the_agents_exchange_every_round_through_the_link_and_the_rounds_commit() {
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let (output, _) = run_bounded(Command::new(env!("CARGO_BIN_EXE_longhaul")).args([
+        "rehearse",
+        QUICK_EXCHANGE,
+        "--output",
+        "json",
+    ]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "rehearse failed:\n{stderr}");
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let rounds = &report["rounds"];
+    assert_eq!(rounds["elements_per_fragment"], 65_536, "{rounds:#}");
+    // A round commits only when both sites applied one hash per fragment:
+    // each commit is the two agents' reduced fragments agreeing bit for bit.
+    let committed: Vec<&Value> = rounds["rounds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["state"] == "committed")
+        .collect();
+    assert!(committed.len() >= 2, "{rounds:#}\n{stderr}");
+    for round in &committed {
+        assert_eq!(round["participants"], serde_json::json!(["north", "south"]));
+        // What the agents reported exchanging: real bytes, both ways.
+        assert!(round["bytes"].as_u64().unwrap() > 0, "{round:#}");
+        assert!(round["exchange_ms"].as_u64().is_some(), "{round:#}");
+    }
+    let link = &rounds["links"][0];
+    assert_eq!(link["link"], "north<->south", "{rounds:#}");
+    assert!(link["bytes"].as_u64().unwrap() > 0, "{link:#}");
+    // The kill of south's agent: the round open then goes on without it
+    // or is aborted (the job cannot be placed on one campus); never
+    // committed with its hash missing.
+    let timeline = report["timeline"].as_array().unwrap();
+    assert!(
+        timeline.iter().any(|r| r["kind"] == "round"
+            && r["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("aborted") || d.contains("without south"))),
+        "{timeline:#?}"
+    );
+}
+
 #[test]
 fn a_rehearsal_reports_the_new_leader_the_partitioned_site_and_the_re_plan() {
     let _serial = crate::ONE_AT_A_TIME.blocking_lock();
