@@ -128,10 +128,13 @@ pub fn spawn(
     tokio::spawn(watch_rounds(shared, coordinators))
 }
 
-/// A round the driver holds: its latest state, and the task working on it.
+/// A round the driver holds: its latest state, and the task working on it
+/// (started once: it runs until no fragment needs this site, so a second
+/// one would only exchange again what the first did).
 struct Held {
     round: watch::Sender<pb::OuterRound>,
     task: Option<JoinHandle<()>>,
+    started: bool,
 }
 
 type Key = (String, u64);
@@ -210,6 +213,7 @@ async fn watch_rounds(shared: Arc<Shared>, mut coordinators: Coordinators) {
                             Held {
                                 round: watch::channel(round).0,
                                 task: None,
+                                started: false,
                             },
                         );
                     }
@@ -221,10 +225,17 @@ async fn watch_rounds(shared: Arc<Shared>, mut coordinators: Coordinators) {
                     .round
                     .send_modify(|round| apply_round_report(round, &report));
             }
+            // A listing's rounds come with their own revisions, in no
+            // order: only its sync point says what was seen whole. A sync
+            // point of a replica behind what was seen moves nothing back.
             if event.sync_point {
-                seen = seen.max(event.revision);
-                after = seen;
-            } else if event.revision > seen {
+                if event.revision >= seen {
+                    seen = event.revision;
+                    after = event.revision;
+                } else {
+                    after = after.max(event.revision);
+                }
+            } else if listed.is_none() && event.revision > seen {
                 after = seen;
                 seen = event.revision;
             }
@@ -250,7 +261,8 @@ fn tend(shared: &Arc<Shared>, coordinators: &Coordinators, held: &mut BTreeMap<K
             tracing::debug!(job, round = round_id, "round over; forgotten");
             return false;
         }
-        if open && entry.task.is_none() && takes_part(&round, site) && !all_applied(&round, site) {
+        if open && !entry.started && takes_part(&round, site) && !all_applied(&round, site) {
+            entry.started = true;
             entry.task = Some(tokio::spawn(run_round(
                 Arc::clone(shared),
                 entry.round.subscribe(),
@@ -366,7 +378,7 @@ async fn run_fragment(
         .remove(&contributor_key)
         .filter(|c| c.elements() == elements)
         .unwrap_or_else(|| Contributor::new(elements));
-    let values = synthetic_values(settings.seed, &job, round_id, fragment, site, elements);
+    let mut values: Option<Vec<f32>> = None;
     let mut failed = 0u32;
     loop {
         let round = rx.borrow_and_update().clone();
@@ -380,6 +392,9 @@ async fn run_fragment(
             );
             break;
         }
+        let values = values.get_or_insert_with(|| {
+            synthetic_values(settings.seed, &job, round_id, fragment, site, elements)
+        });
         let excluded: Vec<&str> = round
             .participant_states
             .iter()
@@ -395,7 +410,9 @@ async fn run_fragment(
             Ok(plan) => plan,
             Err(error) => {
                 tracing::warn!(job, round = round_id, fragment, %error, "cannot plan the fragment; waiting for the round to change");
-                let _ = rx.changed().await;
+                if rx.changed().await.is_err() {
+                    break;
+                }
                 continue;
             }
         };
@@ -403,7 +420,9 @@ async fn run_fragment(
             Ok(codecs) => codecs,
             Err(error) => {
                 tracing::warn!(job, round = round_id, fragment, %error, "the round's codecs are unusable; waiting for the round to change");
-                let _ = rx.changed().await;
+                if rx.changed().await.is_err() {
+                    break;
+                }
                 continue;
             }
         };
@@ -417,7 +436,7 @@ async fn run_fragment(
             plan: &plan,
             codecs: &codecs,
             contributor: &mut contributor,
-            values: &values,
+            values,
             peers: &peers,
             deadline: left.max(MIN_EXCHANGE_TIME),
         };
@@ -426,6 +445,9 @@ async fn run_fragment(
                 let Some(hash) = outcome.hash.clone() else {
                     break;
                 };
+                // Back before the reports: the next round may open (and
+                // want this fragment's residuals) as soon as they land.
+                lock(&shared.contributors).insert(contributor_key, contributor);
                 if report(
                     shared,
                     &mut coordinators,
@@ -459,7 +481,7 @@ async fn run_fragment(
                     };
                     record(shared, exchange, outcome.elapsed);
                 }
-                break;
+                return;
             }
             Ok(outcome) => format!(
                 "{} (dead: {:?}, unfinished: {:?})",
@@ -472,8 +494,11 @@ async fn run_fragment(
         failed += 1;
         tracing::warn!(job, round = round_id, fragment, live = ?plan.live(), attempt = failed, reason = %why, "fragment exchange ended without a result; trying again as the round stands");
         metrics::counter!("longhaul_agent_fragments_failed_total").increment(1);
-        // Again once the round changed (an exclusion), or after a pause.
-        let _ = tokio::time::timeout(RETRY_PAUSE, rx.changed()).await;
+        // Again once the round changed (an exclusion), or after a pause;
+        // not at all once the driver is gone.
+        if let Ok(Err(_)) = tokio::time::timeout(RETRY_PAUSE, rx.changed()).await {
+            break;
+        }
     }
     lock(&shared.contributors).insert(contributor_key, contributor);
 }

@@ -148,6 +148,19 @@ impl Outbox {
         count
     }
 
+    /// Every connection is gone (an attempt over, another to come): all
+    /// chunks in flight are uncertain.
+    pub fn all_lost(&mut self) -> usize {
+        let mut count = 0;
+        for outgoing in &mut self.chunks {
+            if matches!(outgoing.state, State::InFlight { .. }) {
+                outgoing.state = State::Uncertain;
+                count += 1;
+            }
+        }
+        count
+    }
+
     /// A connection was welcomed, after the peer's replayed acks were
     /// applied: the uncertain chunks it does not hold are queued again,
     /// first.

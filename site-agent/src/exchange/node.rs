@@ -241,7 +241,10 @@ impl ExchangeNode {
     /// residuals are put back as they were (a copy is kept meanwhile, as
     /// large as the residuals), so the fragment planned again without a
     /// dead peer encodes the same residual, not one an abandoned attempt
-    /// moved.
+    /// moved. Called again under the same plan (with the same values and
+    /// codecs), it resumes the fragment's state: nothing held is sent
+    /// again; once it returned a result, it returns that result again and
+    /// leaves the residuals alone. A call while another runs is refused.
     pub async fn exchange(
         &self,
         mut request: FragmentRequest<'_>,
@@ -295,9 +298,14 @@ impl ExchangeNode {
                     });
                 }
                 let active = Active(state);
+                if active.0.delivered.load(Ordering::SeqCst) {
+                    // Its result was returned before: the result again,
+                    // the residuals as the caller kept them after it.
+                    return Ok(outcome(&active.0, None, started.elapsed(), Vec::new()));
+                }
                 // Encoded again from the checkpoint only to move the
-                // residuals as the first attempt did: the same values give
-                // the same frames, which the state holds already.
+                // residuals as the first attempt did: the same values and
+                // codecs give the same frames, which the state holds.
                 request.contributor.contributions_from(
                     checkpoint,
                     plan,
@@ -329,6 +337,7 @@ impl ExchangeNode {
         let reason = wait(node, &state, started + request.deadline).await;
         // The exchange's time, without the pool's shutdown.
         let elapsed = started.elapsed();
+        let dead = disconnected(&state);
         let _ = stop.send(true);
         // The pool ends at once on the stop signal; the bound is a guard.
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -336,7 +345,10 @@ impl ExchangeNode {
         })
         .await;
         pool.abort_all();
-        let outcome = outcome(&state, reason, elapsed);
+        let outcome = outcome(&state, reason, elapsed, dead);
+        if outcome.reason.is_none() {
+            state.delivered.store(true, Ordering::SeqCst);
+        }
         super::metrics::record(&outcome);
         Ok(outcome)
     }
@@ -470,16 +482,31 @@ async fn wait(node: &NodeInner, state: &FragmentState, deadline: Instant) -> Opt
     }
 }
 
-fn outcome(state: &FragmentState, reason: Option<String>, elapsed: Duration) -> ExchangeOutcome {
+/// The peers with no working connection now (at the end of an attempt,
+/// before its pool is stopped).
+fn disconnected(state: &FragmentState) -> Vec<String> {
+    state
+        .lock()
+        .peers
+        .iter()
+        .filter(|(_, p)| p.connected == 0)
+        .map(|(site, _)| site.clone())
+        .collect()
+}
+
+/// The outcome of an attempt; `dead`: the peers [`disconnected`] when it
+/// ended.
+fn outcome(
+    state: &FragmentState,
+    reason: Option<String>,
+    elapsed: Duration,
+    dead: Vec<String>,
+) -> ExchangeOutcome {
     let inner = state.lock();
     let waiting: Vec<&str> = inner.reducer.waiting_on();
     let mut peers = BTreeMap::new();
     let mut unfinished = Vec::new();
-    let mut dead = Vec::new();
     for (site, peer) in &inner.peers {
-        if peer.connected == 0 {
-            dead.push(site.clone());
-        }
         let mut report = peer.report.clone();
         let stats = peer.outbox.stats();
         report.sent_messages = stats.sent;
@@ -506,12 +533,19 @@ fn outcome(state: &FragmentState, reason: Option<String>, elapsed: Duration) -> 
         ),
         Some(_) => (None, None),
     };
+    let dead = if reason.is_some() {
+        dead.into_iter()
+            .filter(|s| unfinished.contains(s))
+            .collect()
+    } else {
+        Vec::new()
+    };
     ExchangeOutcome {
         hash,
         result,
         peers,
         unfinished,
-        dead: if reason.is_some() { dead } else { Vec::new() },
+        dead,
         reason,
         elapsed,
     }

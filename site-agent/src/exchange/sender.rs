@@ -37,8 +37,20 @@ pub(crate) async fn connection_loop(
         let id = node.next_connection.fetch_add(1, Ordering::Relaxed);
         let mut welcomed = false;
         let result = tokio::select! {
-            result = run_connection(&node, &state, &peer, addr, slot, id, &mut welcomed) => result,
-            _ = stop.changed() => return,
+            result = run_connection(&node, &state, &peer, addr, slot, id, &mut welcomed) => Some(result),
+            _ = stop.changed() => None,
+        };
+        let Some(result) = result else {
+            // Stopped mid-connection: what was in flight on it is
+            // uncertain, for a later attempt that resumes this state.
+            let mut inner = state.lock();
+            if let Some(p) = inner.peers.get_mut(&peer) {
+                p.outbox.connection_lost(id);
+                if welcomed {
+                    p.connected = p.connected.saturating_sub(1);
+                }
+            }
+            return;
         };
         let error = match result {
             Ok(()) => return,

@@ -66,6 +66,9 @@ pub(crate) struct FragmentState {
     /// Whether an exchange of this node runs on it now (a second call for
     /// the fragment is refused; a later one resumes it).
     pub active: AtomicBool,
+    /// Whether an exchange returned its result (the caller's residuals
+    /// moved with it).
+    pub delivered: AtomicBool,
 }
 
 /// What the server does with a data message.
@@ -115,14 +118,19 @@ impl FragmentState {
             }),
             changed: watch::channel(0).0,
             active: AtomicBool::new(false),
+            delivered: AtomicBool::new(false),
         }
     }
 
-    /// Starts another attempt on this state: every peer is given a new
-    /// [`super::ExchangeOptions::peer_timeout`] from now.
+    /// Starts another attempt on this state (no task of the last one runs
+    /// any more): nothing is connected, chunks that were in flight are
+    /// uncertain until a peer's welcome says what it holds, and every peer
+    /// is given a new [`super::ExchangeOptions::peer_timeout`] from now.
     pub fn resume(&self) {
         let now = Instant::now();
         for peer in self.lock().peers.values_mut() {
+            peer.connected = 0;
+            peer.outbox.all_lost();
             peer.alive_at = now;
         }
         self.notify();

@@ -238,8 +238,9 @@ impl ProbeServer {
     }
 
     /// Closes every session with [`code::SHUTDOWN`] and waits (at most 2 s)
-    /// for the closes to be sent (an endpoint it shares is left open: its
-    /// sessions end with the server's task).
+    /// for the closes to be sent; on an endpoint it shares (left open),
+    /// its sessions end with the server's task, their connections dropped
+    /// without a code.
     pub async fn shutdown(self) {
         self.task.abort();
         if self.owns_endpoint {

@@ -110,6 +110,54 @@ async fn a_fragment_tried_again_under_the_same_plan_resumes_once_the_peer_is_up(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sites_that_finished_with_each_other_resume_with_a_third_that_came_late() {
+    let pki = Pki::new("test CA");
+    let n = 30_000;
+    let fragments = fragments(18, &[("a", 1.0), ("b", 1.0), ("c", 1.0)], n);
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let short = ExchangeOptions {
+        peer_timeout: Duration::from_secs(2),
+        ..options(1)
+    };
+    let a = ExchangeNode::bind(loopback(), &pki.agent("a"), short.clone()).unwrap();
+    let b = ExchangeNode::bind(loopback(), &pki.agent("b"), short.clone()).unwrap();
+    let c_addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let peers: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), b.local_addr().unwrap()),
+        ("c".to_string(), c_addr),
+    ]
+    .into();
+    let plan = CollectivePlan::new(&["a", "b", "c"], &[], n as u64, 2048).unwrap();
+    let deadline = Duration::from_secs(60);
+    // a and b move what they have for each other, then give up on c.
+    let (first_a, first_b) = tokio::join!(
+        run(&a, &plan, &codecs, &fragments["a"], &peers, deadline),
+        run(&b, &plan, &codecs, &fragments["b"], &peers, deadline),
+    );
+    for first in [&first_a, &first_b] {
+        assert_eq!(first.dead, ["c"], "{first:?}");
+    }
+    // c comes up before any exclusion: all three under the same plan, a
+    // and b resuming their states.
+    let c = ExchangeNode::bind(c_addr, &pki.agent("c"), short).unwrap();
+    let (again_a, again_b, again_c) = tokio::join!(
+        run(&a, &plan, &codecs, &fragments["a"], &peers, deadline),
+        run(&b, &plan, &codecs, &fragments["b"], &peers, deadline),
+        run(&c, &plan, &codecs, &fragments["c"], &peers, deadline),
+    );
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    for again in [&again_a, &again_b, &again_c] {
+        assert_eq!(again.hash.as_deref(), Some(expected.as_str()), "{again:?}");
+    }
+    // What b held from a before is not sent to it again.
+    assert_eq!(again_a.peers["b"].resent_bytes, 0, "{again_a:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_killed_mid_fragment_resumes_and_sends_nothing_the_receiver_held() {
     let pki = Pki::new("test CA");
     let n = 1 << 20;

@@ -199,8 +199,11 @@ pub(super) fn spawn_change_watch(
                                 continue;
                             }
                             *taken = at;
+                            // Under the lock: the changes of one revision
+                            // are taken in their order whichever stream
+                            // brings them.
+                            take(&shared, event, t);
                         }
-                        take(&shared, event, t);
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;

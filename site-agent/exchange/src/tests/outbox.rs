@@ -131,3 +131,25 @@ fn acks_settle_every_chunk_they_cover_and_a_pushed_acked_chunk_is_never_queued()
     assert_eq!(again.remaining(), 1);
     assert_eq!(again.next(1).map(|(c, _)| c), Some(all[0]));
 }
+
+#[test]
+fn chunks_in_flight_when_every_connection_is_gone_are_sent_again_after_a_welcome() {
+    // An attempt stopped with chunks in flight on connections that will
+    // never come back; the next attempt must still send them.
+    let mut outbox = Outbox::new();
+    for c in chunks(4) {
+        outbox.push(c, vec![1; 10]);
+    }
+    let first = outbox.next(7).unwrap().0;
+    let second = outbox.next(8).unwrap().0;
+    outbox.ack(&second);
+    assert_eq!(outbox.all_lost(), 1);
+    // Uncertain until a welcome: nothing is handed out for it yet.
+    let mut before = Vec::new();
+    while let Some((c, _)) = outbox.next(9) {
+        before.push(c);
+    }
+    assert!(!before.contains(&first), "{before:?}");
+    assert_eq!(outbox.resumed(), 1);
+    assert_eq!(outbox.next(10).map(|(c, _)| c), Some(first));
+}
