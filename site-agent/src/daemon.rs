@@ -171,6 +171,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
             coordinators.clone(),
             Arc::clone(&exchange_node),
             prober.peers.clone(),
+            Arc::clone(&prober.refresh_peers),
             status.clone(),
         )
     });

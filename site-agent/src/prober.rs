@@ -6,10 +6,11 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use longhaul_proto::v1 as pb;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::coordinator::Coordinators;
 use crate::probe::{
@@ -20,6 +21,8 @@ use crate::tls::AgentTls;
 
 /// How often the peer list is read from the coordinator.
 const PEER_REFRESH: Duration = Duration::from_secs(5);
+/// The least time between two reads of the peer list, asked for or not.
+const PEER_REFRESH_MIN: Duration = Duration::from_millis(500);
 
 /// The running probe server and scheduler (stopped when dropped).
 #[derive(Debug)]
@@ -30,6 +33,9 @@ pub struct Prober {
     /// address, or the configured override), refreshed every 5 s: the
     /// probes' peers, and the exchange's.
     pub peers: watch::Receiver<BTreeMap<String, SocketAddr>>,
+    /// Reads the peer list now (at most every 500 ms) rather than at the
+    /// next 5 s refresh: for a site the exchange has no address for yet.
+    pub refresh_peers: Arc<Notify>,
 }
 
 fn peer_probe(report: &ProbeReport) -> pb::PeerProbe {
@@ -81,9 +87,10 @@ pub fn start(
 ) -> Result<Prober, crate::probe::ProbeError> {
     let (scheduler, mut reports) = ProbeScheduler::start(tls, Vec::new(), options)?;
     let (peers_tx, peers) = watch::channel(BTreeMap::new());
+    let refresh_peers = Arc::new(Notify::new());
     let (trigger, mut requests) = mpsc::channel::<oneshot::Sender<Vec<pb::PeerProbe>>>(8);
-    let scheduler = std::sync::Arc::new(scheduler);
-    let peer_count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let scheduler = Arc::new(scheduler);
+    let peer_count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
 
     // Peers: every other site that is up and says where its agent listens.
     {
@@ -91,6 +98,7 @@ pub fn start(
         let site_id = site_id.clone();
         let mut coordinators = coordinators.clone();
         let peer_count = peer_count.clone();
+        let refresh = Arc::clone(&refresh_peers);
         tokio::spawn(async move {
             let mut known: Vec<ProbePeer> = Vec::new();
             loop {
@@ -138,7 +146,11 @@ pub fn start(
                         coordinators.rotate();
                     }
                 }
-                tokio::time::sleep(PEER_REFRESH).await;
+                tokio::time::sleep(PEER_REFRESH_MIN).await;
+                tokio::select! {
+                    _ = tokio::time::sleep(PEER_REFRESH - PEER_REFRESH_MIN) => {}
+                    _ = refresh.notified() => {}
+                }
             }
         });
     }
@@ -221,5 +233,6 @@ pub fn start(
         server,
         trigger,
         peers,
+        refresh_peers,
     })
 }

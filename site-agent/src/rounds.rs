@@ -27,6 +27,11 @@
 //!   longer open and a fragment already settled or applied end the
 //!   fragment's work. Nothing here excludes a peer: the coordinator does,
 //!   at the deadline, from what it did not hear.
+//! - **Weak**: a round aborted while one of its fragments is being
+//!   exchanged keeps that fragment's residuals until the exchange ends
+//!   (its deadline at most); the next round's exchange of the fragment,
+//!   if it starts meanwhile, begins with none (error feedback restarts
+//!   for it).
 //! - **Watch**: from revision 0 (every open round, then a sync point),
 //!   then every change after the last revision seen whole (a revision may
 //!   carry several changes; one seen twice changes nothing); a compacted history
@@ -44,13 +49,13 @@ use longhaul_core::state::LinkCodec;
 use longhaul_exchange::{CollectivePlan, Contributor, DEFAULT_CHUNK_ELEMENTS, LinkCodecs};
 use longhaul_proto::rounds::apply_round_report;
 use longhaul_proto::v1 as pb;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tonic::Code;
 
 use crate::agent::backoff::Backoff;
 use crate::coordinator::{Coordinators, is_transient};
-use crate::exchange::{ExchangeNode, FragmentRequest};
+use crate::exchange::{ExchangeError, ExchangeNode, FragmentRequest};
 use crate::status::SharedStatus;
 
 /// Fragments of one round exchanged at once.
@@ -103,6 +108,7 @@ struct Shared {
     settings: RoundSettings,
     node: Arc<ExchangeNode>,
     peers: watch::Receiver<BTreeMap<String, SocketAddr>>,
+    refresh_peers: Arc<Notify>,
     /// Error-feedback state per (job, fragment), carried across rounds;
     /// taken out while its fragment is exchanged.
     contributors: Mutex<HashMap<(String, u32), Contributor>>,
@@ -116,12 +122,14 @@ pub fn spawn(
     coordinators: Coordinators,
     node: Arc<ExchangeNode>,
     peers: watch::Receiver<BTreeMap<String, SocketAddr>>,
+    refresh_peers: Arc<Notify>,
     status: SharedStatus,
 ) -> JoinHandle<()> {
     let shared = Arc::new(Shared {
         settings,
         node,
         peers,
+        refresh_peers,
         contributors: Mutex::new(HashMap::new()),
         status,
     });
@@ -129,13 +137,19 @@ pub fn spawn(
 }
 
 /// A round the driver holds: its latest state, and the task working on it
-/// (started once: it runs until no fragment needs this site, so a second
-/// one would only exchange again what the first did).
+/// with when it was started. A task runs until no fragment needs this
+/// site; one that stopped while the round still does (a report that gave
+/// up while no replica could take it) is started again on a later change,
+/// at most every [`RESTART_PAUSE`]: a fragment exchanged before returns
+/// its result again at once, so only its reports are sent again.
 struct Held {
     round: watch::Sender<pb::OuterRound>,
     task: Option<JoinHandle<()>>,
-    started: bool,
+    started: Option<std::time::Instant>,
 }
+
+/// Least time between two starts of a round's work.
+const RESTART_PAUSE: Duration = Duration::from_secs(5);
 
 type Key = (String, u64);
 
@@ -213,7 +227,7 @@ async fn watch_rounds(shared: Arc<Shared>, mut coordinators: Coordinators) {
                             Held {
                                 round: watch::channel(round).0,
                                 task: None,
-                                started: false,
+                                started: None,
                             },
                         );
                     }
@@ -261,8 +275,14 @@ fn tend(shared: &Arc<Shared>, coordinators: &Coordinators, held: &mut BTreeMap<K
             tracing::debug!(job, round = round_id, "round over; forgotten");
             return false;
         }
-        if open && !entry.started && takes_part(&round, site) && !all_applied(&round, site) {
-            entry.started = true;
+        let due = entry.started.is_none_or(|at| at.elapsed() >= RESTART_PAUSE);
+        if open
+            && entry.task.is_none()
+            && due
+            && takes_part(&round, site)
+            && !all_applied(&round, site)
+        {
+            entry.started = Some(std::time::Instant::now());
             entry.task = Some(tokio::spawn(run_round(
                 Arc::clone(shared),
                 entry.round.subscribe(),
@@ -489,7 +509,13 @@ async fn run_fragment(
                 outcome.dead,
                 outcome.unfinished
             ),
-            Err(error) => error.to_string(),
+            Err(error) => {
+                if matches!(error, ExchangeError::NoAddress { .. }) {
+                    // A site that just came up: read the peer list again.
+                    shared.refresh_peers.notify_one();
+                }
+                error.to_string()
+            }
         };
         failed += 1;
         tracing::warn!(job, round = round_id, fragment, live = ?plan.live(), attempt = failed, reason = %why, "fragment exchange ended without a result; trying again as the round stands");
@@ -512,7 +538,7 @@ fn record(shared: &Shared, exchange: pb::FragmentExchange, elapsed: Duration) {
         round = exchange.round,
         fragment = exchange.fragment,
         live = ?exchange.live_sites,
-        hash = %&exchange.hash[..exchange.hash.len().min(16)],
+        hash = %exchange.hash.chars().take(23).collect::<String>(),
         ms = elapsed.as_millis() as u64,
         sent_bytes = sent,
         received_bytes = received,

@@ -173,6 +173,21 @@ fn print_status(s: &pb::AgentStatus) {
     for p in &s.probes {
         print_probe(p);
     }
+    println!("exchanges   {} fragments applied", s.exchanges.len());
+    // The last few; `--output json` has every one kept.
+    for e in s.exchanges.iter().rev().take(5).rev() {
+        let sent: u64 = e.peers.iter().map(|p| p.sent_bytes).sum();
+        let received: u64 = e.peers.iter().map(|p| p.received_bytes).sum();
+        println!(
+            "  {} round {} fragment {} with {}: {} ms, {sent} B sent, {received} B received, hash {}",
+            e.job_id,
+            e.round,
+            e.fragment,
+            e.live_sites.join("+"),
+            e.ended_at_unix_ms.saturating_sub(e.started_at_unix_ms),
+            e.hash.chars().take(24).collect::<String>(),
+        );
+    }
 }
 
 fn status_json(s: &pb::AgentStatus) -> serde_json::Value {
@@ -201,6 +216,16 @@ fn status_json(s: &pb::AgentStatus) -> serde_json::Value {
             "rtt_ns": p.measurement.as_ref().map(|m| m.rtt_ns),
             "loss_rate": p.measurement.as_ref().map(|m| m.loss_rate),
             "throughput_bps": p.measurement.as_ref().map(|m| m.throughput_bps),
+        })).collect::<Vec<_>>(),
+        "exchanges": s.exchanges.iter().map(|e| serde_json::json!({
+            "job_id": e.job_id, "round": e.round, "fragment": e.fragment,
+            "live_sites": e.live_sites, "hash": e.hash,
+            "started_at_unix_ms": e.started_at_unix_ms, "ended_at_unix_ms": e.ended_at_unix_ms,
+            "attempts_failed": e.attempts_failed,
+            "peers": e.peers.iter().map(|p| serde_json::json!({
+                "site_id": p.site_id, "sent_bytes": p.sent_bytes,
+                "received_bytes": p.received_bytes, "resent_bytes": p.resent_bytes,
+            })).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }

@@ -459,11 +459,15 @@ async fn wait(node: &NodeInner, state: &FragmentState, deadline: Instant) -> Opt
             {
                 return Some(format!("{site} {refused}"));
             }
+            // A peer finished with is not waited on, reachable or not.
+            let waiting = inner.reducer.waiting_on();
             let dead: Vec<&str> = inner
                 .peers
                 .iter()
-                .filter(|(_, p)| {
-                    p.connected == 0 && p.alive_at.elapsed() > node.options.peer_timeout
+                .filter(|(site, p)| {
+                    p.connected == 0
+                        && p.alive_at.elapsed() > node.options.peer_timeout
+                        && !finished(state, &inner, &waiting, site, p)
                 })
                 .map(|(site, _)| site.as_str())
                 .collect();
@@ -480,6 +484,22 @@ async fn wait(node: &NodeInner, state: &FragmentState, deadline: Instant) -> Opt
         }
         let _ = tokio::time::timeout(tick.min(deadline - now), changes.changed()).await;
     }
+}
+
+/// Whether `peer` acknowledged every chunk sent to it and sent every chunk
+/// this node needs from it (`waiting`: the sites the reducer waits on).
+fn finished(
+    state: &FragmentState,
+    inner: &super::state::Inner,
+    waiting: &[&str],
+    site: &str,
+    peer: &super::state::Peer,
+) -> bool {
+    let owes_average = state
+        .plan
+        .position(site)
+        .is_some_and(|k| !inner.assembler.shard_complete(k as u32));
+    peer.outbox.is_done() && !waiting.contains(&site) && !owes_average
 }
 
 /// The peers with no working connection now (at the end of an attempt,
@@ -512,12 +532,7 @@ fn outcome(
         report.sent_messages = stats.sent;
         report.sent_bytes = stats.sent_bytes;
         report.resent_bytes = stats.resent_bytes;
-        let owes_average = state
-            .plan
-            .position(site)
-            .is_some_and(|k| !inner.assembler.shard_complete(k as u32));
-        report.finished =
-            peer.outbox.is_done() && !waiting.contains(&site.as_str()) && !owes_average;
+        report.finished = finished(state, &inner, &waiting, site, peer);
         if !report.finished {
             unfinished.push(site.clone());
         }
