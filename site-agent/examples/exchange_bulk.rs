@@ -18,7 +18,7 @@
 //!
 //! ```text
 //! cargo run --release -p longhaul-site-agent --example exchange_bulk -- \
-//!     --connections 8 --losses 0,0.001,0.01 --megabytes 128 --seed 1
+//!     --connections 8 --losses 0,0.001,0.01 --megabytes 128 --seed 1 [--congestion dedicated]
 //! ```
 
 use std::collections::BTreeMap;
@@ -36,7 +36,7 @@ use longhaul_exchange::{CollectivePlan, Contributor, LinkCodecs};
 use longhaul_simulations::emulator::{Emulator, LinkSpec};
 use longhaul_simulations::link::{LinkConfig, LossModel};
 use longhaul_site_agent::exchange::{
-    ExchangeNode, ExchangeOptions, ExchangeOutcome, FragmentRequest,
+    Congestion, ExchangeNode, ExchangeOptions, ExchangeOutcome, FragmentRequest,
 };
 use rustls::pki_types::{CertificateDer, PrivatePkcs8KeyDer};
 
@@ -72,6 +72,11 @@ struct Args {
     /// Bound on one exchange.
     #[arg(long, default_value_t = 300)]
     deadline_seconds: u64,
+    /// The pool's congestion controller: `cubic` (quinn's) or `dedicated`
+    /// (a fixed share of 1.25 × BDP per connection, for a link the job
+    /// owns; `longhaul_site_agent::congestion`).
+    #[arg(long, default_value = "cubic", value_parser = ["cubic", "dedicated"])]
+    congestion: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -97,8 +102,14 @@ fn main() -> anyhow::Result<()> {
     let elements = args.megabytes * 1_000_000 / 2;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1000.0);
     println!(
-        "seed {}: {} Mbit/s, RTT {} ms, buffer 1 BDP; pool of {} connections, {} MB each way ({elements} bf16 elements), stock quinn for {} s",
-        args.seed, args.rate_mbit, args.rtt_ms, args.connections, args.megabytes, args.seconds
+        "seed {}: {} Mbit/s, RTT {} ms, buffer 1 BDP; pool of {} connections ({}), {} MB each way ({elements} bf16 elements), stock quinn for {} s",
+        args.seed,
+        args.rate_mbit,
+        args.rtt_ms,
+        args.connections,
+        args.congestion,
+        args.megabytes,
+        args.seconds
     );
     println!(
         "{:>7} {:>10} {:>10} {:>10} {:>10} {:>8} {:>9} {:>6} {:>8} {:>8} {:>8}",
@@ -186,6 +197,11 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
         link_rate_bits_per_second: args.rate_mbit * 1_000_000,
         link_rtt: rtt,
         peer_timeout: Duration::from_secs(60),
+        congestion: if args.congestion == "dedicated" {
+            Congestion::Dedicated
+        } else {
+            Congestion::Cubic
+        },
         ..ExchangeOptions::default()
     };
     let a = Arc::new(ExchangeNode::bind(

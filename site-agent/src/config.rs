@@ -33,6 +33,7 @@
 //! synthetic_elements = 4_000_000    # rehearsals: a seeded pseudo-gradient per fragment
 //! link_rate = "1 Gbit/s"            # sizes the QUIC windows and UDP buffers
 //! link_rtt = "50 ms"
+//! congestion = "cubic"              # or "dedicated", for links the job owns
 //! ```
 //!
 //! Relative paths are relative to the config file's directory.
@@ -209,6 +210,11 @@ pub struct ExchangeConfig {
     /// A peer with no working connection this long is given up on for
     /// the fragment (default 15 s): the round's deadline excludes it.
     pub peer_timeout: Duration,
+    /// `cubic` (default; backs off on every loss, right on a shared path)
+    /// or `dedicated` (for links the job owns: each connection holds its
+    /// share of 1.25 × the link's bandwidth-delay product through random
+    /// loss; it does not back off for other traffic).
+    pub congestion: crate::exchange::Congestion,
 }
 
 impl Default for ExchangeConfig {
@@ -222,6 +228,7 @@ impl Default for ExchangeConfig {
             link_rtt: Duration::from_nanos(defaults.link_rtt.as_nanos() as u64),
             pacing: None,
             peer_timeout: Duration::from_nanos(defaults.peer_timeout.as_nanos() as u64),
+            congestion: defaults.congestion,
         }
     }
 }
@@ -235,6 +242,7 @@ impl ExchangeConfig {
             link_rtt: self.link_rtt.into(),
             pacing_bytes_per_second: self.pacing.map(|r| r.bits_per_second() / 8),
             peer_timeout: self.peer_timeout.into(),
+            congestion: self.congestion,
             ..crate::exchange::ExchangeOptions::default()
         }
     }
@@ -618,6 +626,7 @@ static = { file = "topology.toml" }
             ("link_rate = \"100 kbit/s\"", "exchange.link_rate"),
             ("pacing = \"1 kbit/s\"", "exchange.pacing"),
             ("peer_timeout = \"0 s\"", "exchange.peer_timeout"),
+            ("congestion = \"bbr\"", "exchange.congestion"),
         ] {
             let text = format!("{GOOD}\n[exchange]\n{setting}\n");
             let error = AgentConfig::from_toml("agent.toml", &text, Path::new("."))
@@ -635,6 +644,15 @@ static = { file = "topology.toml" }
             config.exchange.options().link_rtt,
             std::time::Duration::from_millis(70)
         );
+        assert_eq!(
+            config.exchange.options().congestion,
+            crate::exchange::Congestion::Cubic
+        );
+        let text = format!("{GOOD}\n[exchange]\ncongestion = \"dedicated\"\n");
+        let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
+        let tuning = config.exchange.options().tuning();
+        // 1.25 × BDP (1 Gbit/s × 50 ms = 6.25 MB) over 4 connections.
+        assert_eq!(tuning.dedicated_window, Some(1_953_125));
     }
 
     /// A config with every field and section set to something other than
@@ -739,6 +757,7 @@ static = { file = "topology.toml" }
                 link_rtt: Duration::from_millis(70),
                 pacing: Some(DataRate::from_gbit_per_second(2)),
                 peer_timeout: Duration::from_secs(30),
+                congestion: crate::exchange::Congestion::Dedicated,
             },
             ..AgentConfig::new(
                 "north",

@@ -6,6 +6,7 @@ pub mod agent;
 pub mod assignment;
 mod atomic;
 pub mod config;
+pub mod congestion;
 pub mod coordinator;
 pub mod daemon;
 pub mod data_endpoint;

@@ -49,7 +49,11 @@
 //! socket takes every connection of the pool, and on a loaded host a
 //! reader late by tens of milliseconds must lose nothing (4 MiB halved the
 //! pool's goodput in `examples/exchange_bulk.rs`); a new connection
-//! assumes the link's RTT. **Pacing** ([`ExchangeOptions::pacing_bytes_per_second`]):
+//! assumes the link's RTT. **Congestion control** ([`Congestion`]): quinn's
+//! Cubic by default; on a link the job owns, [`crate::congestion`]'s
+//! dedicated-link controller holds each connection's share of 1.25 × BDP
+//! through random loss (`examples/exchange_bulk.rs --congestion
+//! dedicated`). **Pacing** ([`ExchangeOptions::pacing_bytes_per_second`]):
 //! for a dedicated link, the sender spaces its writes to each peer at the
 //! planner's rate, across the pool.
 //!
@@ -119,6 +123,20 @@ pub struct ExchangeOptions {
     /// This node's incarnation, sent in every welcome; `None` takes the
     /// clock's nanoseconds at bind.
     pub incarnation: Option<u64>,
+    /// The connections' congestion controller. Default Cubic.
+    pub congestion: Congestion,
+}
+
+/// Which congestion controller the pool's connections run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Congestion {
+    /// quinn's Cubic: backs off on every loss; right on a shared path.
+    #[default]
+    Cubic,
+    /// For a link the job owns ([`crate::congestion`]): each connection
+    /// holds its share of 1.25 × BDP through random loss.
+    Dedicated,
 }
 
 impl Default for ExchangeOptions {
@@ -134,6 +152,7 @@ impl Default for ExchangeOptions {
             peer_timeout: Duration::from_secs(15),
             reconnect_backoff: Duration::from_millis(100),
             incarnation: None,
+            congestion: Congestion::Cubic,
         }
     }
 }
@@ -159,6 +178,9 @@ impl ExchangeOptions {
             idle_timeout: self.idle_timeout,
             socket_buffer_bytes: socket,
             initial_rtt: Some(self.link_rtt),
+            dedicated_window: (self.congestion == Congestion::Dedicated).then(|| {
+                (bdp.saturating_mul(5) / 4).div_ceil(u64::from(self.connections_per_peer.max(1)))
+            }),
             ..QuicTuning::default()
         }
     }

@@ -43,6 +43,9 @@ pub struct QuicTuning {
     /// The RTT a new connection assumes before it has measured one: the
     /// link's when known (the exchange sets it), else quinn's 333 ms.
     pub initial_rtt: Option<Duration>,
+    /// A fixed target window per connection, bytes: the dedicated-link
+    /// controller ([`crate::congestion`]) instead of quinn's Cubic.
+    pub dedicated_window: Option<u64>,
 }
 
 impl Default for QuicTuning {
@@ -54,6 +57,7 @@ impl Default for QuicTuning {
             datagram_buffer_bytes: 1 << 20,
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
             initial_rtt: None,
+            dedicated_window: None,
         }
     }
 }
@@ -164,6 +168,11 @@ impl QuicTuning {
             .max_concurrent_bidi_streams(VarInt::from_u32(peer_bidi_streams));
         if let Some(rtt) = self.initial_rtt {
             config.initial_rtt(rtt);
+        }
+        if let Some(window) = self.dedicated_window {
+            config.congestion_controller_factory(Arc::new(crate::congestion::DedicatedConfig {
+                window,
+            }));
         }
         Ok(Arc::new(config))
     }

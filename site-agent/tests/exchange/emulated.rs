@@ -1,5 +1,5 @@
 //! The exchange through the emulator's UDP proxy: a link cut mid-fragment
-//! and healed.
+//! and healed; the dedicated-link controller through random loss.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,8 +9,8 @@ use longhaul_codec::EncoderConfig;
 use longhaul_core::units::{DataRate, Distance};
 use longhaul_exchange::{CollectivePlan, Contributor, LinkCodecs};
 use longhaul_simulations::emulator::{Emulator, LinkSpec};
-use longhaul_simulations::link::LinkConfig;
-use longhaul_site_agent::exchange::{ExchangeNode, ExchangeOptions};
+use longhaul_simulations::link::{LinkConfig, LossModel};
+use longhaul_site_agent::exchange::{Congestion, ExchangeNode, ExchangeOptions};
 
 use crate::{JOB, Pki, bounded, fragments, loopback, options, reference_hash, run};
 
@@ -123,4 +123,65 @@ async fn a_link_cut_mid_fragment_and_healed_resumes_without_duplicates() {
     );
     // Nothing b held before the cut was sent to it again.
     assert_eq!(from_a.duplicate_bytes, 0, "{from_a:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() {
+    let seed = 23;
+    println!("emulator seed {seed}");
+    let mut link = LinkConfig::new(
+        DataRate::from_bits_per_second(200_000_000),
+        Distance::from_km(500.0).unwrap(),
+    );
+    link.loss = LossModel::Bernoulli { p: 0.02 };
+    let emulator = Emulator::new(seed, vec![LinkSpec::symmetric("a", "b", link)]).unwrap();
+    let pki = Pki::new("test CA");
+    let n = 1 << 18;
+    let fragments = fragments(seed, &[("a", 1.0), ("b", 1.0)], n);
+    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 1 << 14).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let dedicated = |incarnation| ExchangeOptions {
+        connections_per_peer: 2,
+        link_rate_bits_per_second: 200_000_000,
+        link_rtt: Duration::from_millis(5),
+        peer_timeout: Duration::from_secs(60),
+        congestion: Congestion::Dedicated,
+        ..options(incarnation)
+    };
+    let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), dedicated(1)).unwrap());
+    let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), dedicated(2)).unwrap());
+    let to_b = emulator
+        .udp_proxy("a", "b", loopback(), b.local_addr().unwrap())
+        .await
+        .unwrap();
+    let to_a = emulator
+        .udp_proxy("b", "a", loopback(), a.local_addr().unwrap())
+        .await
+        .unwrap();
+    let peers_of_a: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), to_b.local_addr()),
+    ]
+    .into();
+    let peers_of_b: BTreeMap<String, std::net::SocketAddr> = [
+        ("a".to_string(), to_a.local_addr()),
+        ("b".to_string(), b.local_addr().unwrap()),
+    ]
+    .into();
+    let deadline = Duration::from_secs(90);
+    let (a_outcome, b_outcome) = tokio::join!(
+        run(&a, &plan, &codecs, &fragments["a"], &peers_of_a, deadline),
+        run(&b, &plan, &codecs, &fragments["b"], &peers_of_b, deadline),
+    );
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    for outcome in [&a_outcome, &b_outcome] {
+        assert_eq!(
+            outcome.hash.as_deref(),
+            Some(expected.as_str()),
+            "{outcome:?}"
+        );
+    }
+    // The link did lose packets: the result is QUIC's retransmissions'.
+    let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
+    assert!(lost > 0, "the emulator lost nothing");
 }

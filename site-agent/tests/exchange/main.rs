@@ -9,10 +9,12 @@
 //!   on without it; a sender killed mid-fragment and restarted resumes
 //!   without the receiver getting anything it held; corrupted messages are
 //!   refused and never reach the sum; a refused stream leaves the pooled
-//!   connection to the peer's other streams;
+//!   connection to the peer's other streams; a fragment tried again under
+//!   the same plan resumes, with a peer that came up late;
 //! - `emulated`: through the emulator's UDP proxy, a link cut mid-fragment
 //!   and healed: the connections die and come back, and nothing the
-//!   receiver held is sent to it again.
+//!   receiver held is sent to it again; the dedicated-link controller
+//!   carries a fragment through 2 % random loss.
 //!
 //! No timing assertions: every await is bounded, and seeds are printed.
 
