@@ -33,12 +33,12 @@ pub struct StatusBoard {
     pub plaintext: bool,
     /// Revisions of the assignments acted on in this run (the last 256).
     pub handled_revisions: VecDeque<u64>,
-    /// Fragments exchanged and applied in this run (the last 1024).
+    /// Fragments exchanged and applied in this run (the last 8192).
     pub exchanges: VecDeque<pb::FragmentExchange>,
 }
 
 /// How many exchanged fragments the status keeps.
-const EXCHANGES_KEPT: usize = 1024;
+const EXCHANGES_KEPT: usize = 8192;
 
 /// How many handled revisions the status keeps.
 const HANDLED_KEPT: usize = 256;

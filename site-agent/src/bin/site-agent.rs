@@ -98,7 +98,8 @@ async fn agent_client(
         .connect()
         .await
         .with_context(|| format!("no site agent answers at {address}"))?;
-    Ok(SiteAgentClient::new(channel))
+    // A status keeps up to 8192 exchanged fragments: a few MB.
+    Ok(SiteAgentClient::new(channel).max_decoding_message_size(64 << 20))
 }
 
 fn print_probe(p: &pb::PeerProbe) {

@@ -124,7 +124,10 @@ pub struct RoundsReport {
     pub committed: usize,
     pub aborted: usize,
     pub open: usize,
-    /// Medians over the committed rounds.
+    /// Committed rounds the agents still had records of (they keep their
+    /// last 8192 fragments; an agent restarted since keeps none before).
+    pub measured: usize,
+    /// Medians over those.
     pub median_took_ms: Option<f64>,
     pub median_exchange_ms: Option<f64>,
     pub median_predicted_ms: Option<f64>,
@@ -298,6 +301,12 @@ pub(super) fn rounds_report(
         links.push(row);
     }
     let committed: Vec<&RoundRow> = rows.iter().filter(|r| r.state == "committed").collect();
+    // The medians are over the same rounds: committed ones the agents
+    // still had records of.
+    let measured: Vec<&&RoundRow> = committed
+        .iter()
+        .filter(|r| r.exchange_ms.is_some())
+        .collect();
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
         (!values.is_empty()).then(|| values[values.len() / 2])
@@ -308,18 +317,19 @@ pub(super) fn rounds_report(
         aborted: rows.iter().filter(|r| r.state == "aborted").count(),
         open: rows.iter().filter(|r| r.state == "open").count(),
         median_took_ms: median(
-            committed
+            measured
                 .iter()
                 .filter_map(|r| r.took_ms.map(|t| t as f64))
                 .collect(),
         ),
         median_exchange_ms: median(
-            committed
+            measured
                 .iter()
                 .filter_map(|r| r.exchange_ms.map(|t| t as f64))
                 .collect(),
         ),
-        median_predicted_ms: median(committed.iter().map(|r| r.predicted_ms).collect()),
+        median_predicted_ms: median(measured.iter().map(|r| r.predicted_ms).collect()),
+        measured: measured.len(),
         rounds: rows,
         links,
     })
@@ -592,8 +602,10 @@ fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<(
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
     writeln!(
         out,
-        "  median of committed rounds: exchange {} measured at the agents, {} predicted by the \
-         planner's cost model for the links; {} opened to committed at the coordinator",
+        "  median of {} committed rounds the agents had records of: exchange {} measured at the \
+         agents, {} predicted by the planner's cost model for the links; {} opened to committed \
+         at the coordinator",
+        rounds.measured,
         ms(rounds.median_exchange_ms),
         ms(rounds.median_predicted_ms),
         ms(rounds.median_took_ms),
