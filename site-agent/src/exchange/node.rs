@@ -422,18 +422,6 @@ impl ExchangeNode {
     }
 }
 
-/// Runs `decode` (a chunk taken: checked, and when it completes its
-/// shard's sum, decoded, added in site order and encoded again, for
-/// milliseconds on a large chunk) on a multi-threaded runtime with
-/// `block_in_place`, so the worker's other tasks move to another thread
-/// meanwhile rather than wait; as is on a current-thread runtime.
-fn decoding<T>(decode: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(decode),
-        _ => decode(),
-    }
-}
-
 /// Marks a fragment's state as being exchanged while it lives.
 struct Active(Arc<FragmentState>);
 
@@ -874,8 +862,7 @@ async fn serve_stream(
             return;
         }
         let chunk = h.chunk;
-        let taken = decoding(|| state.take(&site, h.plan, &chunk, message.payload));
-        let answer = match taken {
+        let answer = match state.take(&site, h.plan, &chunk, message.payload) {
             Taken::Ack => write_message(&mut send, &state.header(Kind::Ack, chunk), &[]).await,
             Taken::Refused(reason) => {
                 tracing::warn!(peer = %site, %reason, "exchange chunk refused");
