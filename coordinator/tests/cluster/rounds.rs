@@ -873,26 +873,38 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
         .filter(|p| p.child.is_some())
         .map(|p| p.addr)
         .collect();
-    let committed = eventually(
+    // Over once it shows as over, or once a later round exists (one is
+    // open at a time): the reporters commit rounds back to back, so by the
+    // time a loaded machine looks, it may have left the 16 rounds kept.
+    // Whether it committed, once and with nobody excluded, the history
+    // below says.
+    let ended = eventually(
         Duration::from_secs(60),
-        "the round to commit after the leader kill",
+        "the round to end after the leader kill",
         || async {
             let rounds = any_rounds(&survivors).await?;
-            rounds
-                .into_iter()
-                .find(|r| r.round_id == open.round_id && r.state() != pb::RoundState::Open)
+            match rounds.iter().find(|r| r.round_id == open.round_id) {
+                Some(r) if r.state() != pb::RoundState::Open => Some(Some(r.clone())),
+                Some(_) => None,
+                None => rounds
+                    .iter()
+                    .any(|r| r.round_id > open.round_id)
+                    .then_some(None),
+            }
         },
     )
     .await;
-    assert_eq!(
-        committed.state(),
-        pb::RoundState::Committed,
-        "{committed:?}"
-    );
-    assert!(
-        committed.participant_states.iter().all(|p| !p.excluded),
-        "{committed:?}"
-    );
+    if let Some(committed) = &ended {
+        assert_eq!(
+            committed.state(),
+            pb::RoundState::Committed,
+            "{committed:?}"
+        );
+        assert!(
+            committed.participant_states.iter().all(|p| !p.excluded),
+            "{committed:?}"
+        );
+    }
     // Once: one transition to committed in the whole history, and round
     // numbers without a gap or a repeat.
     let revision = client(survivors[0])
@@ -929,6 +941,13 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
             Some(pb::watch_event::Event::Round(round)) => {
                 if round.opened_revision == event.revision {
                     opened.push(round.round_id);
+                }
+                if round.round_id == open.round_id {
+                    assert!(
+                        round.participant_states.iter().all(|p| !p.excluded),
+                        "round {} excluded a participant: {round:?}",
+                        open.round_id
+                    );
                 }
                 let committed =
                     round.state() == pb::RoundState::Committed && round.revision == event.revision;
