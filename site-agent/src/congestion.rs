@@ -7,17 +7,23 @@
 //! 1.22/√p). This one does not.
 //!
 //! [`DedicatedConfig`] gives every connection a fixed target window (the
-//! exchange sets it to its share of 1.25 × the link's bandwidth-delay
-//! product, so that the pool fills the link and overfills a one-BDP
-//! buffer by a quarter at most); the window grows from quinn's initial
-//! window by the bytes acknowledged (slow start) up to the target and
-//! stays there through losses, which QUIC retransmits. Only persistent
-//! congestion (every packet over several RTTs lost: an outage, a cut)
-//! starts it again from the initial window. Quinn paces each connection
-//! at its window per RTT, so the window is sent evenly, not in bursts.
+//! exchange sets it to its share of 1.25 × the bandwidth-delay product of
+//! the link as configured, `link_rate` × `link_rtt`, so that the pool
+//! fills the link and keeps a standing queue of a quarter of a BDP at
+//! most); the window grows from the RFC 9002 initial window by the bytes
+//! acknowledged (slow start) up to the target and stays there through
+//! losses, which QUIC retransmits. Only persistent congestion (every
+//! packet over several RTTs lost: an outage, a cut) starts it again from
+//! the initial window. Quinn paces each connection at 1.25 × its window
+//! per RTT, so the window is spread over the round trip, not burst.
 //!
-//! **Use it only on a link that is the job's**: on a shared path it does
-//! not back off for other traffic, by design. The default is Cubic.
+//! **Use it only on a link that is the job's, with its real rate and RTT
+//! configured**: it never measures the path. On a shared path it does not
+//! back off for other traffic, by design; with a configured rate above
+//! the link's it overfills the queue for good (steady overload is not
+//! persistent congestion), and a buffer smaller than a quarter BDP drops
+//! at every round trip. The window is per peer: peers behind one shared
+//! uplink each get the whole link's share. The default is Cubic.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -26,8 +32,8 @@ use std::time::Instant;
 use quinn::congestion::{Controller, ControllerFactory};
 use quinn_proto::RttEstimator;
 
-/// The smallest target window: below it a connection cannot even leave
-/// quinn's initial window.
+/// The smallest target window (a connection's first round trips need
+/// room above the initial window).
 pub const MIN_WINDOW: u64 = 64 << 10;
 
 /// Builds [`Dedicated`] controllers with a target window of `window`
@@ -48,9 +54,11 @@ impl ControllerFactory for DedicatedConfig {
     }
 }
 
-/// Quinn's initial window: ten datagrams, at least 14 720 bytes (RFC 9002).
+/// The initial window of RFC 9002 (and quinn's): min(10 × MTU,
+/// max(2 × MTU, 14 720)) bytes.
 fn initial_window(mtu: u16) -> u64 {
-    (10 * u64::from(mtu)).max(14_720)
+    let mtu = u64::from(mtu);
+    (10 * mtu).min((2 * mtu).max(14_720))
 }
 
 /// See the module docs.
@@ -137,7 +145,7 @@ mod tests {
     fn the_window_grows_to_its_target_and_holds_through_random_loss() {
         let mut c = controller(1 << 20);
         let now = Instant::now();
-        assert_eq!(c.window(), 14_720);
+        assert_eq!(c.window(), 12_000);
         for _ in 0..200 {
             c.acked(10_000, false);
         }
@@ -147,19 +155,16 @@ mod tests {
         // Application-limited acks do not grow it.
         let mut limited = controller(1 << 20);
         limited.acked(100_000, true);
-        assert_eq!(limited.window(), 14_720);
+        assert_eq!(limited.window(), 12_000);
         // An outage starts it again.
         c.on_congestion_event(now, now, true, 1 << 20);
-        assert_eq!(c.window(), 14_720);
+        assert_eq!(c.window(), 12_000);
+        assert_eq!(initial_window(1500), 14_720);
     }
 
     #[test]
     fn the_factory_raises_a_target_below_the_floor() {
-        let mut c = Arc::new(DedicatedConfig { window: 1000 }).build(Instant::now(), 1200);
-        let now = Instant::now();
-        for _ in 0..100 {
-            c.on_congestion_event(now, now, false, 0);
-        }
+        let c = Arc::new(DedicatedConfig { window: 1000 }).build(Instant::now(), 1200);
         let c = c.into_any().downcast::<Dedicated>().unwrap();
         assert_eq!(c.target, MIN_WINDOW);
     }

@@ -212,6 +212,17 @@ impl ExchangeNode {
         )
     }
 
+    /// The pool's live connections: each peer address and slot with
+    /// quinn's figures of its path (congestion window, RTT, losses).
+    pub fn pool_paths(&self) -> Vec<(SocketAddr, u32, quinn::PathStats)> {
+        self.inner
+            .connections()
+            .iter()
+            .filter(|(_, c)| c.close_reason().is_none())
+            .map(|((addr, slot), c)| (*addr, *slot, c.stats().path))
+            .collect()
+    }
+
     /// Closes the endpoint and waits (at most `wait`) until its
     /// connections are gone, so that the address can be bound again.
     pub async fn shutdown(self, wait: Duration) {

@@ -136,7 +136,7 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
     link.loss = LossModel::Bernoulli { p: 0.02 };
     let emulator = Emulator::new(seed, vec![LinkSpec::symmetric("a", "b", link)]).unwrap();
     let pki = Pki::new("test CA");
-    let n = 1 << 18;
+    let n = 1 << 20;
     let fragments = fragments(seed, &[("a", 1.0), ("b", 1.0)], n);
     let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 1 << 14).unwrap();
     let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
@@ -181,6 +181,17 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
             "{outcome:?}"
         );
     }
+    // The pool ran the dedicated controller: no window past its share of
+    // 1.25 × BDP (200 Mbit/s × 5 ms = 125 kB, over 2 connections), and
+    // one at exactly that share after the losses (Cubic halves on loss
+    // and never sits on this figure).
+    let target = 78_125;
+    let windows: Vec<u64> = a.pool_paths().iter().map(|(_, _, p)| p.cwnd).collect();
+    assert!(
+        !windows.is_empty() && windows.iter().all(|w| *w <= target),
+        "{windows:?}"
+    );
+    assert!(windows.contains(&target), "{windows:?}");
     // The link did lose packets: the result is QUIC's retransmissions'.
     let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
     assert!(lost > 0, "the emulator lost nothing");
