@@ -994,9 +994,16 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
                 eprintln!("the restarted replica has rounds {now}");
                 *seen = now;
             }
-            rounds?
-                .iter()
-                .any(|r| r.round_id == open.round_id && r.state() == pb::RoundState::Committed)
+            // Caught up to the held round or past it (the reporters go on
+            // committing rounds, which may take it out of the 16 kept),
+            // and every round it keeps before the last is committed.
+            let rounds = rounds?;
+            let (last, before) = rounds.split_last()?;
+            (last.round_id >= open.round_id
+                && before
+                    .iter()
+                    .all(|r| r.state() == pb::RoundState::Committed)
+                && (last.round_id != open.round_id || last.state() == pb::RoundState::Committed))
                 .then_some(())
         },
     )
