@@ -8,11 +8,41 @@ use std::time::Duration;
 use longhaul_codec::EncoderConfig;
 use longhaul_core::units::{DataRate, Distance};
 use longhaul_exchange::{CollectivePlan, Contributor, LinkCodecs};
-use longhaul_simulations::emulator::{Emulator, LinkSpec};
+use longhaul_simulations::emulator::{Emulator, LinkSpec, UdpProxy};
 use longhaul_simulations::link::{LinkConfig, LossModel};
 use longhaul_site_agent::exchange::{Congestion, ExchangeNode, ExchangeOptions};
 
 use crate::{JOB, Pki, bounded, fragments, loopback, options, reference_hash, run};
+
+type Peers = BTreeMap<String, std::net::SocketAddr>;
+
+/// Proxies of the emulated link a–b each way (to keep alive), and where a
+/// and b reach each other through them.
+async fn through_link(
+    emulator: &Emulator,
+    a: &ExchangeNode,
+    b: &ExchangeNode,
+) -> ([UdpProxy; 2], Peers, Peers) {
+    let to_b = emulator
+        .udp_proxy("a", "b", loopback(), b.local_addr().unwrap())
+        .await
+        .unwrap();
+    let to_a = emulator
+        .udp_proxy("b", "a", loopback(), a.local_addr().unwrap())
+        .await
+        .unwrap();
+    let peers_of_a: Peers = [
+        ("a".to_string(), a.local_addr().unwrap()),
+        ("b".to_string(), to_b.local_addr()),
+    ]
+    .into();
+    let peers_of_b: Peers = [
+        ("a".to_string(), to_a.local_addr()),
+        ("b".to_string(), b.local_addr().unwrap()),
+    ]
+    .into();
+    ([to_b, to_a], peers_of_a, peers_of_b)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_cut_mid_fragment_and_healed_resumes_without_duplicates() {
@@ -43,24 +73,7 @@ async fn a_link_cut_mid_fragment_and_healed_resumes_without_duplicates() {
         ExchangeNode::bind(loopback(), &pki.agent("a"), quick(1, Some(1_000_000))).unwrap(),
     );
     let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), quick(2, None)).unwrap());
-    let to_b = emulator
-        .udp_proxy("a", "b", loopback(), b.local_addr().unwrap())
-        .await
-        .unwrap();
-    let to_a = emulator
-        .udp_proxy("b", "a", loopback(), a.local_addr().unwrap())
-        .await
-        .unwrap();
-    let peers_of_a: BTreeMap<String, std::net::SocketAddr> = [
-        ("a".to_string(), a.local_addr().unwrap()),
-        ("b".to_string(), to_b.local_addr()),
-    ]
-    .into();
-    let peers_of_b: BTreeMap<String, std::net::SocketAddr> = [
-        ("a".to_string(), to_a.local_addr()),
-        ("b".to_string(), b.local_addr().unwrap()),
-    ]
-    .into();
+    let (_proxies, peers_of_a, peers_of_b) = through_link(&emulator, &a, &b).await;
     let deadline = Duration::from_secs(90);
     let spawn =
         |node: &Arc<ExchangeNode>, site: &str, peers: BTreeMap<String, std::net::SocketAddr>| {
@@ -150,24 +163,7 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
     };
     let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), dedicated(1)).unwrap());
     let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), dedicated(2)).unwrap());
-    let to_b = emulator
-        .udp_proxy("a", "b", loopback(), b.local_addr().unwrap())
-        .await
-        .unwrap();
-    let to_a = emulator
-        .udp_proxy("b", "a", loopback(), a.local_addr().unwrap())
-        .await
-        .unwrap();
-    let peers_of_a: BTreeMap<String, std::net::SocketAddr> = [
-        ("a".to_string(), a.local_addr().unwrap()),
-        ("b".to_string(), to_b.local_addr()),
-    ]
-    .into();
-    let peers_of_b: BTreeMap<String, std::net::SocketAddr> = [
-        ("a".to_string(), to_a.local_addr()),
-        ("b".to_string(), b.local_addr().unwrap()),
-    ]
-    .into();
+    let (_proxies, peers_of_a, peers_of_b) = through_link(&emulator, &a, &b).await;
     let deadline = Duration::from_secs(90);
     let (a_outcome, b_outcome) = tokio::join!(
         run(&a, &plan, &codecs, &fragments["a"], &peers_of_a, deadline),
