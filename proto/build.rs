@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/longhaul/v1/agent.proto",
         "proto/longhaul/v1/raft.proto",
         "proto/longhaul/v1/emulator.proto",
+        "proto/longhaul/v1/trainer.proto",
     ];
     for file in &files {
         println!("cargo:rerun-if-changed={file}");

@@ -34,6 +34,11 @@
 //! link_rate = "1 Gbit/s"            # sizes the QUIC windows and UDP buffers
 //! link_rtt = "50 ms"
 //! congestion = "cubic"              # or "dedicated", for links the job owns
+//!
+//! [trainer]                         # optional: trainers hand the agent their pseudo-gradients
+//! socket = "/run/longhaul/north.sock"  # the local trainer API (or `listen`, TCP loopback)
+//! shm_dir = "/dev/shm"              # where trainers' tensors are
+//! session_ttl = "30 s"              # a silent trainer's rank is released after this
 //! ```
 //!
 //! Relative paths are relative to the config file's directory.
@@ -98,6 +103,80 @@ pub struct AgentConfig {
     pub probe: ProbeConfig,
     #[serde(default, skip_serializing_if = "is_default")]
     pub exchange: ExchangeConfig,
+    /// The local trainer API; when set, the agent takes part in its jobs'
+    /// outer rounds with what its trainers submit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trainer: Option<TrainerConfig>,
+}
+
+/// The local trainer API (`trainer.proto`): the site's training processes
+/// submit their pseudo-gradients and collect the averages through it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerConfig {
+    /// The Unix socket the API is served on (created; an old socket file
+    /// at the path is replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
+    /// A TCP loopback address to serve it on as well (or instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// The directory of the trainers' shared-memory tensors (default
+    /// `/dev/shm`).
+    #[serde(default = "default_shm_dir")]
+    pub shm_dir: PathBuf,
+    /// A trainer silent this long loses its rank (default 30 s).
+    #[serde(default = "default_session_ttl")]
+    pub session_ttl: Duration,
+}
+
+fn default_shm_dir() -> PathBuf {
+    PathBuf::from("/dev/shm")
+}
+
+fn default_session_ttl() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl TrainerConfig {
+    /// Served on `socket`, with the defaults.
+    pub fn on_socket(socket: PathBuf) -> Self {
+        Self {
+            socket: Some(socket),
+            listen: None,
+            shm_dir: default_shm_dir(),
+            session_ttl: default_session_ttl(),
+        }
+    }
+
+    fn violations(&self, at: &FieldPath, exchange: &ExchangeConfig, out: &mut Vec<Violation>) {
+        if self.socket.is_none() && self.listen.is_none() {
+            out.push(Violation::new(
+                at.key("socket"),
+                "is missing: give `socket` (a Unix socket path) or `listen` (a TCP loopback address)",
+            ));
+        }
+        if let Some(listen) = self.listen
+            && !listen.ip().is_loopback()
+        {
+            out.push(Violation::new(
+                at.key("listen"),
+                format!("{listen} is not a loopback address: the trainer API is local to the site's machine"),
+            ));
+        }
+        if !(1_000_000_000..=3_600_000_000_000).contains(&self.session_ttl.as_nanos()) {
+            out.push(Violation::new(
+                at.key("session_ttl"),
+                "must be between 1 s and 1 h",
+            ));
+        }
+        if exchange.synthetic_elements.is_some() {
+            out.push(Violation::new(
+                FieldPath::root().key("exchange").key("synthetic_elements"),
+                "is set but so is [trainer]: the agent contributes either synthetic pseudo-gradients or its trainers', not both",
+            ));
+        }
+    }
 }
 
 /// Whether a section is all defaults, and so need not be written.
@@ -192,8 +271,9 @@ pub struct ExchangeConfig {
     /// of, with a synthetic pseudo-gradient of this many f32 values per
     /// fragment (seeded from `seed`, the job, the round, the fragment and
     /// the site; between 1 and 2^28): rehearsals and benchmarks of the
-    /// links. Unset (the default): the agent serves its peers' exchanges
-    /// but contributes to no round (trainers do not hand it theirs yet).
+    /// links. Unset (the default): the agent contributes what its trainers
+    /// submit (`[trainer]`), or, without that, serves its peers' exchanges
+    /// but contributes to no round.
     pub synthetic_elements: Option<u64>,
     /// Base of the synthetic pseudo-gradients' seeds (default 0).
     pub seed: u64,
@@ -408,6 +488,9 @@ impl Validate for AgentConfig {
             ));
         }
         self.exchange.violations(&root.key("exchange"), &mut out);
+        if let Some(trainer) = &self.trainer {
+            trainer.violations(&root.key("trainer"), &self.exchange, &mut out);
+        }
         if let Err(error) = self.render.validate() {
             out.push(Violation::new(root.key("render"), error.to_string()));
         }
@@ -462,6 +545,7 @@ impl AgentConfig {
             submit: None,
             probe: ProbeConfig::default(),
             exchange: ExchangeConfig::default(),
+            trainer: None,
         }
     }
 
@@ -489,6 +573,12 @@ impl AgentConfig {
         }
         if let Some(dir) = config.state_dir.as_mut() {
             resolve(dir);
+        }
+        if let Some(trainer) = config.trainer.as_mut() {
+            if let Some(socket) = trainer.socket.as_mut() {
+                resolve(socket);
+            }
+            resolve(&mut trainer.shm_dir);
         }
         Ok(config)
     }
@@ -611,6 +701,42 @@ static = { file = "topology.toml" }
                 }
             }
         }
+    }
+
+    #[test]
+    fn bad_trainer_settings_are_named() {
+        for (section, expected) in [
+            ("shm_dir = \"/dev/shm\"", "trainer.socket"),
+            ("listen = \"0.0.0.0:7950\"", "trainer.listen"),
+            (
+                "socket = \"t.sock\"\nsession_ttl = \"10 ms\"",
+                "trainer.session_ttl",
+            ),
+        ] {
+            let text = format!("{GOOD}\n[trainer]\n{section}\n");
+            let error =
+                AgentConfig::from_toml("agent.toml", &text, Path::new("/etc/lh")).unwrap_err();
+            assert!(error.to_string().contains(expected), "{section}: {error}");
+        }
+        let both = format!(
+            "{GOOD}\n[exchange]\nsynthetic_elements = 10\n[trainer]\nsocket = \"t.sock\"\n"
+        );
+        let error = AgentConfig::from_toml("agent.toml", &both, Path::new("/etc/lh")).unwrap_err();
+        assert!(
+            error.to_string().contains("exchange.synthetic_elements"),
+            "{error}"
+        );
+        let good =
+            format!("{GOOD}\n[trainer]\nsocket = \"run/t.sock\"\nlisten = \"127.0.0.1:7950\"\n");
+        let config = AgentConfig::from_toml("agent.toml", &good, Path::new("/etc/lh")).unwrap();
+        let trainer = config.trainer.clone().unwrap();
+        assert_eq!(trainer.socket, Some(PathBuf::from("/etc/lh/run/t.sock")));
+        assert_eq!(trainer.shm_dir, PathBuf::from("/dev/shm"));
+        assert_eq!(trainer.session_ttl, Duration::from_secs(30));
+        let again =
+            AgentConfig::from_toml("agent.toml", &config.to_toml().unwrap(), Path::new("/x"))
+                .unwrap();
+        assert_eq!(again, config);
     }
 
     #[test]

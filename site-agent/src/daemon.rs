@@ -14,7 +14,7 @@ use longhaul_proto::v1::site_agent_server::SiteAgentServer;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::agent::{self, Agent, Discover, Settings};
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, TrainerConfig};
 use crate::coordinator::Coordinators;
 use crate::data_endpoint::DataEndpoint;
 use crate::inventory::{Inventory, InventorySource, source_from_config};
@@ -25,6 +25,8 @@ use crate::rounds;
 use crate::status::{StatusBoard, StatusService};
 use crate::store::Store;
 use crate::tls::AgentTls;
+use crate::trainer::service::TrainerService;
+use crate::trainer::{TrainerHub, WithTrainers};
 
 /// Reads and checks an agent config file.
 pub fn load(path: &Path) -> anyhow::Result<AgentConfig> {
@@ -155,17 +157,36 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     )
     .context("cannot start the link probes")?;
     let exchange_node = Arc::new(exchange_node);
-    let round_driver = config.exchange.synthetic_elements.map(|elements| {
-        tracing::info!(
-            elements,
-            seed = config.exchange.seed,
-            "taking part in outer rounds with synthetic pseudo-gradients"
-        );
+    let hub = config.trainer.as_ref().map(|trainer| {
+        Arc::new(TrainerHub::new(
+            config.site.clone(),
+            trainer.session_ttl.into(),
+            trainer.shm_dir.clone(),
+        ))
+    });
+    let values = match (&hub, config.exchange.synthetic_elements) {
+        (Some(hub), _) => {
+            tracing::info!("taking part in outer rounds with what the trainers submit");
+            Some(rounds::Values::Trainers(Arc::clone(hub)))
+        }
+        (None, Some(elements)) => {
+            tracing::info!(
+                elements,
+                seed = config.exchange.seed,
+                "taking part in outer rounds with synthetic pseudo-gradients"
+            );
+            Some(rounds::Values::Synthetic {
+                elements,
+                seed: config.exchange.seed,
+            })
+        }
+        (None, None) => None,
+    };
+    let round_driver = values.map(|values| {
         rounds::spawn(
             rounds::RoundSettings {
                 site_id: config.site.clone(),
-                synthetic_elements: elements,
-                seed: config.exchange.seed,
+                values,
                 call_timeout,
             },
             coordinators.clone(),
@@ -178,12 +199,23 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     let status_listener = tokio::net::TcpListener::bind(config.status_listen)
         .await
         .with_context(|| format!("status_listen: cannot listen on {}", config.status_listen))?;
+    let handler: Box<dyn agent::Handle> = match &hub {
+        Some(hub) => Box::new(WithTrainers {
+            inner: Box::new(handler),
+            hub: Arc::clone(hub),
+        }),
+        None => Box::new(handler),
+    };
+    let trainer_servers = match (&config.trainer, &hub) {
+        (Some(trainer), Some(hub)) => serve_trainers(trainer, hub).await?,
+        _ => Vec::new(),
+    };
     let tasks = agent::spawn(Agent {
         settings,
         coordinators,
         discover: Arc::new(source),
         inventory,
-        handler: Box::new(handler),
+        handler,
         store,
         state,
         status: status.clone(),
@@ -202,13 +234,70 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
             shutdown(),
         );
     server.await.context("status server failed")?;
-    for task in tasks.into_iter().chain(round_driver) {
+    for task in tasks.into_iter().chain(round_driver).chain(trainer_servers) {
         task.abort();
+    }
+    if let Some(socket) = config.trainer.as_ref().and_then(|t| t.socket.as_ref()) {
+        let _ = std::fs::remove_file(socket);
     }
     drop(prober);
     drop(data_endpoint);
     tracing::info!("site agent stopped");
     Ok(())
+}
+
+/// Serves the trainer API on the configured Unix socket and loopback
+/// address; the servers' tasks.
+async fn serve_trainers(
+    config: &TrainerConfig,
+    hub: &Arc<TrainerHub>,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<()>>> {
+    let mut servers = Vec::new();
+    if let Some(path) = &config.socket {
+        // A socket file left by an earlier run would make bind fail.
+        if std::fs::symlink_metadata(path)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+        {
+            std::fs::remove_file(path)
+                .with_context(|| format!("trainer.socket: cannot replace {}", path.display()))?;
+        }
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("trainer.socket: cannot create {}", parent.display()))?;
+        }
+        let listener = tokio::net::UnixListener::bind(path)
+            .with_context(|| format!("trainer.socket: cannot listen on {}", path.display()))?;
+        let service = TrainerService::new(Arc::clone(hub)).server();
+        tracing::info!(socket = %path.display(), shm_dir = %config.shm_dir.display(), "trainer API listening");
+        servers.push(tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::UnixListenerStream::new(listener);
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!(%error, "trainer API (socket) failed");
+            }
+        }));
+    }
+    if let Some(addr) = config.listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("trainer.listen: cannot listen on {addr}"))?;
+        let service = TrainerService::new(Arc::clone(hub)).server();
+        tracing::info!(%addr, shm_dir = %config.shm_dir.display(), "trainer API listening");
+        servers.push(tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!(%error, "trainer API (TCP) failed");
+            }
+        }));
+    }
+    Ok(servers)
 }
 
 async fn shutdown() {

@@ -21,4 +21,5 @@ pub mod rounds;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod trainer;
 pub mod udp;

@@ -6,13 +6,15 @@
 //! (`ReportContributed`, `ReportApplied`), which is what the coordinator
 //! commits a round on.
 //!
-//! Until trainers hand the agent their pseudo-gradients, what the agent
-//! contributes is **synthetic**: [`synthetic_values`] of
+//! What the agent contributes ([`Values`]) is either what its **trainers**
+//! submit through the local trainer API ([`crate::trainer`]): the driver
+//! waits for a fragment's submission (until the round changes), exchanges
+//! it and publishes the average (or why there is none) for the trainers to
+//! collect; or **synthetic**: [`synthetic_values`] of
 //! `exchange.synthetic_elements` f32 values per fragment, seeded from the
 //! configured seed, the job, the round, the fragment and the site, so a
-//! rehearsal moves a stated, replayable load through the links. Without
-//! `synthetic_elements` the driver does not run (the exchange node still
-//! serves peers).
+//! rehearsal moves a stated, replayable load through the links. With
+//! neither the driver does not run (the exchange node still serves peers).
 //!
 //! - **Plan**: the round's participants less those it excluded, the
 //!   round's per-link codecs ([`LinkCodecs::from_round`]), chunks of
@@ -57,6 +59,7 @@ use crate::agent::backoff::Backoff;
 use crate::coordinator::{Coordinators, is_transient};
 use crate::exchange::{ExchangeError, ExchangeNode, FragmentRequest};
 use crate::status::SharedStatus;
+use crate::trainer::{FragmentResult, TrainerHub};
 
 /// Fragments of one round exchanged at once.
 pub const FRAGMENTS_AT_ONCE: usize = 4;
@@ -69,13 +72,21 @@ const RETRY_PAUSE: Duration = Duration::from_secs(1);
 /// (the coordinator decides when the round is over, not this clock).
 const MIN_EXCHANGE_TIME: Duration = Duration::from_secs(2);
 
+/// Where the pseudo-gradients the site contributes come from.
+#[derive(Debug, Clone)]
+pub enum Values {
+    /// [`synthetic_values`]: `elements` per fragment
+    /// (1..=[`MAX_SYNTHETIC_ELEMENTS`]), seeded from `seed`.
+    Synthetic { elements: u64, seed: u64 },
+    /// What the site's trainers submit; the averages go back to them.
+    Trainers(Arc<TrainerHub>),
+}
+
 /// What the round driver needs.
 #[derive(Debug, Clone)]
 pub struct RoundSettings {
     pub site_id: String,
-    /// Values per synthetic fragment, 1..=[`MAX_SYNTHETIC_ELEMENTS`].
-    pub synthetic_elements: u64,
-    pub seed: u64,
+    pub values: Values,
     /// Bound on one report to the coordinator.
     pub call_timeout: Duration,
 }
@@ -266,6 +277,9 @@ fn tend(shared: &Arc<Shared>, coordinators: &Coordinators, held: &mut BTreeMap<K
     let site = shared.settings.site_id.as_str();
     held.retain(|(job, round_id), entry| {
         let round = entry.round.borrow().clone();
+        if let Values::Trainers(hub) = &shared.settings.values {
+            hub.observe_round(&round);
+        }
         let open = round.state == pb::RoundState::Open as i32;
         if entry.task.as_ref().is_some_and(JoinHandle::is_finished) {
             entry.task = None;
@@ -340,8 +354,7 @@ async fn run_round(
     if let Some(me) = participant(&round, site)
         && me.catch_up_from_round != 0
     {
-        // Synthetic mode has no parameters to fetch.
-        tracing::info!(job = %round.job_id, round = round.round_id, from_site = %me.catch_up_from_site, after_round = me.catch_up_from_round, "catch-up asked: nothing to fetch with synthetic pseudo-gradients");
+        tracing::info!(job = %round.job_id, round = round.round_id, from_site = %me.catch_up_from_site, after_round = me.catch_up_from_round, "catch-up asked: the agent fetches no parameters (its trainers train on from their own)");
     }
     tracing::info!(job = %round.job_id, round = round.round_id, fragments = round.fragments, participants = ?round.participants, "round open: exchanging");
     let permits = Arc::new(Semaphore::new(FRAGMENTS_AT_ONCE));
@@ -388,17 +401,20 @@ async fn run_fragment(
 ) {
     let settings = &shared.settings;
     let site = settings.site_id.as_str();
-    let elements = settings.synthetic_elements;
     let (job, round_id) = {
         let round = rx.borrow();
         (round.job_id.clone(), round.round_id)
     };
+    let Some(values) = contribution(shared, &mut rx, &job, round_id, fragment).await else {
+        return;
+    };
+    let elements = values.len() as u64;
     let contributor_key = (job.clone(), fragment);
     let mut contributor = lock(&shared.contributors)
         .remove(&contributor_key)
         .filter(|c| c.elements() == elements)
         .unwrap_or_else(|| Contributor::new(elements));
-    let mut values: Option<Vec<f32>> = None;
+    let values = &values[..];
     let mut failed = 0u32;
     loop {
         let round = rx.borrow_and_update().clone();
@@ -412,9 +428,6 @@ async fn run_fragment(
             );
             break;
         }
-        let values = values.get_or_insert_with(|| {
-            synthetic_values(settings.seed, &job, round_id, fragment, site, elements)
-        });
         let excluded: Vec<&str> = round
             .participant_states
             .iter()
@@ -468,6 +481,22 @@ async fn run_fragment(
                 // Back before the reports: the next round may open (and
                 // want this fragment's residuals) as soon as they land.
                 lock(&shared.contributors).insert(contributor_key, contributor);
+                // The trainers may apply the average at once: every live
+                // site reduced the same bytes, whatever the reports do.
+                if let (Values::Trainers(hub), Some(result)) =
+                    (&settings.values, outcome.result.clone())
+                {
+                    hub.publish(
+                        &job,
+                        round_id,
+                        fragment,
+                        FragmentResult::Applied {
+                            values: Arc::new(result),
+                            hash: hash.clone(),
+                            live: plan.live().to_vec(),
+                        },
+                    );
+                }
                 if report(
                     shared,
                     &mut coordinators,
@@ -527,6 +556,44 @@ async fn run_fragment(
         }
     }
     lock(&shared.contributors).insert(contributor_key, contributor);
+}
+
+/// The site's pseudo-gradient of the fragment: the synthetic one, or the
+/// one a trainer submits, waited for while the fragment still needs this
+/// site (`None` once it does not).
+async fn contribution(
+    shared: &Shared,
+    rx: &mut watch::Receiver<pb::OuterRound>,
+    job: &str,
+    round_id: u64,
+    fragment: u32,
+) -> Option<Arc<Vec<f32>>> {
+    let site = shared.settings.site_id.as_str();
+    match &shared.settings.values {
+        Values::Synthetic { elements, seed } => Some(Arc::new(synthetic_values(
+            *seed, job, round_id, fragment, site, *elements,
+        ))),
+        Values::Trainers(hub) => loop {
+            if let Some(why) = settled(&rx.borrow_and_update(), site, fragment) {
+                tracing::debug!(
+                    job,
+                    round = round_id,
+                    fragment,
+                    why,
+                    "fragment needs no contribution"
+                );
+                return None;
+            }
+            tokio::select! {
+                values = hub.submission(job, round_id, fragment) => return Some(values),
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return None;
+                    }
+                }
+            }
+        },
+    }
 }
 
 fn record(shared: &Shared, exchange: pb::FragmentExchange, elapsed: Duration) {

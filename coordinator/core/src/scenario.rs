@@ -33,7 +33,26 @@ pub struct Scenario {
     pub timeline: Vec<TimelineEvent>,
     #[serde(default, skip_serializing_if = "ScenarioExchange::is_default")]
     pub exchange: ScenarioExchange,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training: Option<ScenarioTraining>,
 }
+
+/// Real trainers instead of synthetic pseudo-gradients: a trainer process
+/// per site of the job, started once the job is placed, that talks to its
+/// site's agent through the local trainer API. Each gets the environment
+/// `LONGHAUL_TRAINER_SOCKET`, `LONGHAUL_JOB`, `LONGHAUL_SITE`,
+/// `LONGHAUL_SEED` and `LONGHAUL_OUTPUT` (a JSON file the report reads);
+/// the rehearsal ends when every trainer has exited, or at `duration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioTraining {
+    /// The program and its arguments, e.g.
+    /// `["python3", "-m", "longhaul.examples.chars", "--steps", "600"]`.
+    pub command: Vec<String>,
+}
+
+/// Longest trainer command line.
+pub const MAX_TRAINING_ARGS: usize = 64;
 
 /// What the agents exchange in the job's outer rounds (a job placed as
 /// DiLoCo replicas): a synthetic, seeded pseudo-gradient per fragment.
@@ -251,6 +270,24 @@ impl Validate for Scenario {
                     self.exchange.elements
                 ),
             ));
+        }
+        if let Some(training) = &self.training {
+            let at = root.key("training").key("command");
+            if training.command.first().is_none_or(|c| c.trim().is_empty()) {
+                out.push(Violation::new(at, "must name a program to run"));
+            } else if training.command.len() > MAX_TRAINING_ARGS
+                || training
+                    .command
+                    .iter()
+                    .any(|a| a.len() > 4096 || a.contains('\0'))
+            {
+                out.push(Violation::new(
+                    at,
+                    format!(
+                        "at most {MAX_TRAINING_ARGS} arguments of at most 4096 bytes, without NUL"
+                    ),
+                ));
+            }
         }
         let replicas = self.coordinator.replicas;
         if !matches!(replicas, 1 | 3 | 5) {

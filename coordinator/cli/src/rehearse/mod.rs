@@ -427,8 +427,16 @@ async fn play(
 
     // Agents: one per site, reaching remote replicas and agents through
     // the emulator.
-    let (mut agents, agent_status) =
-        processes::start_agents(&mut wan, &replicas, seed, &scenario.exchange, exe, dir).await?;
+    let (mut agents, agent_status) = processes::start_agents(
+        &mut wan,
+        &replicas,
+        seed,
+        &scenario.exchange,
+        scenario.training.is_some(),
+        exe,
+        dir,
+    )
+    .await?;
     let expected = topology.sites.len();
     until(Duration::from_secs(90), "every site registered", || async {
         let mut c = network.client(leader).ok()?;
@@ -503,28 +511,68 @@ async fn play(
     }
     spawn_leader_watch(network.clone(), live.clone(), shared.clone(), t0);
     spawn_change_watch(&network, live.clone(), shared.clone(), t0, revision);
-    timeline::play(
-        scenario,
-        &mut timeline::Stage {
-            emulator: &emulator,
-            replicas: &mut replicas.processes,
-            agents: &mut agents,
-            live: &live,
-            shared: &shared,
-            exe,
-        },
-        t0,
-        quiet,
-    )
-    .await?;
+    let mut trainers = match &scenario.training {
+        Some(training) => {
+            let trainers = processes::start_trainers(
+                &training.command,
+                &plan_report.sites,
+                &placed.id,
+                seed,
+                dir,
+            )?;
+            progress(
+                quiet,
+                &format!(
+                    "  {} trainers started ({}); logs in {}/trainer-SITE.log",
+                    trainers.len(),
+                    training.command.join(" "),
+                    dir.display()
+                ),
+            );
+            trainers
+        }
+        None => Vec::new(),
+    };
+    let mut stage = timeline::Stage {
+        emulator: &emulator,
+        replicas: &mut replicas.processes,
+        agents: &mut agents,
+        live: &live,
+        shared: &shared,
+        exe,
+    };
+    let stage_play = timeline::play(scenario, &mut stage, t0, quiet);
+    if trainers.is_empty() {
+        stage_play.await?;
+    } else {
+        // Until every trainer has exited, or the scenario's duration.
+        let trainers_done = async {
+            while trainers.iter_mut().any(processes::Trainer::poll) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::select! {
+            played = stage_play => played?,
+            () = trainers_done => progress(quiet, "  every trainer has exited"),
+        }
+    }
 
     let links = report::link_reports(&emulator);
     let exchanges = agent_exchanges(&network, &agent_status).await;
+    let training = scenario
+        .training
+        .as_ref()
+        .map(|_| report::training_report(&mut trainers, dir, &exchanges, &links));
+    drop(trainers);
     let rounds = report::rounds_report(
         &lock(&shared).rounds,
         &exchanges,
         topology,
-        scenario.exchange.elements,
+        if scenario.training.is_some() {
+            0
+        } else {
+            scenario.exchange.elements
+        },
     );
     let mut records = lock(&shared).records.clone();
     records.sort_by_key(|r| r.t_ms);
@@ -558,6 +606,7 @@ async fn play(
         plan: plan_report,
         timeline: records,
         rounds,
+        training,
         links,
         directory: None,
     })

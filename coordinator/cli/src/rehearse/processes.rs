@@ -18,7 +18,7 @@ use longhaul_coordinator::server::leases;
 use longhaul_core::scenario::ScenarioExchange;
 use longhaul_core::{Scenario, Topology, units};
 use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy};
-use longhaul_site_agent::config::{AgentConfig, ExchangeConfig, ProbeConfig};
+use longhaul_site_agent::config::{AgentConfig, ExchangeConfig, ProbeConfig, TrainerConfig};
 use longhaul_site_agent::inventory::InventoryConfig;
 
 /// A port on 127.0.0.1 that was free a moment ago.
@@ -266,6 +266,7 @@ pub(super) async fn start_agents(
     replicas: &Replicas,
     seed: u64,
     exchange: &ScenarioExchange,
+    training: bool,
     exe: &Path,
     dir: &Path,
 ) -> anyhow::Result<(BTreeMap<String, Process>, BTreeMap<String, SocketAddr>)> {
@@ -306,7 +307,7 @@ pub(super) async fn start_agents(
             .map(|l| l.rtt_seconds())
             .fold(0.0, f64::max);
         let exchange = ExchangeConfig {
-            synthetic_elements: (exchange.elements > 0).then_some(exchange.elements),
+            synthetic_elements: (exchange.elements > 0 && !training).then_some(exchange.elements),
             seed,
             link_rate: units::DataRate::from_gbit_per_second(1),
             link_rtt: units::Duration::from_nanos((longest.max(0.001) * 1e9) as u64),
@@ -315,6 +316,7 @@ pub(super) async fn start_agents(
         let config = AgentConfig {
             plaintext: true,
             exchange,
+            trainer: training.then(|| TrainerConfig::on_socket(trainer_socket(dir, &site.id))),
             state_dir: Some(dir.join(format!("agent-{}", site.id))),
             rescan_interval: units::Duration::from_secs(30),
             call_timeout: units::Duration::from_secs(2),
@@ -360,6 +362,74 @@ pub(super) async fn start_agents(
         .map(|(site, (_, status))| (site, status))
         .collect();
     Ok((agents, status))
+}
+
+/// Where a site's agent serves the trainer API in a rehearsal.
+pub(super) fn trainer_socket(dir: &Path, site: &str) -> PathBuf {
+    dir.join(format!("trainer-{site}.sock"))
+}
+
+/// Where a site's trainer writes its run (`LONGHAUL_OUTPUT`).
+pub(super) fn trainer_output(dir: &Path, site: &str) -> PathBuf {
+    dir.join(format!("trainer-{site}.json"))
+}
+
+/// A trainer process of the scenario's `[training]` at one site, killed
+/// when dropped.
+#[derive(Debug)]
+pub(super) struct Trainer {
+    pub site: String,
+    child: KillOnDrop,
+    pub exited: Option<String>,
+}
+
+impl Trainer {
+    /// Whether it is still running; records how it ended.
+    pub(super) fn poll(&mut self) -> bool {
+        if self.exited.is_none() {
+            self.exited = self.child.exited();
+        }
+        self.exited.is_none()
+    }
+}
+
+/// Starts the scenario's trainer command once per site of the job, with
+/// its environment (see `ScenarioTraining`); output to `trainer-SITE.log`.
+pub(super) fn start_trainers(
+    command: &[String],
+    sites: &[String],
+    job: &str,
+    seed: u64,
+    dir: &Path,
+) -> anyhow::Result<Vec<Trainer>> {
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| anyhow!("training.command is empty"))?;
+    let mut trainers = Vec::new();
+    for site in sites {
+        let log_path = dir.join(format!("trainer-{site}.log"));
+        let log = append_log(&log_path)?;
+        let name = format!("trainer {site}");
+        let child = KillOnDrop::spawn(
+            name,
+            Command::new(program)
+                .args(args)
+                .env("LONGHAUL_TRAINER_SOCKET", trainer_socket(dir, site))
+                .env("LONGHAUL_JOB", job)
+                .env("LONGHAUL_SITE", site)
+                .env("LONGHAUL_SEED", seed.to_string())
+                .env("LONGHAUL_OUTPUT", trainer_output(dir, site))
+                .stdout(log.try_clone()?)
+                .stderr(log),
+        )
+        .with_context(|| format!("training.command: cannot start {program:?} for {site}"))?;
+        trainers.push(Trainer {
+            site: site.clone(),
+            child,
+            exited: None,
+        });
+    }
+    Ok(trainers)
 }
 
 /// The direct addresses of the replicas running now.

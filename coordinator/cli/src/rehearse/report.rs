@@ -109,8 +109,39 @@ pub struct Report {
     /// The job's outer rounds, when it was placed as DiLoCo replicas.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rounds: Option<RoundsReport>,
+    /// The trainers of `[training]`, when the scenario has them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub training: Option<TrainingReport>,
     pub links: Vec<LinkReport>,
     pub directory: Option<PathBuf>,
+}
+
+/// What the scenario's trainers did, from the JSON each wrote
+/// (`LONGHAUL_OUTPUT`), and the bytes their rounds moved.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainingReport {
+    pub sites: Vec<TrainerRow>,
+    /// Every trainer that finished ended with the same parameters (their
+    /// SHA-256 agrees).
+    pub same_parameters: bool,
+    /// Bytes the agents sent each other in the job's fragment exchanges
+    /// (over the rounds the agents still had records of).
+    pub exchange_bytes: u64,
+    /// Fragment exchanges those bytes are over.
+    pub exchanges: u64,
+    /// Every byte the emulated links delivered (control plane and probes
+    /// included).
+    pub wan_bytes: u64,
+}
+
+/// One site's trainer.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainerRow {
+    pub site: String,
+    /// How the process ended (`None`: it was still running and was killed).
+    pub exit: Option<String>,
+    /// The trainer's own JSON (`None`: it wrote none).
+    pub run: Option<serde_json::Value>,
 }
 
 /// The job's outer rounds: what each took at the coordinator (opened to
@@ -418,6 +449,49 @@ pub(super) fn site_reports(packet: &PacketEmulator) -> Vec<SiteReport> {
 }
 
 /// The emulator's counters now, per link direction.
+/// The trainers' report: their JSON runs, the exchanges' bytes and the
+/// links' bytes.
+pub(super) fn training_report(
+    trainers: &mut [super::processes::Trainer],
+    dir: &std::path::Path,
+    exchanges: &std::collections::BTreeMap<String, Vec<pb::FragmentExchange>>,
+    links: &[LinkReport],
+) -> TrainingReport {
+    let sites: Vec<TrainerRow> = trainers
+        .iter_mut()
+        .map(|t| {
+            t.poll();
+            let path = super::processes::trainer_output(dir, &t.site);
+            let run = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| serde_json::from_str(&text).ok());
+            TrainerRow {
+                site: t.site.clone(),
+                exit: t.exited.clone(),
+                run,
+            }
+        })
+        .collect();
+    let hashes: std::collections::BTreeSet<&str> = sites
+        .iter()
+        .filter_map(|s| s.run.as_ref()?.get("params_sha256")?.as_str())
+        .collect();
+    let (mut exchange_bytes, mut count) = (0, 0);
+    for site in exchanges.values() {
+        for exchange in site {
+            count += 1;
+            exchange_bytes += exchange.peers.iter().map(|p| p.sent_bytes).sum::<u64>();
+        }
+    }
+    TrainingReport {
+        same_parameters: hashes.len() == 1,
+        sites,
+        exchange_bytes,
+        exchanges: count,
+        wan_bytes: links.iter().map(|l| l.bytes_delivered).sum(),
+    }
+}
+
 pub(super) fn link_reports(emulator: &Emulator) -> Vec<LinkReport> {
     emulator
         .statuses()
@@ -500,6 +574,9 @@ pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
     if let Some(rounds) = &report.rounds {
         print_rounds(rounds, out)?;
     }
+    if let Some(training) = &report.training {
+        print_training(training, out)?;
+    }
     writeln!(out, "\nemulated links")?;
     let mut links = Table::new(&[
         ("direction", false),
@@ -538,17 +615,81 @@ pub(super) fn print_report(report: &Report, out: &mut dyn Write) -> std::io::Res
     Ok(())
 }
 
+fn print_training(training: &TrainingReport, out: &mut dyn Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\ntraining: {} trainers; fragment exchanges moved {} in {} exchanges; the links delivered {} in all; final parameters {}",
+        training.sites.len(),
+        units::human_bytes(training.exchange_bytes as f64),
+        thousands(training.exchanges),
+        units::human_bytes(training.wan_bytes as f64),
+        if training.same_parameters {
+            "identical at every site"
+        } else {
+            "DIFFER between sites"
+        }
+    )?;
+    let mut table = Table::new(&[
+        ("site", false),
+        ("mode", false),
+        ("steps", true),
+        ("rounds", true),
+        ("excluded", true),
+        ("final loss", true),
+        ("seconds", true),
+        ("ended", false),
+    ]);
+    for site in &training.sites {
+        let run = site.run.as_ref();
+        let field = |key: &str| run.and_then(|r| r.get(key));
+        let rounds = field("rounds").and_then(|r| r.as_array());
+        table.row(vec![
+            site.site.clone(),
+            field("mode")
+                .and_then(|m| m.as_str())
+                .unwrap_or("-")
+                .to_string(),
+            field("steps")
+                .and_then(|v| v.as_u64())
+                .map_or("-".into(), thousands),
+            rounds.map_or("-".into(), |r| thousands(r.len() as u64)),
+            rounds.map_or("-".into(), |r| {
+                thousands(
+                    r.iter()
+                        .filter(|x| x.get("applied").and_then(|a| a.as_bool()) == Some(false))
+                        .count() as u64,
+                )
+            }),
+            field("final_held_out_loss")
+                .and_then(|v| v.as_f64())
+                .map_or("-".into(), |l| format!("{l:.4}")),
+            field("seconds")
+                .and_then(|v| v.as_f64())
+                .map_or("-".into(), |s| format!("{s:.1}")),
+            site.exit
+                .clone()
+                .unwrap_or_else(|| "killed at the end".into()),
+        ]);
+    }
+    write!(out, "{}", table.render(2))
+}
+
 /// Rounds shown in the text report; the JSON has every one.
 const ROUNDS_SHOWN: usize = 24;
 
 fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<()> {
+    let what = if rounds.elements_per_fragment == 0 {
+        "the trainers' pseudo-gradients".to_string()
+    } else {
+        format!(
+            "every agent's fragments hold {} synthetic values",
+            thousands(rounds.elements_per_fragment)
+        )
+    };
     writeln!(
         out,
-        "\nouter rounds: {} committed, {} aborted, {} open; every agent's fragments hold {} synthetic values",
-        rounds.committed,
-        rounds.aborted,
-        rounds.open,
-        thousands(rounds.elements_per_fragment)
+        "\nouter rounds: {} committed, {} aborted, {} open; {what}",
+        rounds.committed, rounds.aborted, rounds.open,
     )?;
     let mut table = Table::new(&[
         ("round", true),

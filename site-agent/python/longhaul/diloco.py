@@ -1,0 +1,238 @@
+"""DiLoCo's outer loop on a flat NumPy parameter vector, framework-free.
+
+The caller trains ``params`` (a flat ``float32`` array the inner optimizer
+updates in place) and calls :meth:`DiLoCo.step` after every inner step.
+Every ``H`` inner steps (the sync planner's, from the agent), each
+fragment's pseudo-gradient, the anchor (the parameters the outer step
+started from) minus the parameters now, is submitted for the job's round;
+the average over the round's live sites comes back and the outer optimizer
+(SGD with Nesterov momentum: lr 0.7, momentum 0.9 by default, as DiLoCo)
+moves the anchor, which becomes the parameters. Error feedback on the
+quantised pseudo-gradients is the agent's (its codec keeps the residual).
+
+Fragments follow the planner's stagger (Streaming DiLoCo): fragment f is
+submitted after inner step ``sync_at`` of each outer step (0 meaning the
+last, H) and its average applied ``overlap_steps`` (τ) later, or at the
+outer step's end, whichever comes first; the local progress made in
+between is kept on top of the new anchor, so every inner step counts in
+exactly one pseudo-gradient. With τ = 0 (or one fragment synced at the
+end) every site holds the same parameters after each outer step. A round
+this site was excluded from (a missed deadline, the site marked down)
+keeps the local parameters as the next anchor: the site trains on and
+takes part in the next round (it does not fetch the others' parameters).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from longhaul.client import Collected, LonghaulError, Session
+
+
+class NesterovSGD:
+    """The outer optimizer: ``v = μv + g; θ -= lr (g + μv)`` (Nesterov) or
+    ``θ -= lr v`` without it."""
+
+    def __init__(self, size: int, lr: float = 0.7, momentum: float = 0.9, nesterov: bool = True):
+        if not (lr > 0 and 0 <= momentum < 1):
+            raise ValueError(f"lr: must be > 0 and momentum in [0, 1) (got {lr}, {momentum})")
+        self.lr, self.momentum, self.nesterov = lr, momentum, nesterov
+        self.velocity = np.zeros(size, dtype=np.float32)
+
+    def apply(self, params: np.ndarray, grad: np.ndarray, where: slice) -> None:
+        v = self.velocity[where]
+        v *= self.momentum
+        v += grad
+        step = grad + self.momentum * v if self.nesterov else v
+        params[where] -= self.lr * step
+
+
+@dataclass
+class RoundRecord:
+    """One outer step as this site saw it."""
+
+    round: int
+    applied: List[bool] = field(default_factory=list)
+    excluded: bool = False
+    live_sites: List[str] = field(default_factory=list)
+    hashes: List[str] = field(default_factory=list)
+    #: Seconds from the first submit to the last collect.
+    exchange_seconds: float = 0.0
+    #: Seconds of the whole outer step (H inner steps and the exchange).
+    outer_step_seconds: float = 0.0
+
+
+class DiLoCo:
+    """The outer loop of one replica (see the module docs).
+
+    ``session`` is a joined :class:`~longhaul.client.Session`; ``params``
+    the flat model the caller trains in place (its size is the job's
+    parameter count). ``mode="gradients"`` turns it into synchronous data
+    parallelism for a baseline: :meth:`allreduce` averages a gradient every
+    step through the same rounds (the job's H must be 1).
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        params: np.ndarray,
+        *,
+        outer_lr: float = 0.7,
+        momentum: float = 0.9,
+        nesterov: bool = True,
+        collect_timeout: float = 600.0,
+        progress_every: float = 1.0,
+    ):
+        if params.dtype != np.float32 or params.ndim != 1:
+            raise ValueError("params: must be a flat float32 array")
+        if params.size != session.schedule.parameters:
+            raise ValueError(f"params: {params.size} values; the job's schedule has {session.schedule.parameters}")
+        self.session = session
+        self.params = params
+        self.anchor = params.copy()
+        self.outer = NesterovSGD(params.size, outer_lr, momentum, nesterov)
+        self.collect_timeout = collect_timeout
+        self.progress_every = progress_every
+        self.inner_step = 0
+        self.round = 0
+        self._last_round = 0
+        self.history: List[RoundRecord] = []
+        # Fragment -> its parameters when submitted (or skipped).
+        self._submitted: Dict[int, np.ndarray] = {}
+        self._skipped: Dict[int, np.ndarray] = {}
+        self._record: Optional[RoundRecord] = None
+        self._exchange_started = 0.0
+        self._outer_started = time.monotonic()
+        self._last_progress = 0.0
+        self._last_step = time.monotonic()
+
+    @property
+    def inner_steps(self) -> int:
+        return self.session.schedule.inner_steps
+
+    def _current_round(self) -> int:
+        # The first round opened after the last one this replica took part
+        # in (rounds it missed, excluded or late, are skipped).
+        if self.round == 0:
+            self.round = self.session.wait_for_round(self._last_round, timeout=self.collect_timeout).round
+        return self.round
+
+    def _sync_step(self, fragment) -> int:
+        s = fragment.sync_at % self.inner_steps
+        return self.inner_steps if s == 0 else s
+
+    def _apply_step(self, fragment) -> int:
+        return min(self._sync_step(fragment) + self.session.schedule.overlap_steps, self.inner_steps)
+
+    def _submit(self, fragment) -> None:
+        where = slice(fragment.first, fragment.first + fragment.size)
+        snapshot = self.params[where].copy()
+        pseudo = self.anchor[where] - snapshot
+        round_id = self._current_round()
+        give_up = time.monotonic() + self.collect_timeout
+        while True:
+            try:
+                self.session.submit(round_id, fragment.index, pseudo)
+                break
+            except LonghaulError as error:
+                # The round after the last one may take a moment to open.
+                if error.code == "NOT_FOUND" and error.field == "round" and time.monotonic() < give_up:
+                    time.sleep(0.002)
+                    continue
+                if error.code == "FAILED_PRECONDITION" and error.field == "round":
+                    # Excluded, or the round ended without this site.
+                    self._skipped[fragment.index] = snapshot
+                    return
+                raise
+        if not self._submitted:
+            self._exchange_started = time.monotonic()
+        self._submitted[fragment.index] = snapshot
+
+    def _apply(self, fragment, record: RoundRecord) -> None:
+        where = slice(fragment.first, fragment.first + fragment.size)
+        snapshot = self._submitted.pop(fragment.index, None)
+        if snapshot is None:
+            snapshot = self._skipped.pop(fragment.index, self.params[where].copy())
+            outcome = Collected(False, True, "", [], "not submitted: this site was left out of the round")
+        else:
+            outcome = self.session.collect(record.round, fragment.index, timeout=self.collect_timeout)
+        record.applied.append(outcome.applied)
+        record.hashes.append(outcome.hash)
+        if outcome.applied:
+            record.live_sites = outcome.live_sites
+            self.outer.apply(self.anchor, self.session.result(fragment.index), where)
+            # The steps since the submit stay, on top of the new anchor.
+            drift = self.params[where] - snapshot
+            self.params[where] = self.anchor[where] + drift
+        else:
+            record.excluded = record.excluded or outcome.excluded
+            self.anchor[where] = snapshot
+
+    def step(self) -> Optional[RoundRecord]:
+        """Call after every inner step; returns the outer step's record when
+        one ended with this step."""
+        self.inner_step += 1
+        now = time.monotonic()
+        step_seconds, self._last_step = now - self._last_step, now
+        if now - self._last_progress >= self.progress_every:
+            self._last_progress = now
+            self.session.progress(self.inner_step, step_seconds)
+        if self._record is None:
+            self._record = RoundRecord(round=0)
+        for fragment in self.session.schedule.fragments:
+            if self.inner_step == self._sync_step(fragment):
+                self._submit(fragment)
+                self._record.round = self._current_round()
+            if self.inner_step == self._apply_step(fragment):
+                self._apply(fragment, self._record)
+        if self.inner_step < self.inner_steps:
+            return None
+        record, self._record = self._record, None
+        now = time.monotonic()
+        record.exchange_seconds = now - self._exchange_started
+        record.outer_step_seconds = now - self._outer_started
+        self._outer_started = now
+        self.history.append(record)
+        self.inner_step = 0
+        self._last_round, self.round = record.round, 0
+        return record
+
+    def allreduce(self, grad: np.ndarray) -> Optional[np.ndarray]:
+        """Synchronous data parallelism: the average of every live site's
+        ``grad`` for this step (one round of H = 1), or ``None`` when this
+        site was left out of the round. The caller's optimizer applies it."""
+        if self.inner_steps != 1:
+            raise ValueError(f"allreduce: the job's H is {self.inner_steps}; synchronous data parallelism needs 1")
+        round_id = self._current_round()
+        started = time.monotonic()
+        out = np.empty_like(grad)
+        applied = True
+        live: List[str] = []
+        for fragment in self.session.schedule.fragments:
+            where = slice(fragment.first, fragment.first + fragment.size)
+            give_up = time.monotonic() + self.collect_timeout
+            while True:
+                try:
+                    self.session.submit(round_id, fragment.index, grad[where])
+                    break
+                except LonghaulError as error:
+                    if error.code == "NOT_FOUND" and error.field == "round" and time.monotonic() < give_up:
+                        time.sleep(0.002)
+                        continue
+                    if error.code == "FAILED_PRECONDITION":
+                        applied = False
+                        break
+                    raise
+            if applied:
+                outcome = self.session.collect(round_id, fragment.index, out[where], timeout=self.collect_timeout)
+                applied = outcome.applied
+                live = outcome.live_sites
+        self.history.append(
+            RoundRecord(round=round_id, applied=[applied], live_sites=live, exchange_seconds=time.monotonic() - started)
+        )
+        self._last_round, self.round = round_id, 0
+        return out if applied else None

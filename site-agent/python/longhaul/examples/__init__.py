@@ -1,0 +1,1 @@
+"""Example trainers (``python -m longhaul.examples.chars``)."""

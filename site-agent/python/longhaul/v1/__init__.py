@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of trainer.proto (see generate.sh)."""

@@ -1,0 +1,221 @@
+"""Unit tests of the package without an agent: the outer optimizer, the
+outer loop against an in-process stand-in for the agent, the shared
+buffers, and the error type."""
+
+import os
+import tempfile
+import threading
+import unittest
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from longhaul.client import Collected, Fragment, LonghaulError, Schedule, _SharedBuffer
+from longhaul.diloco import DiLoCo, NesterovSGD
+
+
+class Hub:
+    """Averages what the stand-in sessions submit, round by round."""
+
+    def __init__(self, sites: List[str], excluded: Dict[int, str] = None):
+        self.sites = sites
+        self.excluded = excluded or {}
+        self.submitted: Dict[Tuple[int, int], Dict[str, np.ndarray]] = {}
+        self.changed = threading.Condition()
+
+
+class FakeSession:
+    def __init__(self, hub: Hub, site: str, schedule: Schedule):
+        self.hub, self.site, self.schedule = hub, site, schedule
+        self.results: Dict[int, np.ndarray] = {}
+        self.progress_calls = 0
+
+    def refresh(self) -> Schedule:
+        return self.schedule
+
+    def progress(self, inner_step, step_seconds):
+        self.progress_calls += 1
+        return self.schedule
+
+    def wait_for_round(self, after, timeout=60.0):
+        return Schedule(**{**self.schedule.__dict__, "round": max(after + 1, 1)})
+
+    def submit(self, round, fragment, values):
+        if self.hub.excluded.get(round) == self.site:
+            raise LonghaulError("FAILED_PRECONDITION", f"round: this site was excluded from round {round}")
+        with self.hub.changed:
+            slot = self.hub.submitted.setdefault((round, fragment), {})
+            if self.site in slot:
+                raise LonghaulError("ALREADY_EXISTS", "fragment: submitted already")
+            slot[self.site] = np.array(values, dtype=np.float32)
+            self.hub.changed.notify_all()
+
+    def collect(self, round, fragment, out=None, timeout=600.0):
+        """The average once every site not excluded from the round sent."""
+        live = sorted(s for s in self.hub.sites if self.hub.excluded.get(round) != s)
+        with self.hub.changed:
+            ok = self.hub.changed.wait_for(lambda: len(self.hub.submitted.get((round, fragment), {})) == len(live), 5.0)
+            assert ok, f"round {round} fragment {fragment}: the other sites never submitted"
+            slot = self.hub.submitted[(round, fragment)]
+        average = sum(slot[s] for s in live) / np.float32(len(live))
+        self.results[fragment] = average.astype(np.float32)
+        if out is not None:
+            np.copyto(out, self.results[fragment])
+        return Collected(True, False, f"h{round}", live, "")
+
+    def result(self, fragment):
+        return self.results[fragment]
+
+
+def schedule(parameters: int, fragments: int, h: int, tau: int = 0) -> Schedule:
+    """As the planner staggers them: fragment i syncs after step i·H/P."""
+    size = parameters // fragments
+    return Schedule(
+        job_id="job",
+        inner_steps=h,
+        overlap_steps=tau,
+        codec_bits=4,
+        fragments=[Fragment(i, i * size, size, i * h // fragments, i * h // fragments + tau) for i in range(fragments)],
+        parameters=parameters,
+        round=1,
+        participants=["a", "b"],
+        excluded=False,
+        last_round_over=0,
+    )
+
+
+class NesterovTest(unittest.TestCase):
+    def test_one_step_matches_the_formula(self):
+        opt = NesterovSGD(3, lr=0.5, momentum=0.9)
+        params = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+        grad = np.array([1.0, -1.0, 0.5], dtype=np.float32)
+        opt.apply(params, grad, slice(0, 3))
+        # v = g; step = g + 0.9 g = 1.9 g
+        np.testing.assert_allclose(params, [1.0 - 0.95, 2.0 + 0.95, 3.0 - 0.475], rtol=1e-6)
+        opt.apply(params, grad, slice(0, 3))
+        # v = 1.9 g; step = g + 0.9 * 1.9 g = 2.71 g
+        np.testing.assert_allclose(params[0], 1.0 - 0.95 - 0.5 * 2.71, rtol=1e-6)
+
+    def test_bad_settings_are_refused(self):
+        with self.assertRaises(ValueError):
+            NesterovSGD(1, lr=0.0)
+        with self.assertRaises(ValueError):
+            NesterovSGD(1, momentum=1.0)
+
+
+class OuterLoopTest(unittest.TestCase):
+    def run_sites(self, excluded=None, steps=12, h=4, fragments=2, tau=0):
+        hub = Hub(["a", "b"], excluded)
+        sched = schedule(8, fragments, h, tau)
+        loops = {}
+        for i, site in enumerate(["a", "b"]):
+            params = np.full(8, 1.0, dtype=np.float32)
+            loops[site] = (params, DiLoCo(FakeSession(hub, site, sched), params, progress_every=0.0))
+        def train(site, params, loop):
+            rng = np.random.default_rng(ord(site))
+            for _ in range(steps):
+                params -= rng.normal(0, 0.1, 8).astype(np.float32)  # an inner step
+                loop.step()
+
+        threads = [threading.Thread(target=train, args=(site, *pair)) for site, pair in loops.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10.0)
+        return loops
+
+    def test_every_site_ends_each_outer_step_with_the_same_parameters(self):
+        loops = self.run_sites(fragments=1)
+        (pa, la), (pb, _) = loops["a"], loops["b"]
+        np.testing.assert_array_equal(pa, pb)
+        self.assertEqual(len(la.history), 3)
+        self.assertTrue(all(all(r.applied) for r in la.history))
+        self.assertEqual(la.history[0].live_sites, ["a", "b"])
+        self.assertEqual([r.round for r in la.history], [1, 2, 3])
+
+    def test_staggered_fragments_share_their_anchors_and_submit_once_each(self):
+        for tau in (0, 1):
+            loops = self.run_sites(fragments=2, tau=tau)
+            (pa, la), (pb, lb) = loops["a"], loops["b"]
+            np.testing.assert_array_equal(la.anchor, lb.anchor)
+            self.assertEqual(sorted(la.session.hub.submitted), [(r, f) for r in (1, 2, 3) for f in (0, 1)])
+            # Fragment 0 syncs at the end of the outer step: no drift.
+            np.testing.assert_array_equal(pa[:4], pb[:4])
+
+    def test_local_steps_after_a_submit_stay_on_top_of_the_new_anchor(self):
+        hub = Hub(["a"])
+        params = np.zeros(4, dtype=np.float32)
+        # One fragment synced after step 1 of 4, applied 2 steps later.
+        sched = Schedule(**{**schedule(4, 1, 4).__dict__, "fragments": [Fragment(0, 0, 4, 1, 3)], "overlap_steps": 2})
+        loop = DiLoCo(FakeSession(hub, "a", sched), params, outer_lr=1.0, momentum=0.0)
+        for _ in range(4):
+            params -= 1.0
+            loop.step()
+        # Submitted -1 (pseudo-gradient 1) after step 1; at step 3 the
+        # anchor moved to -1 and the drift of steps 2-3 (-2) stayed; step 4.
+        np.testing.assert_allclose(loop.anchor, -1.0)
+        np.testing.assert_allclose(params, -4.0)
+
+    def test_the_first_outer_step_is_the_outer_optimizer_on_the_average(self):
+        hub = Hub(["a"])
+        params = np.zeros(4, dtype=np.float32)
+        loop = DiLoCo(FakeSession(hub, "a", schedule(4, 1, 2)), params, outer_lr=0.5, momentum=0.0)
+        params -= 1.0
+        loop.step()
+        params -= 1.0
+        record = loop.step()
+        self.assertIsNotNone(record)
+        # pseudo-gradient 2; anchor 0 - 0.5 * 2 = -1
+        np.testing.assert_allclose(params, -1.0)
+        np.testing.assert_allclose(loop.anchor, -1.0)
+
+    def test_an_excluded_site_keeps_its_local_parameters_and_goes_on(self):
+        loops = self.run_sites(excluded={2: "b"}, steps=8, fragments=1)
+        (pa, la), (pb, lb) = loops["a"], loops["b"]
+        self.assertFalse(any(lb.history[1].applied))
+        self.assertTrue(lb.history[1].excluded)
+        self.assertTrue(all(la.history[1].applied))
+        self.assertEqual(la.history[1].live_sites, ["a"])
+        # b's anchor is its own parameters; a's moved without b.
+        np.testing.assert_array_equal(lb.anchor, pb)
+        self.assertFalse(np.array_equal(pa, pb))
+
+    def test_the_wrong_parameter_count_is_refused(self):
+        with self.assertRaises(ValueError):
+            DiLoCo(FakeSession(Hub(["a"]), "a", schedule(8, 1, 2)), np.zeros(7, dtype=np.float32))
+        with self.assertRaises(ValueError):
+            DiLoCo(FakeSession(Hub(["a"]), "a", schedule(8, 1, 2)), np.zeros(8, dtype=np.float64))
+
+    def test_allreduce_averages_every_step(self):
+        hub = Hub(["a", "b"])
+        sched = schedule(4, 1, 1)
+        a = DiLoCo(FakeSession(hub, "a", sched), np.zeros(4, dtype=np.float32))
+        b = DiLoCo(FakeSession(hub, "b", sched), np.zeros(4, dtype=np.float32))
+        a.session.submit(1, 0, np.full(4, 3.0))
+        out = b.allreduce(np.full(4, 1.0, dtype=np.float32))
+        np.testing.assert_allclose(out, 2.0)
+
+
+class SharedBufferTest(unittest.TestCase):
+    def test_a_buffer_is_a_file_of_f32_removed_on_close(self):
+        with tempfile.TemporaryDirectory() as d:
+            buffer = _SharedBuffer(d, "t", 10)
+            self.assertEqual(os.path.getsize(os.path.join(d, "t")), 40)
+            buffer.array[:] = np.arange(10)
+            with open(os.path.join(d, "t"), "rb") as f:
+                np.testing.assert_array_equal(np.frombuffer(f.read(), dtype=np.float32), np.arange(10))
+            self.assertEqual(buffer.wire().elements, 10)
+            with self.assertRaises(FileExistsError):
+                _SharedBuffer(d, "t", 10)
+            buffer.close()
+            self.assertFalse(os.path.exists(os.path.join(d, "t")))
+
+
+class ErrorTest(unittest.TestCase):
+    def test_the_field_is_the_messages_head(self):
+        self.assertEqual(LonghaulError("INVALID_ARGUMENT", "tensor.elements: is 5; ...").field, "tensor.elements")
+        self.assertIsNone(LonghaulError("UNAVAILABLE", "connection refused").field)
+
+
+if __name__ == "__main__":
+    unittest.main()

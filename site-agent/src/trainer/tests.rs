@@ -1,0 +1,405 @@
+use super::*;
+
+const SITE: &str = "north";
+
+fn assignment(job: &str, mode: &str, ranks: &[u64], fragments: &[u64]) -> pb::Assignment {
+    let mut first = 0;
+    let schedule = fragments
+        .iter()
+        .enumerate()
+        .map(|(i, &parameters)| {
+            let f = pb::FragmentSchedule {
+                fragment: i as u32,
+                first_parameter: first,
+                parameters,
+                sync_at_inner_step: 9,
+                apply_at_inner_step: 10,
+            };
+            first += parameters;
+            f
+        })
+        .collect();
+    pb::Assignment {
+        job_id: job.into(),
+        mode: mode.into(),
+        ranks: ranks
+            .iter()
+            .map(|&rank| pb::RankBinding {
+                rank,
+                ..Default::default()
+            })
+            .collect(),
+        replicas: vec![0],
+        sync: Some(pb::SyncSchedule {
+            job_id: job.into(),
+            inner_steps: 10,
+            fragments: fragments.len() as u32,
+            codec_bits: 4,
+            schedule,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn round(job: &str, id: u64, fragments: u32, state: pb::RoundState) -> pb::OuterRound {
+    pb::OuterRound {
+        round_id: id,
+        job_id: job.into(),
+        participants: vec![SITE.into(), "south".into()],
+        state: state as i32,
+        fragments,
+        revision: id * 10,
+        participant_states: [SITE, "south"]
+            .iter()
+            .map(|s| pb::RoundParticipant {
+                site_id: s.to_string(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+struct Fixture {
+    hub: Arc<TrainerHub>,
+    dir: tempfile::TempDir,
+}
+
+fn fixture(ttl: Duration) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = Arc::new(TrainerHub::new(SITE, ttl, dir.path()));
+    hub.assign(&assignment("job", "diloco", &[4, 5], &[6, 4]));
+    hub.assign(&assignment("pipe", "pipeline", &[0], &[10]));
+    hub.observe_round(&round("job", 7, 2, pb::RoundState::Open));
+    Fixture { hub, dir }
+}
+
+fn join(hub: &TrainerHub, job: &str, rank: u64, parameters: u64) -> Result<String, TrainerError> {
+    hub.join(&pb::TrainerJoinRequest {
+        job_id: job.into(),
+        rank,
+        parameters,
+        pid: 42,
+    })
+    .map(|r| r.session)
+}
+
+fn field(error: &TrainerError) -> &'static str {
+    match error {
+        TrainerError::Invalid { field, .. }
+        | TrainerError::NotFound { field, .. }
+        | TrainerError::NotOwned { field, .. }
+        | TrainerError::AlreadyExists { field, .. }
+        | TrainerError::Over { field, .. } => field,
+        TrainerError::Timeout { .. } => "timeout",
+        TrainerError::Exhausted { .. } => "exhausted",
+    }
+}
+
+impl Fixture {
+    fn tensor(&self, name: &str, values: &[f32]) -> pb::SharedTensor {
+        std::fs::write(self.dir.path().join(name), bytemuck::cast_slice(values)).unwrap();
+        pb::SharedTensor {
+            name: name.into(),
+            offset: 0,
+            dtype: pb::TensorDtype::F32 as i32,
+            elements: values.len() as u64,
+        }
+    }
+
+    fn submit(
+        &self,
+        session: &str,
+        round: u64,
+        fragment: u32,
+        values: &[f32],
+    ) -> Result<u64, TrainerError> {
+        let tensor = self.tensor(&format!("in-{round}-{fragment}"), values);
+        self.hub.submit(&pb::TrainerSubmitRequest {
+            session: session.into(),
+            round,
+            fragment,
+            tensor: Some(tensor),
+        })
+    }
+}
+
+#[test]
+fn a_join_is_checked_against_the_sites_assignment_and_names_the_field() {
+    let f = fixture(Duration::from_secs(30));
+    let hub = &f.hub;
+    for (job, rank, parameters, expected) in [
+        ("nope", 4, 10, "job_id"),
+        ("pipe", 0, 10, "job_id"),
+        ("job", 3, 10, "rank"),
+        ("job", 4, 11, "parameters"),
+    ] {
+        let error = join(hub, job, rank, parameters).unwrap_err();
+        assert_eq!(field(&error), expected, "{error}");
+        assert!(error.to_string().starts_with(expected), "{error}");
+    }
+    assert!(matches!(
+        join(hub, "job", 3, 10),
+        Err(TrainerError::NotOwned { .. })
+    ));
+    let session = join(hub, "job", 4, 10).unwrap();
+    let error = join(hub, "job", 4, 10).unwrap_err();
+    assert!(
+        matches!(error, TrainerError::AlreadyExists { field: "rank", .. }),
+        "{error}"
+    );
+    assert!(error.to_string().contains("process 42"), "{error}");
+    // Another rank of the same site may join.
+    join(hub, "job", 5, 10).unwrap();
+    hub.leave(&session).unwrap();
+    assert!(hub.leave(&session).is_err());
+    join(hub, "job", 4, 10).unwrap();
+    let schedule = hub.describe();
+    assert_eq!(schedule.jobs.len(), 2);
+    assert_eq!(schedule.jobs[0].ranks, vec![4, 5]);
+}
+
+#[test]
+fn a_silent_trainer_releases_its_rank_after_the_ttl() {
+    let f = fixture(Duration::from_millis(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    let again = join(&f.hub, "job", 4, 10).unwrap();
+    assert_ne!(session, again);
+    let error = f.hub.schedule(&session).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            TrainerError::NotFound {
+                field: "session",
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_schedule_has_the_fragments_and_the_open_round() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    let schedule = f.hub.schedule(&session).unwrap();
+    assert_eq!(schedule.inner_steps, 10);
+    assert_eq!(schedule.parameters, 10);
+    assert_eq!(schedule.round, 7);
+    assert_eq!(schedule.fragments[1].first_parameter, 6);
+    assert!(!schedule.excluded);
+    let mut over = round("job", 7, 2, pb::RoundState::Committed);
+    over.revision += 1;
+    f.hub.observe_round(&over);
+    let schedule = f.hub.schedule(&session).unwrap();
+    assert_eq!((schedule.round, schedule.last_round_over), (0, 7));
+    // An older state of a round changes nothing.
+    f.hub
+        .observe_round(&round("job", 7, 2, pb::RoundState::Open));
+    assert_eq!(f.hub.schedule(&session).unwrap().round, 0);
+    let progress = f.hub.progress(&pb::TrainerProgressRequest {
+        session: session.clone(),
+        inner_step: 3,
+        step_seconds: f64::NAN,
+    });
+    assert!(matches!(
+        progress,
+        Err(TrainerError::Invalid {
+            field: "step_seconds",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_bad_submission_is_refused_naming_its_field_and_stores_nothing() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    for (round, fragment, values, expected) in [
+        (8, 0, vec![0.5; 6], "round"),
+        (7, 2, vec![0.5; 6], "fragment"),
+        (7, 0, vec![0.5; 5], "tensor.elements"),
+        (7, 0, vec![0.5, f32::NAN, 0.0, 0.0, 0.0, 0.0], "tensor"),
+    ] {
+        let error = f.submit(&session, round, fragment, &values).unwrap_err();
+        assert_eq!(field(&error), expected, "{error}");
+    }
+    assert!(matches!(
+        f.submit(&session, 8, 0, &[0.5; 6]),
+        Err(TrainerError::NotFound { field: "round", .. })
+    ));
+    assert!(matches!(
+        f.submit("nobody", 7, 0, &[0.5; 6]),
+        Err(TrainerError::NotFound {
+            field: "session",
+            ..
+        })
+    ));
+    assert!(lock(&f.hub.state).submissions.is_empty());
+    assert_eq!(f.submit(&session, 7, 0, &[0.5; 6]).unwrap(), 6);
+    let twice = f.submit(&session, 7, 0, &[0.25; 6]).unwrap_err();
+    assert!(
+        matches!(
+            twice,
+            TrainerError::AlreadyExists {
+                field: "fragment",
+                ..
+            }
+        ),
+        "{twice}"
+    );
+    // Once per site, whichever rank sends it.
+    let other = join(&f.hub, "job", 5, 10).unwrap();
+    assert!(f.submit(&other, 7, 0, &[0.25; 6]).is_err());
+    let held = lock(&f.hub.state)
+        .submissions
+        .values()
+        .next()
+        .cloned()
+        .unwrap();
+    assert_eq!(*held, vec![0.5; 6]);
+    // A round that is over, and one this site was excluded from.
+    let mut next = round("job", 8, 2, pb::RoundState::Open);
+    f.hub.observe_round(&next);
+    let error = f.submit(&session, 7, 1, &[0.5; 4]).unwrap_err();
+    assert!(
+        matches!(error, TrainerError::Over { field: "round", .. }),
+        "{error}"
+    );
+    next.participant_states[0].excluded = true;
+    next.participant_states[0].exclusion_reason = "deadline_missed".into();
+    next.revision += 1;
+    f.hub.observe_round(&next);
+    let error = f.submit(&session, 8, 0, &[0.5; 6]).unwrap_err();
+    assert!(error.to_string().contains("excluded"), "{error}");
+}
+
+#[tokio::test]
+async fn a_collector_waits_for_the_average_and_gets_it_in_shared_memory() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    let waiting = {
+        let hub = Arc::clone(&f.hub);
+        tokio::spawn(async move { hub.submission("job", 7, 1).await })
+    };
+    f.submit(&session, 7, 1, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+    let submitted = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*submitted, vec![1.0, 2.0, 3.0, 4.0]);
+    let into = f.tensor("out", &[0.0; 4]);
+    let request = pb::TrainerCollectRequest {
+        session: session.clone(),
+        round: 7,
+        fragment: 1,
+        into: Some(into.clone()),
+        timeout_ms: 30,
+    };
+    let early = f.hub.collect(&request).await.unwrap_err();
+    assert!(matches!(early, TrainerError::Timeout { .. }), "{early}");
+    let collector = {
+        let hub = Arc::clone(&f.hub);
+        let request = pb::TrainerCollectRequest {
+            timeout_ms: 5_000,
+            ..request.clone()
+        };
+        tokio::spawn(async move { hub.collect(&request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    f.hub.publish(
+        "job",
+        7,
+        1,
+        FragmentResult::Applied {
+            values: Arc::new(vec![0.5, 1.5, 2.5, 3.5]),
+            hash: "h".into(),
+            live: vec![SITE.into(), "south".into()],
+        },
+    );
+    let response = collector.await.unwrap().unwrap();
+    assert_eq!(response.outcome, pb::CollectOutcome::Applied as i32);
+    assert_eq!(response.hash, "h");
+    let bytes = std::fs::read(f.dir.path().join("out")).unwrap();
+    assert_eq!(
+        bytemuck::cast_slice::<u8, f32>(&bytes),
+        &[0.5, 1.5, 2.5, 3.5]
+    );
+    // The wrong size is refused before anything is written.
+    let wrong = pb::TrainerCollectRequest {
+        into: Some(pb::SharedTensor {
+            elements: 3,
+            ..into
+        }),
+        ..request.clone()
+    };
+    let error = f.hub.collect(&wrong).await.unwrap_err();
+    assert_eq!(field(&error), "into.elements", "{error}");
+    // A round not yet open, and a fragment out of range.
+    let error = f
+        .hub
+        .collect(&pb::TrainerCollectRequest {
+            round: 9,
+            ..request.clone()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, TrainerError::NotFound { field: "round", .. }),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    let into = f.tensor("out", &[9.0; 6]);
+    let collect = |round: u64| pb::TrainerCollectRequest {
+        session: session.clone(),
+        round,
+        fragment: 0,
+        into: Some(into.clone()),
+        timeout_ms: 5_000,
+    };
+    let collector = {
+        let hub = Arc::clone(&f.hub);
+        let request = collect(7);
+        tokio::spawn(async move { hub.collect(&request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut excluded = round("job", 7, 2, pb::RoundState::Open);
+    excluded.revision += 1;
+    excluded.participant_states[0].excluded = true;
+    excluded.participant_states[0].exclusion_reason = "site_down".into();
+    f.hub.observe_round(&excluded);
+    let response = tokio::time::timeout(Duration::from_secs(5), collector)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.outcome, pb::CollectOutcome::Excluded as i32);
+    assert!(response.reason.contains("site_down"), "{}", response.reason);
+    let mut aborted = round("job", 8, 2, pb::RoundState::Aborted);
+    aborted.reason = "fragment 0 disagreed".into();
+    f.hub.observe_round(&aborted);
+    let response = f.hub.collect(&collect(8)).await.unwrap();
+    assert_eq!(response.outcome, pb::CollectOutcome::RoundOver as i32);
+    assert!(response.reason.contains("disagreed"));
+    // Nothing was written for either.
+    let bytes = std::fs::read(f.dir.path().join("out")).unwrap();
+    assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), &[9.0; 6]);
+    // Rounds far behind the latest are dropped.
+    for id in 9..=12 {
+        f.hub
+            .observe_round(&round("job", id, 2, pb::RoundState::Open));
+    }
+    let error = f.hub.collect(&collect(8)).await.unwrap_err();
+    assert!(
+        matches!(error, TrainerError::Over { field: "round", .. }),
+        "{error}"
+    );
+    assert!(lock(&f.hub.state).results.keys().all(|k| k.1 >= 10));
+}
