@@ -16,3 +16,4 @@ mod agent_tls;
 mod agents;
 mod rehearse;
 mod remote;
+mod training;

@@ -192,7 +192,7 @@ fn namespaces_of(pid: u32) -> Vec<String> {
 
 /// Runs `command` to its end, killed after four minutes (a rehearsal of
 /// the 20 s scenario takes well under one); its output and process id.
-fn run_bounded(command: &mut Command) -> (Output, u32) {
+pub(crate) fn run_bounded(command: &mut Command) -> (Output, u32) {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -1,0 +1,170 @@
+//! A real model trained across two emulated campuses through the agents'
+//! trainer API (`[training]` in a rehearsal scenario): the example
+//! character-level model (`longhaul.examples.chars`, NumPy), once with
+//! synchronous data parallelism (every step's gradient averaged through
+//! the agents) and once with DiLoCo (H = 20, 4-bit pseudo-gradients), on
+//! the same data, steps and seed. DiLoCo must reach the synchronous run's
+//! held-out loss within a stated tolerance with far fewer bytes exchanged,
+//! and every site must end with the same parameters.
+//!
+//! Needs Python 3 with `grpcio`, `protobuf` and `numpy` (`.ci/run`
+//! installs them); skipped without them unless `LONGHAUL_REQUIRE_PYTHON=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const ROOT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+/// Inner steps of each run: enough for the loss to fall well below the
+/// uniform 4.16 nats, few enough for a debug build on two cores.
+const STEPS: u32 = 200;
+/// DiLoCo's held-out loss may exceed the synchronous run's by this much
+/// after so few outer steps (10 of H = 20).
+const LOSS_TOLERANCE: f64 = 0.3;
+/// The exchanges of synchronous data parallelism (bf16 every step) must
+/// move at least this many times DiLoCo's (4-bit every 20 steps: 80x in
+/// theory).
+const BYTES_FACTOR: f64 = 20.0;
+
+fn python_path() -> PathBuf {
+    Path::new(ROOT).join("site-agent/python")
+}
+
+/// Why the Python side cannot run here, or `None`.
+pub(crate) fn python_unavailable() -> Option<String> {
+    let probe = Command::new("python3")
+        .args(["-c", "import grpc, numpy, google.protobuf, longhaul"])
+        .env("PYTHONPATH", python_path())
+        .output();
+    let missing = match probe {
+        Ok(output) if output.status.success() => return None,
+        Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        Err(error) => format!("no python3: {error}"),
+    };
+    if std::env::var("LONGHAUL_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
+        panic!("LONGHAUL_REQUIRE_PYTHON=1, but the Python package cannot be imported: {missing}");
+    }
+    Some(missing)
+}
+
+/// A job file like the bundled `chars-diloco.job.toml` with H = `h` and
+/// `bits`, and a scenario training it for [`STEPS`] steps; the scenario.
+fn write_scenario(dir: &Path, name: &str, h: u32, bits: u32) -> PathBuf {
+    let job =
+        std::fs::read_to_string(Path::new(ROOT).join("deploy/examples/chars-diloco.job.toml"))
+            .unwrap()
+            .replace("inner_steps = 50", &format!("inner_steps = {h}"))
+            .replace("max_inner_steps = 50", &format!("max_inner_steps = {h}"))
+            .replace("bits = 4", &format!("bits = {bits}"));
+    assert!(job.contains(&format!("inner_steps = {h}")), "{job}");
+    let job_path = dir.join(format!("{name}.job.toml"));
+    std::fs::write(&job_path, job).unwrap();
+    let scenario = format!(
+        r#"name = "{name}"
+seed = 3
+topology = "{root}/deploy/examples/two-campuses-80km.toml"
+job = "{job}"
+duration = "4 min"
+
+[coordinator]
+replicas = 1
+sites = ["north"]
+
+[training]
+command = ["python3", "-m", "longhaul.examples.chars", "--steps", "{STEPS}", "--eval-every", "50"]
+"#,
+        root = ROOT,
+        job = job_path.display(),
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, scenario).unwrap();
+    path
+}
+
+fn rehearse(scenario: &Path) -> Value {
+    let (output, _) = super::rehearse::run_bounded(
+        Command::new(env!("CARGO_BIN_EXE_longhaul"))
+            .args([
+                "rehearse",
+                &scenario.display().to_string(),
+                "--output",
+                "json",
+            ])
+            .env("PYTHONPATH", python_path()),
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "rehearse failed:\n{stderr}");
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// Every trainer finished, every site ended with the same parameters;
+/// the final held-out loss and the bytes the exchanges moved.
+fn check_run(report: &Value, mode: &str) -> (f64, f64) {
+    let training = &report["training"];
+    let sites = training["sites"].as_array().unwrap();
+    assert_eq!(sites.len(), 2, "{training:#}");
+    for site in sites {
+        assert!(
+            site["exit"]
+                .as_str()
+                .is_some_and(|e| e.ends_with("exit status: 0")),
+            "{site:#}"
+        );
+        let run = &site["run"];
+        assert_eq!(run["mode"], mode, "{run:#}");
+        assert_eq!(run["steps"], STEPS, "{run:#}");
+        // Not one round missed: each site applied every outer step.
+        let rounds = run["rounds"].as_array().unwrap();
+        assert!(rounds.iter().all(|r| r["applied"] == true), "{run:#}");
+        assert_eq!(
+            rounds[0]["live_sites"],
+            serde_json::json!(["north", "south"])
+        );
+    }
+    assert_eq!(training["same_parameters"], true, "{training:#}");
+    let loss = sites[0]["run"]["final_held_out_loss"].as_f64().unwrap();
+    // It learned: uniform guessing over 64 classes is ln 64 = 4.16 nats.
+    assert!(loss < 3.3, "{mode}: held-out loss {loss}");
+    (loss, training["exchange_bytes"].as_f64().unwrap())
+}
+
+#[test]
+fn diloco_through_the_agents_matches_synchronous_training_with_far_fewer_bytes() {
+    if let Some(missing) = python_unavailable() {
+        eprintln!("skipped: {missing}");
+        return;
+    }
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let sync = rehearse(&write_scenario(dir.path(), "train-sync", 1, 16));
+    let diloco = rehearse(&write_scenario(dir.path(), "train-diloco", 20, 4));
+    let (sync_loss, sync_bytes) = check_run(&sync, "sync-dp");
+    let (diloco_loss, diloco_bytes) = check_run(&diloco, "diloco");
+    assert_eq!(
+        sync["training"]["sites"][0]["run"]["rounds"]
+            .as_array()
+            .unwrap()
+            .len(),
+        STEPS as usize
+    );
+    assert_eq!(
+        diloco["training"]["sites"][0]["run"]["rounds"]
+            .as_array()
+            .unwrap()
+            .len(),
+        (STEPS / 20) as usize
+    );
+    eprintln!(
+        "held-out loss: synchronous {sync_loss:.4}, DiLoCo {diloco_loss:.4}; bytes exchanged: {sync_bytes} vs {diloco_bytes} ({:.0}x)",
+        sync_bytes / diloco_bytes
+    );
+    assert!(
+        diloco_loss <= sync_loss + LOSS_TOLERANCE,
+        "DiLoCo {diloco_loss} vs synchronous {sync_loss}"
+    );
+    assert!(
+        sync_bytes >= BYTES_FACTOR * diloco_bytes,
+        "synchronous {sync_bytes} B vs DiLoCo {diloco_bytes} B"
+    );
+}
