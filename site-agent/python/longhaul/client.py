@@ -270,7 +270,10 @@ class Session:
         buffer = self._buffer(fragment)
         give_up = time.monotonic() + timeout
         while True:
-            wait = max(0.0, min(60.0, give_up - time.monotonic()))
+            # In pieces well inside the session TTL (the agent keeps a
+            # waiting session alive, but a piece must end before the RPC's
+            # own timeout).
+            wait = max(0.0, min(60.0, self.ttl / 2, give_up - time.monotonic()))
             try:
                 response = self.client._call(
                     "Collect",

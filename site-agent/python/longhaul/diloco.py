@@ -132,13 +132,23 @@ class DiLoCo:
         where = slice(fragment.first, fragment.first + fragment.size)
         snapshot = self.params[where].copy()
         pseudo = self.anchor[where] - snapshot
-        round_id = self._current_round()
+        try:
+            round_id = self._current_round()
+        except LonghaulError as error:
+            if error.code != "DEADLINE_EXCEEDED":
+                raise
+            # No round opened (the coordinator unreachable): train on.
+            self._skipped[fragment.index] = snapshot
+            return
         give_up = time.monotonic() + self.collect_timeout
         while True:
             try:
                 self.session.submit(round_id, fragment.index, pseudo)
                 break
             except LonghaulError as error:
+                if error.code == "ALREADY_EXISTS" and error.field == "fragment":
+                    # An earlier try of this submit reached the agent.
+                    break
                 # The round after the last one may take a moment to open.
                 if error.code == "NOT_FOUND" and error.field == "round" and time.monotonic() < give_up:
                     time.sleep(0.002)
@@ -186,7 +196,7 @@ class DiLoCo:
         for fragment in self.session.schedule.fragments:
             if self.inner_step == self._sync_step(fragment):
                 self._submit(fragment)
-                self._record.round = self._current_round()
+                self._record.round = self.round or self._record.round
             if self.inner_step == self._apply_step(fragment):
                 self._apply(fragment, self._record)
         if self.inner_step < self.inner_steps:
@@ -198,7 +208,7 @@ class DiLoCo:
         self._outer_started = now
         self.history.append(record)
         self.inner_step = 0
-        self._last_round, self.round = record.round, 0
+        self._last_round, self.round = max(self._last_round, record.round), 0
         return record
 
     def allreduce(self, grad: np.ndarray) -> Optional[np.ndarray]:

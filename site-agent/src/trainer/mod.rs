@@ -78,10 +78,13 @@ pub enum TrainerError {
         field: &'static str,
         message: String,
     },
-    #[error("no result within the timeout: {message}")]
+    #[error("timeout_ms: no result within the timeout: {message}")]
     Timeout { message: String },
-    #[error("{message}")]
-    Exhausted { message: String },
+    #[error("{field}: {message}")]
+    Exhausted {
+        field: &'static str,
+        message: String,
+    },
 }
 
 /// At most 64 characters of `value`, for error messages.
@@ -110,6 +113,9 @@ struct Session {
     last_seen: Instant,
     inner_step: u64,
     step_seconds: f64,
+    /// Collects of this session waiting now: a session waiting for a
+    /// result is not silent, however long the exchange takes.
+    collecting: u32,
 }
 
 /// A fragment's outcome at this site, as collectors get it.
@@ -138,6 +144,8 @@ struct HubState {
     holders: HashMap<(String, u64), String>,
     next_session: u64,
     submissions: BTreeMap<FragmentKey, Arc<Vec<f32>>>,
+    /// Submissions being read from shared memory now (one per key).
+    reading: BTreeSet<FragmentKey>,
     results: BTreeMap<FragmentKey, FragmentResult>,
 }
 
@@ -164,7 +172,7 @@ impl HubState {
         let expired: Vec<String> = self
             .sessions
             .iter()
-            .filter(|(_, s)| now.duration_since(s.last_seen) > ttl)
+            .filter(|(_, s)| s.collecting == 0 && now.duration_since(s.last_seen) > ttl)
             .map(|(id, _)| id.clone())
             .collect();
         for id in expired {
@@ -298,6 +306,9 @@ impl TrainerHub {
         state.jobs.remove(job_id);
         state.sessions.retain(|_, s| s.job != job_id);
         state.holders.retain(|(job, _), _| job != job_id);
+        state.rounds.remove(job_id);
+        state.submissions.retain(|key, _| key.0 != job_id);
+        state.results.retain(|key, _| key.0 != job_id);
         drop(state);
         self.changed.notify_waiters();
     }
@@ -466,6 +477,7 @@ impl TrainerHub {
         }
         if state.sessions.len() >= MAX_SESSIONS {
             return Err(TrainerError::Exhausted {
+                field: "session",
                 message: format!("{MAX_SESSIONS} sessions are open already"),
             });
         }
@@ -480,6 +492,7 @@ impl TrainerHub {
                 last_seen: now,
                 inner_step: 0,
                 step_seconds: 0.0,
+                collecting: 0,
             },
         );
         state.holders.insert(holder_key, id.clone());
@@ -623,7 +636,7 @@ impl TrainerHub {
                     ),
                 });
             }
-            if state.submissions.contains_key(&key) {
+            if state.submissions.contains_key(&key) || state.reading.contains(&key) {
                 return Err(TrainerError::AlreadyExists {
                     field: "fragment",
                     message: format!(
@@ -634,20 +647,31 @@ impl TrainerHub {
             }
             Ok(())
         };
-        check(&lock(&self.state))?;
-        // The copy out of shared memory runs without the lock.
-        let values = self.shm.read(&tensor, "tensor")?;
-        if let Some(at) = values.iter().position(|v| !v.is_finite()) {
-            return Err(TrainerError::Invalid {
-                field: "tensor",
-                message: format!(
-                    "value {at} is {}: a pseudo-gradient must be finite",
-                    values[at]
-                ),
-            });
+        {
+            // Reserved while it is read, so that a second submit of the
+            // fragment is refused before it reads anything.
+            let mut state = lock(&self.state);
+            check(&state)?;
+            state.reading.insert(key.clone());
         }
+        // The copy out of shared memory runs without the lock.
+        let read = self.shm.read(&tensor, "tensor").and_then(|values| {
+            match values.iter().position(|v| !v.is_finite()) {
+                Some(at) => Err(TrainerError::Invalid {
+                    field: "tensor",
+                    message: format!(
+                        "value {at} is {}: a pseudo-gradient must be finite",
+                        values[at]
+                    ),
+                }),
+                None => Ok(values),
+            }
+        });
         let mut state = lock(&self.state);
-        check(&state)?;
+        state.reading.remove(&key);
+        let values = read?;
+        // The round may have ended (or this site been excluded) meanwhile.
+        self.check_open(&state, &job, request.round, request.fragment)?;
         state.submissions.insert(key, Arc::new(values));
         drop(state);
         tracing::debug!(
@@ -681,7 +705,44 @@ impl TrainerHub {
                 ),
             });
         }
-        let job = self.session_job(&request.session)?;
+        if request.round == 0 {
+            return Err(TrainerError::Invalid {
+                field: "round",
+                message: "is 0; rounds are numbered from 1".into(),
+            });
+        }
+        let job = {
+            let now = Self::now();
+            let mut state = lock(&self.state);
+            state.reap(self.ttl, now);
+            let session = state.session(&request.session, now)?;
+            session.collecting += 1;
+            let job = session.job.clone();
+            let fragments = state
+                .jobs
+                .get(&job)
+                .and_then(|j| j.sync.as_ref())
+                .map_or(0, |s| s.schedule.len() as u32);
+            if request.fragment >= fragments {
+                if let Some(session) = state.sessions.get_mut(&request.session) {
+                    session.collecting -= 1;
+                }
+                return Err(TrainerError::Invalid {
+                    field: "fragment",
+                    message: format!(
+                        "is {}; {job}'s schedule has {fragments} fragments",
+                        request.fragment
+                    ),
+                });
+            }
+            job
+        };
+        // The session counts as heard from while it waits, and from when
+        // the wait ends, however that is.
+        let _waiting = Waiting {
+            hub: self,
+            session: &request.session,
+        };
         let key = (job.clone(), request.round, request.fragment);
         let give_up = tokio::time::Instant::now() + wait;
         let result = loop {
@@ -718,18 +779,6 @@ impl TrainerHub {
                             message: format!("no round of {job} has been seen yet"),
                         });
                     }
-                    Some(latest)
-                        if request.round == latest.round_id
-                            && request.fragment >= latest.fragments =>
-                    {
-                        return Err(TrainerError::Invalid {
-                            field: "fragment",
-                            message: format!(
-                                "is {}; round {} has {} fragments",
-                                request.fragment, request.round, latest.fragments
-                            ),
-                        });
-                    }
                     _ => {}
                 }
             }
@@ -742,7 +791,6 @@ impl TrainerHub {
                 }
             }
         };
-        self.session_job(&request.session)?;
         Ok(match result {
             FragmentResult::Applied { values, hash, live } => {
                 if into.elements != values.len() as u64 {
@@ -761,6 +809,7 @@ impl TrainerHub {
                 tokio::task::spawn_blocking(move || shm.write(&into, &values, "into"))
                     .await
                     .map_err(|error| TrainerError::Exhausted {
+                        field: "into",
                         message: format!("the write of the result stopped: {error}"),
                     })??;
                 pb::TrainerCollectResponse {
@@ -781,6 +830,23 @@ impl TrainerHub {
                 ..Default::default()
             },
         })
+    }
+}
+
+/// A collect waiting: its session is not reaped meanwhile, and counts as
+/// heard from when the wait ends.
+struct Waiting<'a> {
+    hub: &'a TrainerHub,
+    session: &'a str,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = lock(&self.hub.state);
+        if let Some(session) = state.sessions.get_mut(self.session) {
+            session.collecting = session.collecting.saturating_sub(1);
+            session.last_seen = Instant::now();
+        }
     }
 }
 

@@ -20,8 +20,11 @@ pub const MAX_TENSOR_ELEMENTS: u64 = longhaul_core::scenario::MAX_EXCHANGE_ELEME
 /// Longest file name.
 pub const MAX_NAME_BYTES: usize = 255;
 
+/// Not a symbolic link, and never blocking on open (a FIFO named as a
+/// tensor would otherwise hold a thread until someone opened its other
+/// end; it is then refused as not a regular file).
 #[cfg(target_os = "linux")]
-const NO_FOLLOW: i32 = nix::fcntl::OFlag::O_NOFOLLOW.bits();
+const NO_FOLLOW: i32 = nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits();
 #[cfg(not(target_os = "linux"))]
 const NO_FOLLOW: i32 = 0;
 
@@ -339,6 +342,25 @@ mod tests {
             ..link
         };
         assert!(shm.read(&directory, "tensor").is_err());
+        // A FIFO is refused at once, not waited on.
+        let fifo = dir.path().join("fifo");
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+        let error = shm
+            .read(
+                &TensorRef {
+                    name: "fifo".into(),
+                    ..tensor.clone()
+                },
+                "tensor",
+            )
+            .unwrap_err();
+        assert!(error.to_string().contains("not a regular file"), "{error}");
         let missing = TensorRef {
             name: "missing".into(),
             ..tensor

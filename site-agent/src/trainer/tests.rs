@@ -92,8 +92,8 @@ fn field(error: &TrainerError) -> &'static str {
         | TrainerError::NotOwned { field, .. }
         | TrainerError::AlreadyExists { field, .. }
         | TrainerError::Over { field, .. } => field,
-        TrainerError::Timeout { .. } => "timeout",
-        TrainerError::Exhausted { .. } => "exhausted",
+        TrainerError::Timeout { .. } => "timeout_ms",
+        TrainerError::Exhausted { field, .. } => field,
     }
 }
 
@@ -402,4 +402,78 @@ async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
         "{error}"
     );
     assert!(lock(&f.hub.state).results.keys().all(|k| k.1 >= 10));
+}
+
+#[tokio::test]
+async fn a_collect_waiting_longer_than_the_ttl_keeps_its_session() {
+    let f = fixture(Duration::from_millis(100));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    let into = f.tensor("out", &[0.0; 6]);
+    let collector = {
+        let hub = Arc::clone(&f.hub);
+        let request = pb::TrainerCollectRequest {
+            session: session.clone(),
+            round: 7,
+            fragment: 0,
+            into: Some(into),
+            timeout_ms: 5_000,
+        };
+        tokio::spawn(async move { hub.collect(&request).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another rank's join reaps silent sessions: not the waiting one.
+    join(&f.hub, "job", 5, 10).unwrap();
+    f.hub.publish(
+        "job",
+        7,
+        0,
+        FragmentResult::Applied {
+            values: Arc::new(vec![1.0; 6]),
+            hash: "h".into(),
+            live: vec![SITE.into()],
+        },
+    );
+    let response = collector.await.unwrap().unwrap();
+    assert_eq!(response.outcome, pb::CollectOutcome::Applied as i32);
+    // And it counts as heard from when the wait ended.
+    f.hub.schedule(&session).unwrap();
+}
+
+#[tokio::test]
+async fn a_collect_of_round_0_or_of_a_fragment_the_schedule_lacks_is_refused_at_once() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    let into = f.tensor("out", &[0.0; 6]);
+    for (round, fragment, expected) in [(0, 0, "round"), (6, 2, "fragment"), (7, 9, "fragment")] {
+        let request = pb::TrainerCollectRequest {
+            session: session.clone(),
+            round,
+            fragment,
+            into: Some(into.clone()),
+            timeout_ms: 60_000,
+        };
+        let error = tokio::time::timeout(Duration::from_secs(5), f.hub.collect(&request))
+            .await
+            .expect("refused at once, not waited out")
+            .unwrap_err();
+        assert_eq!(field(&error), expected, "{error}");
+    }
+    assert_eq!(lock(&f.hub.state).sessions[&session].collecting, 0);
+}
+
+#[test]
+fn a_job_removed_from_the_site_leaves_nothing_behind() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    f.submit(&session, 7, 0, &[0.5; 6]).unwrap();
+    f.hub.publish(
+        "job",
+        7,
+        1,
+        FragmentResult::RoundOver { reason: "x".into() },
+    );
+    f.hub.remove("job");
+    let state = lock(&f.hub.state);
+    assert!(state.submissions.is_empty() && state.results.is_empty());
+    assert!(!state.rounds.contains_key("job") && state.sessions.is_empty());
 }
