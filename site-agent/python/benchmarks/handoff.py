@@ -31,7 +31,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--echo", required=True, help="the trainer_echo example binary")
     parser.add_argument("--elements", type=int, default=1 << 28)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=10, help="submits and collects timed (the first three allocate the agent's buffers)")
     parser.add_argument("--steps", type=int, default=20000, help="inner steps timed for the per-step cost")
     args = parser.parse_args()
     socket = os.path.join(tempfile.mkdtemp(prefix="lh-echo-"), "trainer.sock")

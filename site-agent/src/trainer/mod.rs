@@ -47,6 +47,9 @@ use crate::store::JobRecord;
 pub const ROUNDS_KEPT: u64 = 3;
 /// Longest `Collect` wait.
 pub const MAX_COLLECT_WAIT: Duration = Duration::from_secs(600);
+/// Buffers of dropped submissions kept for reuse.
+pub const SPARE_BUFFERS: usize = 2;
+
 /// Sessions at once (every rank of a large site fits).
 pub const MAX_SESSIONS: usize = 65_536;
 
@@ -146,6 +149,9 @@ struct HubState {
     submissions: BTreeMap<FragmentKey, Arc<Vec<f32>>>,
     /// Submissions being read from shared memory now (one per key).
     reading: BTreeSet<FragmentKey>,
+    /// Buffers of submissions no longer held, for the next ones to read
+    /// into (at most [`SPARE_BUFFERS`]).
+    spare: Vec<Vec<f32>>,
     results: BTreeMap<FragmentKey, FragmentResult>,
 }
 
@@ -241,8 +247,27 @@ impl HubState {
     fn prune(&mut self, job: &str, latest: u64) {
         let keep_from = latest.saturating_sub(ROUNDS_KEPT - 1);
         let stale = |key: &FragmentKey| key.0 == job && key.1 < keep_from;
-        self.submissions.retain(|key, _| !stale(key));
         self.results.retain(|key, _| !stale(key));
+        self.drop_submissions(|key| stale(key));
+    }
+
+    /// Drops the submissions `drop` names, keeping their buffers (when
+    /// nothing else holds them) for the next submissions.
+    fn drop_submissions(&mut self, drop: impl Fn(&FragmentKey) -> bool) {
+        let keys: Vec<FragmentKey> = self
+            .submissions
+            .keys()
+            .filter(|k| drop(k))
+            .cloned()
+            .collect();
+        for key in keys {
+            if let Some(values) = self.submissions.remove(&key)
+                && let Ok(buffer) = Arc::try_unwrap(values)
+                && self.spare.len() < SPARE_BUFFERS
+            {
+                self.spare.push(buffer);
+            }
+        }
     }
 }
 
@@ -307,8 +332,8 @@ impl TrainerHub {
         state.sessions.retain(|_, s| s.job != job_id);
         state.holders.retain(|(job, _), _| job != job_id);
         state.rounds.remove(job_id);
-        state.submissions.retain(|key, _| key.0 != job_id);
         state.results.retain(|key, _| key.0 != job_id);
+        state.drop_submissions(|key| key.0 == job_id);
         drop(state);
         self.changed.notify_waiters();
     }
@@ -647,16 +672,23 @@ impl TrainerHub {
             }
             Ok(())
         };
-        {
+        let buffer = {
             // Reserved while it is read, so that a second submit of the
             // fragment is refused before it reads anything.
             let mut state = lock(&self.state);
             check(&state)?;
             state.reading.insert(key.clone());
-        }
+            let n = tensor.elements as usize;
+            match state.spare.iter().position(|b| b.len() == n) {
+                Some(at) => state.spare.swap_remove(at),
+                None => Vec::new(),
+            }
+        };
         // The copy out of shared memory runs without the lock.
-        let read = self.shm.read(&tensor, "tensor").and_then(|values| {
-            match values.iter().position(|v| !v.is_finite()) {
+        let read = self
+            .shm
+            .read_into(&tensor, "tensor", buffer)
+            .and_then(|values| match values.iter().position(|v| !v.is_finite()) {
                 Some(at) => Err(TrainerError::Invalid {
                     field: "tensor",
                     message: format!(
@@ -665,8 +697,7 @@ impl TrainerHub {
                     ),
                 }),
                 None => Ok(values),
-            }
-        });
+            });
         let mut state = lock(&self.state);
         state.reading.remove(&key);
         let values = read?;
