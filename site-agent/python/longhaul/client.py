@@ -189,7 +189,7 @@ class TrainerClient:
                 response = self._call(
                     "Join", pb.TrainerJoinRequest(job_id=job_id, rank=rank, parameters=parameters, pid=os.getpid())
                 )
-                return Session(self, response)
+                return Session(self, response, (job_id, rank, parameters))
             except LonghaulError as error:
                 if error.code != "NOT_FOUND" or time.monotonic() >= give_up:
                     raise
@@ -205,8 +205,15 @@ class Session:
 
     _counter = 0
 
-    def __init__(self, client: TrainerClient, response: pb.TrainerJoinResponse):
+    #: How long a call waits for an agent that went away (restarted, say)
+    #: to come back before the error reaches the caller.
+    reconnect_timeout: float = 120.0
+
+    def __init__(self, client: TrainerClient, response: pb.TrainerJoinResponse, joined_as=None):
         self.client = client
+        self._joined_as = joined_as
+        #: How often the session was joined again after the agent lost it.
+        self.rejoins = 0
         self.id = response.session
         self.site = response.site_id
         self.ttl = response.session_ttl_ms / 1000.0
@@ -216,6 +223,42 @@ class Session:
         Session._counter += 1
         self._prefix = f"longhaul-{os.getpid()}-{Session._counter}-{time.monotonic_ns()}"
         atexit.register(self._release_buffers)
+
+    def _rpc(self, method: str, request, timeout: Optional[float] = None):
+        """``request(session_id)`` sent as ``method``. While the agent is
+        unreachable (UNAVAILABLE) the call is tried again, for up to
+        :attr:`reconnect_timeout`; when the agent no longer knows the
+        session (it restarted) the rank joins again and the call is sent
+        with the new session."""
+        give_up = time.monotonic() + self.reconnect_timeout
+        pause = 0.05
+        while True:
+            try:
+                return self.client._call(method, request(self.id), timeout)
+            except LonghaulError as error:
+                if time.monotonic() >= give_up or self._joined_as is None:
+                    raise
+                if error.code == "UNAVAILABLE":
+                    time.sleep(pause)
+                    pause = min(pause * 2, 1.0)
+                elif error.code == "NOT_FOUND" and error.field == "session" and method != "Leave":
+                    job_id, rank, parameters = self._joined_as
+                    try:
+                        response = self.client._call(
+                            "Join",
+                            pb.TrainerJoinRequest(job_id=job_id, rank=rank, parameters=parameters, pid=os.getpid()),
+                        )
+                    except LonghaulError as join_error:
+                        # The agent may not have its assignment back yet.
+                        if join_error.code not in ("NOT_FOUND", "UNAVAILABLE"):
+                            raise
+                        time.sleep(pause)
+                        pause = min(pause * 2, 1.0)
+                        continue
+                    self.id = response.session
+                    self.rejoins += 1
+                else:
+                    raise
 
     def _buffer(self, fragment: int) -> _SharedBuffer:
         if fragment not in self._buffers:
@@ -227,15 +270,15 @@ class Session:
 
     def refresh(self) -> Schedule:
         """The schedule and the job's open round, as the agent has them now."""
-        self.schedule = Schedule.from_wire(self.client._call("GetSchedule", pb.TrainerScheduleRequest(session=self.id)))
+        self.schedule = Schedule.from_wire(self._rpc("GetSchedule", lambda sid: pb.TrainerScheduleRequest(session=sid)))
         return self.schedule
 
     def progress(self, inner_step: int, step_seconds: float) -> Schedule:
         """Reports progress (and keeps the session alive)."""
         self.schedule = Schedule.from_wire(
-            self.client._call(
+            self._rpc(
                 "ReportProgress",
-                pb.TrainerProgressRequest(session=self.id, inner_step=inner_step, step_seconds=step_seconds),
+                lambda sid: pb.TrainerProgressRequest(session=sid, inner_step=inner_step, step_seconds=step_seconds),
             )
         )
         return self.schedule
@@ -259,8 +302,8 @@ class Session:
         if values.size != buffer.elements:
             raise ValueError(f"values: {values.size} elements; fragment {fragment} has {buffer.elements}")
         np.copyto(buffer.array, values)
-        self.client._call(
-            "Submit", pb.TrainerSubmitRequest(session=self.id, round=round, fragment=fragment, tensor=buffer.wire())
+        self._rpc(
+            "Submit", lambda sid: pb.TrainerSubmitRequest(session=sid, round=round, fragment=fragment, tensor=buffer.wire())
         )
 
     def collect(self, round: int, fragment: int, out=None, timeout: float = 600.0) -> Collected:
@@ -275,10 +318,10 @@ class Session:
             # own timeout).
             wait = max(0.0, min(60.0, self.ttl / 2, give_up - time.monotonic()))
             try:
-                response = self.client._call(
+                response = self._rpc(
                     "Collect",
-                    pb.TrainerCollectRequest(
-                        session=self.id, round=round, fragment=fragment, into=buffer.wire(), timeout_ms=int(wait * 1000)
+                    lambda sid: pb.TrainerCollectRequest(
+                        session=sid, round=round, fragment=fragment, into=buffer.wire(), timeout_ms=int(wait * 1000)
                     ),
                     timeout=wait + self.client.call_timeout,
                 )

@@ -86,6 +86,7 @@ class DiLoCo:
         nesterov: bool = True,
         collect_timeout: float = 600.0,
         progress_every: float = 1.0,
+        round_wait: float = 30.0,
     ):
         if params.dtype != np.float32 or params.ndim != 1:
             raise ValueError("params: must be a flat float32 array")
@@ -96,6 +97,9 @@ class DiLoCo:
         self.anchor = params.copy()
         self.outer = NesterovSGD(params.size, outer_lr, momentum, nesterov)
         self.collect_timeout = collect_timeout
+        #: How long an outer step waits for its round to open before it is
+        #: skipped (the job re-planned without rounds, no coordinator).
+        self.round_wait = round_wait
         self.progress_every = progress_every
         self.inner_step = 0
         self.round = 0
@@ -118,7 +122,7 @@ class DiLoCo:
         # The first round opened after the last one this replica took part
         # in (rounds it missed, excluded or late, are skipped).
         if self.round == 0:
-            self.round = self.session.wait_for_round(self._last_round, timeout=self.collect_timeout).round
+            self.round = self.session.wait_for_round(self._last_round, timeout=self.round_wait).round
         return self.round
 
     def _sync_step(self, fragment) -> int:

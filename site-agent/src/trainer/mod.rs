@@ -810,6 +810,19 @@ impl TrainerHub {
                             message: format!("no round of {job} has been seen yet"),
                         });
                     }
+                    // Every round this hub saw end has a result for each
+                    // of its fragments (`observe_round`), and this site's
+                    // average is published before its report can let the
+                    // round commit: an older round without one ended
+                    // unseen (the agent restarted meanwhile).
+                    Some(latest) if request.round < latest.round_id => {
+                        break FragmentResult::RoundOver {
+                            reason: format!(
+                                "round {} ended before this agent saw it (the latest is {})",
+                                request.round, latest.round_id
+                            ),
+                        };
+                    }
                     _ => {}
                 }
             }

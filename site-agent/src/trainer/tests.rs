@@ -402,6 +402,15 @@ async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
         "{error}"
     );
     assert!(lock(&f.hub.state).results.keys().all(|k| k.1 >= 10));
+    // A round older than the latest that this hub never saw end (the
+    // agent restarted) is over for its collectors, at once.
+    let response = f.hub.collect(&collect(11)).await.unwrap();
+    assert_eq!(response.outcome, pb::CollectOutcome::RoundOver as i32);
+    assert!(
+        response.reason.contains("before this agent saw it"),
+        "{}",
+        response.reason
+    );
 }
 
 #[tokio::test]

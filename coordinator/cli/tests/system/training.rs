@@ -54,8 +54,8 @@ fn write_scenario(dir: &Path, name: &str, h: u32, bits: u32) -> PathBuf {
     let job =
         std::fs::read_to_string(Path::new(ROOT).join("deploy/examples/chars-diloco.job.toml"))
             .unwrap()
-            .replace("inner_steps = 50", &format!("inner_steps = {h}"))
-            .replace("max_inner_steps = 50", &format!("max_inner_steps = {h}"))
+            .replace("inner_steps = 250", &format!("inner_steps = {h}"))
+            .replace("max_inner_steps = 250", &format!("max_inner_steps = {h}"))
             .replace("bits = 4", &format!("bits = {bits}"));
     assert!(job.contains(&format!("inner_steps = {h}")), "{job}");
     let job_path = dir.join(format!("{name}.job.toml"));

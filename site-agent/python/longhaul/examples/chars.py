@@ -158,6 +158,15 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--steps", type=int, default=2000, help="inner steps in all (the token budget)")
     parser.add_argument("--batch", type=int, default=32, help="sequences per inner step at this site")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (inner optimizer)")
+    parser.add_argument(
+        "--outer-lr", type=float, default=0.7, help="DiLoCo's outer learning rate (Nesterov SGD)"
+    )
+    parser.add_argument(
+        "--outer-momentum",
+        type=float,
+        default=0.5,
+        help="the outer momentum: 0.5, not DiLoCo's 0.9, which needs more outer steps than a run this short has",
+    )
     parser.add_argument("--seed", type=int, default=int(os.environ.get("LONGHAUL_SEED", "0")), help="model init seed (the same at every site)")
     parser.add_argument("--eval-every", type=int, default=100, help="inner steps between held-out evaluations")
     parser.add_argument("--output", default=os.environ.get("LONGHAUL_OUTPUT"), help="write the run as JSON here (default: $LONGHAUL_OUTPUT)")
@@ -186,7 +195,7 @@ def main(argv: List[str] = None) -> int:
     model = Model(params)
     grad = np.zeros_like(params)
     inner = Adam(params.size, lr=args.lr)
-    loop = DiLoCo(session, params)
+    loop = DiLoCo(session, params, outer_lr=args.outer_lr, momentum=args.outer_momentum)
     data_rng = np.random.default_rng([args.seed, shard])
     source = batches(train, args.batch, data_rng)
     eval_rng = np.random.default_rng([args.seed, 1_000_003])
@@ -222,6 +231,8 @@ def main(argv: List[str] = None) -> int:
         "steps": args.steps,
         "batch": args.batch,
         "seed": args.seed,
+        "outer_lr": args.outer_lr,
+        "outer_momentum": args.outer_momentum,
         "seconds": time.monotonic() - started,
         "compute_seconds": step_time,
         "final_held_out_loss": curve[-1]["held_out_loss"],
