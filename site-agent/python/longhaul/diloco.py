@@ -173,7 +173,14 @@ class DiLoCo:
             snapshot = self._skipped.pop(fragment.index, self.params[where].copy())
             outcome = Collected(False, True, "", [], "not submitted: this site was left out of the round")
         else:
-            outcome = self.session.collect(record.round, fragment.index, timeout=self.collect_timeout)
+            try:
+                outcome = self.session.collect(record.round, fragment.index, timeout=self.collect_timeout)
+            except LonghaulError as error:
+                # The agent lost the round (it restarted, or the job was
+                # re-planned off this site meanwhile): train on locally.
+                if error.field != "round" or error.code not in ("NOT_FOUND", "FAILED_PRECONDITION"):
+                    raise
+                outcome = Collected(False, False, "", [], error.message)
         record.applied.append(outcome.applied)
         record.hashes.append(outcome.hash)
         if outcome.applied:
