@@ -132,6 +132,26 @@ class DiLoCo:
     def _apply_step(self, fragment) -> int:
         return min(self._sync_step(fragment) + self.session.schedule.overlap_steps, self.inner_steps)
 
+    def _hand_over(self, round_id: int, fragment: int, values: np.ndarray) -> bool:
+        """Submits ``values`` for the round; ``False`` when this site is left
+        out of it (excluded, or the round ended without it)."""
+        give_up = time.monotonic() + self.collect_timeout
+        while True:
+            try:
+                self.session.submit(round_id, fragment, values)
+                return True
+            except LonghaulError as error:
+                if error.code == "ALREADY_EXISTS" and error.field == "fragment":
+                    # An earlier try of this submit reached the agent.
+                    return True
+                # The round after the last one may take a moment to open.
+                if error.code == "NOT_FOUND" and error.field == "round" and time.monotonic() < give_up:
+                    time.sleep(0.002)
+                    continue
+                if error.code == "FAILED_PRECONDITION" and error.field == "round":
+                    return False
+                raise
+
     def _submit(self, fragment) -> None:
         where = slice(fragment.first, fragment.first + fragment.size)
         snapshot = self.params[where].copy()
@@ -144,24 +164,9 @@ class DiLoCo:
             # No round opened (the coordinator unreachable): train on.
             self._skipped[fragment.index] = snapshot
             return
-        give_up = time.monotonic() + self.collect_timeout
-        while True:
-            try:
-                self.session.submit(round_id, fragment.index, pseudo)
-                break
-            except LonghaulError as error:
-                if error.code == "ALREADY_EXISTS" and error.field == "fragment":
-                    # An earlier try of this submit reached the agent.
-                    break
-                # The round after the last one may take a moment to open.
-                if error.code == "NOT_FOUND" and error.field == "round" and time.monotonic() < give_up:
-                    time.sleep(0.002)
-                    continue
-                if error.code == "FAILED_PRECONDITION" and error.field == "round":
-                    # Excluded, or the round ended without this site.
-                    self._skipped[fragment.index] = snapshot
-                    return
-                raise
+        if not self._hand_over(round_id, fragment.index, pseudo):
+            self._skipped[fragment.index] = snapshot
+            return
         if not self._submitted:
             self._exchange_started = time.monotonic()
         self._submitted[fragment.index] = snapshot
@@ -235,19 +240,7 @@ class DiLoCo:
         live: List[str] = []
         for fragment in self.session.schedule.fragments:
             where = slice(fragment.first, fragment.first + fragment.size)
-            give_up = time.monotonic() + self.collect_timeout
-            while True:
-                try:
-                    self.session.submit(round_id, fragment.index, grad[where])
-                    break
-                except LonghaulError as error:
-                    if error.code == "NOT_FOUND" and error.field == "round" and time.monotonic() < give_up:
-                        time.sleep(0.002)
-                        continue
-                    if error.code == "FAILED_PRECONDITION":
-                        applied = False
-                        break
-                    raise
+            applied = self._hand_over(round_id, fragment.index, grad[where])
             if applied:
                 outcome = self.session.collect(round_id, fragment.index, out[where], timeout=self.collect_timeout)
                 applied = outcome.applied
