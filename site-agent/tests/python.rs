@@ -6,6 +6,9 @@
 //! Needs Python 3 with `grpcio`, `protobuf` and `numpy` (and
 //! `grpcio-tools` for the stub check); `.ci/run` installs them. Without
 //! them the tests say so and pass, unless `LONGHAUL_REQUIRE_PYTHON=1`.
+//! The PyTorch adapter's tests run where the interpreter imports torch
+//! (skipped, saying so, elsewhere). `LONGHAUL_PYTHON` names another
+//! interpreter (default `python3`).
 
 #![allow(clippy::unwrap_used, reason = "tests fail loudly on unexpected errors")]
 
@@ -16,22 +19,27 @@ fn package() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("python")
 }
 
+/// `LONGHAUL_PYTHON` or `python3`.
+fn python() -> String {
+    std::env::var("LONGHAUL_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
 /// Whether `python3` can import `modules`; panics instead of `false` under
 /// `LONGHAUL_REQUIRE_PYTHON=1`.
 fn can_import(modules: &str) -> bool {
-    let output = Command::new("python3")
+    let output = Command::new(python())
         .args(["-c", &format!("import {modules}")])
         .env("PYTHONPATH", package())
         .output();
     let missing = match output {
         Ok(output) if output.status.success() => return true,
         Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        Err(error) => format!("no python3: {error}"),
+        Err(error) => format!("no {}: {error}", python()),
     };
     if std::env::var("LONGHAUL_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
         panic!("LONGHAUL_REQUIRE_PYTHON=1, but python3 cannot import {modules}: {missing}");
     }
-    eprintln!("skipped: python3 cannot import {modules}: {missing}");
+    eprintln!("skipped: {} cannot import {modules}: {missing}", python());
     false
 }
 
@@ -40,7 +48,7 @@ fn the_python_packages_unit_tests_pass() {
     if !can_import("grpc, numpy, google.protobuf") {
         return;
     }
-    let output = Command::new("python3")
+    let output = Command::new(python())
         .args(["-m", "unittest", "discover", "-s", "tests", "-t", "."])
         .current_dir(package())
         .env("PYTHONPATH", package())
@@ -53,6 +61,8 @@ fn the_python_packages_unit_tests_pass() {
         "python unit tests failed:\n{stderr}"
     );
     assert!(stderr.contains("OK"), "{stderr}");
+    // "OK (skipped=N)" where torch is missing: say so in the test's output.
+    eprintln!("{}", stderr.trim_end().lines().last().unwrap_or_default());
 }
 
 #[test]
@@ -71,7 +81,7 @@ fn the_committed_stubs_are_generated_from_todays_proto() {
         args.push(format!("--{kind}={}", out.path().display()));
     }
     args.push("longhaul/v1/trainer.proto".to_string());
-    let status = Command::new("python3")
+    let status = Command::new(python())
         .args(&args)
         .current_dir(&proto)
         .status()

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from longhaul.client import Collected, LonghaulError, Session
+from longhaul.client import Collected, Fragment, LonghaulError, Session
 
 
 class NesterovSGD:
@@ -197,6 +197,15 @@ class DiLoCo:
         else:
             record.excluded = record.excluded or outcome.excluded
             self.anchor[where] = snapshot
+
+    def due(self) -> List[Fragment]:
+        """The fragments the next :meth:`step` submits or applies: the only
+        parameters it reads or writes (an adapter that keeps the model
+        elsewhere copies just these ranges in before and out after)."""
+        step = self.inner_step + 1
+        return [
+            f for f in self.session.schedule.fragments if step in (self._sync_step(f), self._apply_step(f))
+        ]
 
     def step(self) -> Optional[RoundRecord]:
         """Call after every inner step; returns the outer step's record when

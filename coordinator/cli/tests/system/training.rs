@@ -9,6 +9,11 @@
 //!
 //! Needs Python 3 with `grpcio`, `protobuf` and `numpy` (`.ci/run`
 //! installs them); skipped without them unless `LONGHAUL_REQUIRE_PYTHON=1`.
+//! The same DiLoCo run through the PyTorch adapter (`--framework torch`)
+//! runs where that Python imports torch, and is skipped, saying so,
+//! elsewhere (CI has no torch: PyPI's is a multi-GB CUDA build).
+//! `LONGHAUL_PYTHON` names another interpreter (default `python3`), e.g.
+//! a virtual environment that has torch.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,16 +36,21 @@ fn python_path() -> PathBuf {
     Path::new(ROOT).join("site-agent/python")
 }
 
+/// The interpreter the trainers run on: `LONGHAUL_PYTHON` or `python3`.
+fn python() -> String {
+    std::env::var("LONGHAUL_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
 /// Why the Python side cannot run here, or `None`.
 pub(crate) fn python_unavailable() -> Option<String> {
-    let probe = Command::new("python3")
+    let probe = Command::new(python())
         .args(["-c", "import grpc, numpy, google.protobuf, longhaul"])
         .env("PYTHONPATH", python_path())
         .output();
     let missing = match probe {
         Ok(output) if output.status.success() => return None,
         Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        Err(error) => format!("no python3: {error}"),
+        Err(error) => format!("no {}: {error}", python()),
     };
     if std::env::var("LONGHAUL_REQUIRE_PYTHON").is_ok_and(|v| v == "1") {
         panic!("LONGHAUL_REQUIRE_PYTHON=1, but the Python package cannot be imported: {missing}");
@@ -49,8 +59,9 @@ pub(crate) fn python_unavailable() -> Option<String> {
 }
 
 /// A job file like the bundled `chars-diloco.job.toml` with H = `h` and
-/// `bits`, and a scenario training it for [`STEPS`] steps; the scenario.
-fn write_scenario(dir: &Path, name: &str, h: u32, bits: u32) -> PathBuf {
+/// `bits`, and a scenario training it for [`STEPS`] steps in `framework`
+/// (`numpy` or `torch`); the scenario.
+fn write_scenario(dir: &Path, name: &str, h: u32, bits: u32, framework: &str) -> PathBuf {
     let job =
         std::fs::read_to_string(Path::new(ROOT).join("deploy/examples/chars-diloco.job.toml"))
             .unwrap()
@@ -72,9 +83,10 @@ replicas = 1
 sites = ["north"]
 
 [training]
-command = ["python3", "-m", "longhaul.examples.chars", "--steps", "{STEPS}", "--eval-every", "50"]
+command = ["{python}", "-m", "longhaul.examples.chars", "--steps", "{STEPS}", "--eval-every", "50", "--framework", "{framework}"]
 "#,
         root = ROOT,
+        python = python(),
         job = job_path.display(),
     );
     let path = dir.join(format!("{name}.toml"));
@@ -137,8 +149,8 @@ fn diloco_through_the_agents_matches_synchronous_training_with_far_fewer_bytes()
     }
     let _serial = crate::ONE_AT_A_TIME.blocking_lock();
     let dir = tempfile::tempdir().unwrap();
-    let sync = rehearse(&write_scenario(dir.path(), "train-sync", 1, 16));
-    let diloco = rehearse(&write_scenario(dir.path(), "train-diloco", 20, 4));
+    let sync = rehearse(&write_scenario(dir.path(), "train-sync", 1, 16, "numpy"));
+    let diloco = rehearse(&write_scenario(dir.path(), "train-diloco", 20, 4, "numpy"));
     let (sync_loss, sync_bytes) = check_run(&sync, "sync-dp");
     let (diloco_loss, diloco_bytes) = check_run(&diloco, "diloco");
     assert_eq!(
@@ -167,4 +179,35 @@ fn diloco_through_the_agents_matches_synchronous_training_with_far_fewer_bytes()
         sync_bytes >= BYTES_FACTOR * diloco_bytes,
         "synchronous {sync_bytes} B vs DiLoCo {diloco_bytes} B"
     );
+}
+
+#[test]
+fn the_pytorch_adapter_trains_the_same_model_with_diloco_through_the_agents() {
+    if let Some(missing) = python_unavailable() {
+        eprintln!("skipped: {missing}");
+        return;
+    }
+    let torch = Command::new(python())
+        .args(["-c", "import torch"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !torch {
+        eprintln!(
+            "skipped: {} cannot import torch (set LONGHAUL_PYTHON to one that can)",
+            python()
+        );
+        return;
+    }
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let report = rehearse(&write_scenario(dir.path(), "train-torch", 20, 4, "torch"));
+    let (loss, bytes) = check_run(&report, "diloco");
+    for site in report["training"]["sites"].as_array().unwrap() {
+        assert_eq!(site["run"]["framework"], "torch", "{site:#}");
+        assert_eq!(
+            site["run"]["rounds"].as_array().unwrap().len(),
+            (STEPS / 20) as usize
+        );
+    }
+    eprintln!("PyTorch DiLoCo: held-out loss {loss:.4}, {bytes} bytes exchanged");
 }

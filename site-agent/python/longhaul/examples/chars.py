@@ -21,6 +21,7 @@ The JSON output holds the loss curve, the outer rounds and the timings.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -149,6 +150,88 @@ def split(data: np.ndarray, sites: int, shard: int) -> Tuple[np.ndarray, np.ndar
     return train[shard * size : (shard + 1) * size], test
 
 
+def _log(session, step: int, loss: float, held_out: float, started: float, curve: List[dict]) -> None:
+    curve.append({"step": step, "train_loss": loss, "held_out_loss": held_out, "seconds": time.monotonic() - started})
+    print(f"{session.site} step {step} loss {loss:.3f} held-out {held_out:.3f}", flush=True)
+
+
+def _train_numpy(args, session, source, held, started):
+    """The model and Adam in NumPy, the outer loop longhaul.diloco's."""
+    rng = np.random.default_rng(args.seed)
+    params = Model.init(rng)
+    model = Model(params)
+    grad = np.zeros_like(params)
+    inner = Adam(params.size, lr=args.lr)
+    loop = DiLoCo(session, params, outer_lr=args.outer_lr, momentum=args.outer_momentum)
+    sync_dp = session.schedule.inner_steps == 1
+    curve: List[dict] = []
+    step_time = 0.0
+    for step in range(1, args.steps + 1):
+        x, y = next(source)
+        t0 = time.perf_counter()
+        loss = model.loss_and_grad(x, y, grad)
+        if sync_dp:
+            average = loop.allreduce(grad)
+            inner.step(params, grad if average is None else average)
+        else:
+            inner.step(params, grad)
+        step_time += time.perf_counter() - t0
+        if not sync_dp:
+            loop.step()
+        if step % args.eval_every == 0 or step == args.steps:
+            _log(session, step, loss, model.loss_and_grad(*held), started, curve)
+    return curve, loop.history, params.tobytes(), step_time
+
+
+def _train_torch(args, session, source, held, started):
+    """The same model in PyTorch (an embedding, a tanh layer, a linear
+    head: the same 50,496 parameters), Adam as the inner optimizer, the
+    outer loop longhaul.torch's."""
+    import torch
+
+    import longhaul.torch
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(CLASSES, EMBED),
+        torch.nn.Flatten(),
+        torch.nn.Linear(CONTEXT * EMBED, HIDDEN),
+        torch.nn.Tanh(),
+        torch.nn.Linear(HIDDEN, CLASSES),
+    )
+    optimizer = longhaul.torch.DiLoCo(
+        session,
+        model,
+        torch.optim.Adam(model.parameters(), lr=args.lr),
+        outer_lr=args.outer_lr,
+        momentum=args.outer_momentum,
+    )
+    sync_dp = session.schedule.inner_steps == 1
+    loss_fn = torch.nn.CrossEntropyLoss()
+    test_x, test_y = (torch.from_numpy(a) for a in held)
+    curve: List[dict] = []
+    step_time = 0.0
+    for step in range(1, args.steps + 1):
+        x, y = (torch.from_numpy(a) for a in next(source))
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        if sync_dp:
+            optimizer.allreduce_gradients()
+            optimizer.sync_step()
+        step_time += time.perf_counter() - t0
+        if not sync_dp:
+            optimizer.step()
+        if step % args.eval_every == 0 or step == args.steps:
+            with torch.no_grad():
+                held_out = float(loss_fn(model(test_x), test_y))
+            _log(session, step, float(loss), held_out, started, curve)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return curve, optimizer.history, flat.numpy().tobytes(), step_time
+
+
 def main(argv: List[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--socket", default=None, help="the agent's trainer socket (default: $LONGHAUL_TRAINER_SOCKET)")
@@ -170,10 +253,18 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--seed", type=int, default=int(os.environ.get("LONGHAUL_SEED", "0")), help="model init seed (the same at every site)")
     parser.add_argument("--eval-every", type=int, default=100, help="inner steps between held-out evaluations")
     parser.add_argument("--output", default=os.environ.get("LONGHAUL_OUTPUT"), help="write the run as JSON here (default: $LONGHAUL_OUTPUT)")
+    parser.add_argument(
+        "--framework",
+        choices=["numpy", "torch"],
+        default="numpy",
+        help="train the model in NumPy (longhaul.diloco) or in PyTorch (longhaul.torch; needs torch)",
+    )
     parser.add_argument("--join-wait", type=float, default=60.0, help="seconds to wait for the job to be placed here")
     args = parser.parse_args(argv)
     if not args.job:
         parser.error("--job: give the job id (or set LONGHAUL_JOB)")
+    if args.framework == "torch" and importlib.util.find_spec("torch") is None:
+        parser.error("--framework: torch is not importable by this Python (pip install torch, or use numpy)")
 
     client = TrainerClient(args.socket, shm_dir=args.shm_dir)
     session = None
@@ -190,40 +281,17 @@ def main(argv: List[str] = None) -> int:
     shard = sites.index(session.site) if session.site in sites else 0
     data = encode(corpus())
     train, test = split(data, len(sites), shard)
-    rng = np.random.default_rng(args.seed)
-    params = Model.init(rng)
-    model = Model(params)
-    grad = np.zeros_like(params)
-    inner = Adam(params.size, lr=args.lr)
-    loop = DiLoCo(session, params, outer_lr=args.outer_lr, momentum=args.outer_momentum)
     data_rng = np.random.default_rng([args.seed, shard])
     source = batches(train, args.batch, data_rng)
     eval_rng = np.random.default_rng([args.seed, 1_000_003])
-    test_x, test_y = next(batches(test, 2048, eval_rng))
-    sync_dp = schedule.inner_steps == 1
-    curve = []
+    held = next(batches(test, 2048, eval_rng))
+    run = _train_torch if args.framework == "torch" else _train_numpy
     started = time.monotonic()
-    step_time = 0.0
-    for step in range(1, args.steps + 1):
-        x, y = next(source)
-        t0 = time.perf_counter()
-        loss = model.loss_and_grad(x, y, grad)
-        if sync_dp:
-            average = loop.allreduce(grad)
-            inner.step(params, grad if average is None else average)
-        else:
-            inner.step(params, grad)
-        step_time += time.perf_counter() - t0
-        if not sync_dp:
-            loop.step()
-        if step % args.eval_every == 0 or step == args.steps:
-            held_out = model.loss_and_grad(test_x, test_y)
-            curve.append({"step": step, "train_loss": loss, "held_out_loss": held_out, "seconds": time.monotonic() - started})
-            print(f"{session.site} step {step} loss {loss:.3f} held-out {held_out:.3f}", flush=True)
+    curve, history, params_bytes, step_time = run(args, session, source, held, started)
     result = {
         "site": session.site,
         "job": args.job,
-        "mode": "sync-dp" if sync_dp else "diloco",
+        "mode": "sync-dp" if schedule.inner_steps == 1 else "diloco",
         "inner_steps": schedule.inner_steps,
         "fragments": len(schedule.fragments),
         "codec_bits": schedule.codec_bits,
@@ -237,6 +305,7 @@ def main(argv: List[str] = None) -> int:
         "compute_seconds": step_time,
         "final_held_out_loss": curve[-1]["held_out_loss"],
         "curve": curve,
+        "framework": args.framework,
         "rounds": [
             {
                 "round": r.round,
@@ -247,9 +316,9 @@ def main(argv: List[str] = None) -> int:
                 "exchange_seconds": r.exchange_seconds,
                 "outer_step_seconds": r.outer_step_seconds,
             }
-            for r in loop.history
+            for r in history
         ],
-        "params_sha256": __import__("hashlib").sha256(params.tobytes()).hexdigest(),
+        "params_sha256": hashlib.sha256(params_bytes).hexdigest(),
     }
     if args.output:
         tmp = args.output + ".tmp"
