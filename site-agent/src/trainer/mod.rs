@@ -645,8 +645,13 @@ impl TrainerHub {
             })
     }
 
-    /// Reads and stores a fragment's pseudo-gradient.
-    pub fn submit(&self, request: &pb::TrainerSubmitRequest) -> Result<u64, TrainerError> {
+    /// Reads and stores a fragment's pseudo-gradient, from a file of user
+    /// `caller` (the request's, see [`shm`]).
+    pub fn submit(
+        &self,
+        request: &pb::TrainerSubmitRequest,
+        caller: u32,
+    ) -> Result<u64, TrainerError> {
         let tensor = shm::TensorRef::from_wire(request.tensor.as_ref(), "tensor")?;
         let job = self.session_job(&request.session)?;
         let key = (job.clone(), request.round, request.fragment);
@@ -687,7 +692,7 @@ impl TrainerHub {
         // The copy out of shared memory runs without the lock.
         let read = self
             .shm
-            .read_into(&tensor, "tensor", buffer)
+            .read_into(&tensor, "tensor", buffer, caller)
             .and_then(|values| match values.iter().position(|v| !v.is_finite()) {
                 Some(at) => Err(TrainerError::Invalid {
                     field: "tensor",
@@ -723,6 +728,7 @@ impl TrainerHub {
     pub async fn collect(
         &self,
         request: &pb::TrainerCollectRequest,
+        caller: u32,
     ) -> Result<pb::TrainerCollectResponse, TrainerError> {
         let into = shm::TensorRef::from_wire(request.into.as_ref(), "into")?;
         let wait = Duration::from_millis(request.timeout_ms);
@@ -850,7 +856,7 @@ impl TrainerHub {
                 }
                 // Writing up to 1 GiB into shared memory is blocking work.
                 let shm = self.shm.clone();
-                tokio::task::spawn_blocking(move || shm.write(&into, &values, "into"))
+                tokio::task::spawn_blocking(move || shm.write(&into, &values, "into", caller))
                     .await
                     .map_err(|error| TrainerError::Exhausted {
                         field: "into",

@@ -28,6 +28,17 @@ impl From<TrainerError> for Status {
     }
 }
 
+/// The user a request speaks for: the peer of its Unix socket
+/// (`SO_PEERCRED`), or the agent's own user over TCP loopback, which
+/// carries no credentials.
+fn caller<T>(request: &Request<T>) -> u32 {
+    request
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|info| info.peer_cred)
+        .map_or_else(super::shm::own_uid, |cred| cred.uid())
+}
+
 /// The service over a shared hub.
 #[derive(Debug, Clone)]
 pub struct TrainerService {
@@ -90,9 +101,10 @@ impl Trainer for TrainerService {
         request: Request<pb::TrainerSubmitRequest>,
     ) -> Result<Response<pb::TrainerSubmitResponse>, Status> {
         let hub = Arc::clone(&self.hub);
+        let caller = caller(&request);
         let request = request.into_inner();
         // Reading up to 1 GiB from shared memory is blocking work.
-        let elements = tokio::task::spawn_blocking(move || hub.submit(&request))
+        let elements = tokio::task::spawn_blocking(move || hub.submit(&request, caller))
             .await
             .map_err(|error| Status::internal(format!("submit stopped: {error}")))??;
         Ok(Response::new(pb::TrainerSubmitResponse { elements }))
@@ -102,6 +114,9 @@ impl Trainer for TrainerService {
         &self,
         request: Request<pb::TrainerCollectRequest>,
     ) -> Result<Response<pb::TrainerCollectResponse>, Status> {
-        Ok(Response::new(self.hub.collect(request.get_ref()).await?))
+        let caller = caller(&request);
+        Ok(Response::new(
+            self.hub.collect(request.get_ref(), caller).await?,
+        ))
     }
 }

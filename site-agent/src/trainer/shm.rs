@@ -2,11 +2,15 @@
 //! trainer names in a request, read into (or written from) the agent's
 //! memory with one copy. Names are plain file names (no `/`, no leading
 //! `.`), the file must be a regular file (not a symbolic link: it is opened
-//! with `O_NOFOLLOW`) that already holds `offset + elements × size` bytes;
-//! the agent never creates or grows a trainer's file.
+//! with `O_NOFOLLOW`) that already holds `offset + elements × size` bytes
+//! and belongs to the user the request came from (the peer of the trainer
+//! socket, from `SO_PEERCRED`; over TCP loopback, which carries no
+//! credentials, the agent's own user): a trainer cannot have the agent
+//! read or overwrite another user's file. The agent never creates or grows
+//! a trainer's file.
 
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::TrainerError;
@@ -27,6 +31,11 @@ pub const MAX_NAME_BYTES: usize = 255;
 const NO_FOLLOW: i32 = nix::fcntl::OFlag::O_NOFOLLOW.bits() | nix::fcntl::OFlag::O_NONBLOCK.bits();
 #[cfg(not(target_os = "linux"))]
 const NO_FOLLOW: i32 = 0;
+
+/// The agent's own user: whom a request over TCP loopback speaks for.
+pub fn own_uid() -> u32 {
+    nix::unistd::geteuid().as_raw()
+}
 
 /// Element types a tensor may have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,6 +135,7 @@ impl ShmDir {
         tensor: &TensorRef,
         write: bool,
         field: &'static str,
+        owner: u32,
     ) -> Result<File, TrainerError> {
         let path = self.dir.join(&tensor.name);
         let file = OpenOptions::new()
@@ -147,6 +157,16 @@ impl ShmDir {
                 message: format!("{} is not a regular file", path.display()),
             });
         }
+        if meta.uid() != owner {
+            return Err(TrainerError::Invalid {
+                field,
+                message: format!(
+                    "{} belongs to uid {}, not to the caller's uid {owner}: a trainer names only its own files",
+                    path.display(),
+                    meta.uid()
+                ),
+            });
+        }
         let end = tensor.offset.checked_add(tensor.bytes());
         if end.is_none_or(|end| end > meta.len()) {
             return Err(TrainerError::Invalid {
@@ -165,9 +185,15 @@ impl ShmDir {
         Ok(file)
     }
 
-    /// The tensor's values as f32 (bf16 widened exactly).
-    pub fn read(&self, tensor: &TensorRef, field: &'static str) -> Result<Vec<f32>, TrainerError> {
-        self.read_into(tensor, field, Vec::new())
+    /// The tensor's values as f32 (bf16 widened exactly), from a file of
+    /// user `owner`.
+    pub fn read(
+        &self,
+        tensor: &TensorRef,
+        field: &'static str,
+        owner: u32,
+    ) -> Result<Vec<f32>, TrainerError> {
+        self.read_into(tensor, field, Vec::new(), owner)
     }
 
     /// [`ShmDir::read`] into `buffer`'s memory when it has the tensor's
@@ -178,8 +204,9 @@ impl ShmDir {
         tensor: &TensorRef,
         field: &'static str,
         buffer: Vec<f32>,
+        owner: u32,
     ) -> Result<Vec<f32>, TrainerError> {
-        let file = self.open(tensor, false, field)?;
+        let file = self.open(tensor, false, field, owner)?;
         let io = |error: std::io::Error| TrainerError::Invalid {
             field,
             message: format!("cannot read {}: {error}", tensor.name),
@@ -208,12 +235,14 @@ impl ShmDir {
         }
     }
 
-    /// Writes `values` into the tensor (bf16 rounded to nearest even).
+    /// Writes `values` into the tensor (bf16 rounded to nearest even), a
+    /// file of user `owner`.
     pub fn write(
         &self,
         tensor: &TensorRef,
         values: &[f32],
         field: &'static str,
+        owner: u32,
     ) -> Result<(), TrainerError> {
         if values.len() as u64 != tensor.elements {
             return Err(TrainerError::Invalid {
@@ -225,7 +254,7 @@ impl ShmDir {
                 ),
             });
         }
-        let file = self.open(tensor, true, field)?;
+        let file = self.open(tensor, true, field, owner)?;
         let io = |error: std::io::Error| TrainerError::Invalid {
             field,
             message: format!("cannot write {}: {error}", tensor.name),
@@ -301,15 +330,15 @@ mod tests {
             dtype: Dtype::F32,
             elements: 1000,
         };
-        shm.write(&f32_at_16, &values, "into").unwrap();
-        assert_eq!(shm.read(&f32_at_16, "tensor").unwrap(), values);
+        shm.write(&f32_at_16, &values, "into", own_uid()).unwrap();
+        assert_eq!(shm.read(&f32_at_16, "tensor", own_uid()).unwrap(), values);
         let bf16 = TensorRef {
             dtype: Dtype::Bf16,
             offset: 0,
             ..f32_at_16.clone()
         };
-        shm.write(&bf16, &values, "into").unwrap();
-        let back = shm.read(&bf16, "tensor").unwrap();
+        shm.write(&bf16, &values, "into", own_uid()).unwrap();
+        let back = shm.read(&bf16, "tensor", own_uid()).unwrap();
         for (a, b) in values.iter().zip(&back) {
             assert!((a - b).abs() <= a.abs() / 256.0, "{a} {b}");
         }
@@ -329,7 +358,9 @@ mod tests {
             dtype: Dtype::F32,
             elements: 26,
         };
-        let error = shm.write(&tensor, &[0.0; 26], "into").unwrap_err();
+        let error = shm
+            .write(&tensor, &[0.0; 26], "into", own_uid())
+            .unwrap_err();
         assert!(error.to_string().contains("holds 100 bytes"), "{error}");
         assert_eq!(
             std::fs::read(dir.path().join("short")).unwrap(),
@@ -342,6 +373,7 @@ mod tests {
                     ..tensor.clone()
                 },
                 "tensor",
+                own_uid(),
             )
             .unwrap_err();
         assert!(error.to_string().contains("2^64"), "{error}");
@@ -351,13 +383,13 @@ mod tests {
             elements: 1,
             ..tensor.clone()
         };
-        assert!(shm.read(&link, "tensor").is_err());
+        assert!(shm.read(&link, "tensor", own_uid()).is_err());
         std::fs::create_dir(dir.path().join("d")).unwrap();
         let directory = TensorRef {
             name: "d".into(),
             ..link
         };
-        assert!(shm.read(&directory, "tensor").is_err());
+        assert!(shm.read(&directory, "tensor", own_uid()).is_err());
         // A FIFO is refused at once, not waited on.
         let fifo = dir.path().join("fifo");
         assert!(
@@ -374,6 +406,7 @@ mod tests {
                     ..tensor.clone()
                 },
                 "tensor",
+                own_uid(),
             )
             .unwrap_err();
         assert!(error.to_string().contains("not a regular file"), "{error}");
@@ -382,10 +415,41 @@ mod tests {
             ..tensor
         };
         assert!(
-            shm.read(&missing, "tensor")
+            shm.read(&missing, "tensor", own_uid())
                 .unwrap_err()
                 .to_string()
                 .contains("cannot open")
         );
+    }
+
+    #[test]
+    fn a_file_of_another_user_is_neither_read_nor_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let shm = ShmDir::new(dir.path());
+        std::fs::write(dir.path().join("theirs"), vec![7u8; 16]).unwrap();
+        let tensor = TensorRef {
+            name: "theirs".into(),
+            offset: 0,
+            dtype: Dtype::F32,
+            elements: 4,
+        };
+        // The file is this process's; the caller is someone else.
+        let caller = own_uid().wrapping_add(1);
+        let error = shm.write(&tensor, &[1.0; 4], "into", caller).unwrap_err();
+        assert!(
+            error.to_string().starts_with("into: ")
+                && error.to_string().contains(&format!(
+                    "belongs to uid {}, not to the caller's uid {caller}",
+                    own_uid()
+                )),
+            "{error}"
+        );
+        assert_eq!(
+            std::fs::read(dir.path().join("theirs")).unwrap(),
+            vec![7u8; 16]
+        );
+        let error = shm.read(&tensor, "tensor", caller).unwrap_err();
+        assert!(error.to_string().contains("belongs to uid"), "{error}");
+        assert_eq!(shm.read(&tensor, "tensor", own_uid()).unwrap().len(), 4);
     }
 }

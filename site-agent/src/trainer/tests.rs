@@ -1,3 +1,4 @@
+use super::shm::own_uid;
 use super::*;
 
 const SITE: &str = "north";
@@ -116,12 +117,15 @@ impl Fixture {
         values: &[f32],
     ) -> Result<u64, TrainerError> {
         let tensor = self.tensor(&format!("in-{round}-{fragment}"), values);
-        self.hub.submit(&pb::TrainerSubmitRequest {
-            session: session.into(),
-            round,
-            fragment,
-            tensor: Some(tensor),
-        })
+        self.hub.submit(
+            &pb::TrainerSubmitRequest {
+                session: session.into(),
+                round,
+                fragment,
+                tensor: Some(tensor),
+            },
+            own_uid(),
+        )
     }
 }
 
@@ -298,7 +302,7 @@ async fn a_collector_waits_for_the_average_and_gets_it_in_shared_memory() {
         into: Some(into.clone()),
         timeout_ms: 30,
     };
-    let early = f.hub.collect(&request).await.unwrap_err();
+    let early = f.hub.collect(&request, own_uid()).await.unwrap_err();
     assert!(matches!(early, TrainerError::Timeout { .. }), "{early}");
     let collector = {
         let hub = Arc::clone(&f.hub);
@@ -306,7 +310,7 @@ async fn a_collector_waits_for_the_average_and_gets_it_in_shared_memory() {
             timeout_ms: 5_000,
             ..request.clone()
         };
-        tokio::spawn(async move { hub.collect(&request).await })
+        tokio::spawn(async move { hub.collect(&request, own_uid()).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     f.hub.publish(
@@ -335,15 +339,18 @@ async fn a_collector_waits_for_the_average_and_gets_it_in_shared_memory() {
         }),
         ..request.clone()
     };
-    let error = f.hub.collect(&wrong).await.unwrap_err();
+    let error = f.hub.collect(&wrong, own_uid()).await.unwrap_err();
     assert_eq!(field(&error), "into.elements", "{error}");
     // A round not yet open, and a fragment out of range.
     let error = f
         .hub
-        .collect(&pb::TrainerCollectRequest {
-            round: 9,
-            ..request.clone()
-        })
+        .collect(
+            &pb::TrainerCollectRequest {
+                round: 9,
+                ..request.clone()
+            },
+            own_uid(),
+        )
         .await
         .unwrap_err();
     assert!(
@@ -367,7 +374,7 @@ async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
     let collector = {
         let hub = Arc::clone(&f.hub);
         let request = collect(7);
-        tokio::spawn(async move { hub.collect(&request).await })
+        tokio::spawn(async move { hub.collect(&request, own_uid()).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let mut excluded = round("job", 7, 2, pb::RoundState::Open);
@@ -385,7 +392,7 @@ async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
     let mut aborted = round("job", 8, 2, pb::RoundState::Aborted);
     aborted.reason = "fragment 0 disagreed".into();
     f.hub.observe_round(&aborted);
-    let response = f.hub.collect(&collect(8)).await.unwrap();
+    let response = f.hub.collect(&collect(8), own_uid()).await.unwrap();
     assert_eq!(response.outcome, pb::CollectOutcome::RoundOver as i32);
     assert!(response.reason.contains("disagreed"));
     // Nothing was written for either.
@@ -396,7 +403,7 @@ async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
         f.hub
             .observe_round(&round("job", id, 2, pb::RoundState::Open));
     }
-    let error = f.hub.collect(&collect(8)).await.unwrap_err();
+    let error = f.hub.collect(&collect(8), own_uid()).await.unwrap_err();
     assert!(
         matches!(error, TrainerError::Over { field: "round", .. }),
         "{error}"
@@ -404,7 +411,7 @@ async fn an_excluded_site_or_an_aborted_round_answers_its_collectors_at_once() {
     assert!(lock(&f.hub.state).results.keys().all(|k| k.1 >= 10));
     // A round older than the latest that this hub never saw end (the
     // agent restarted) is over for its collectors, at once.
-    let response = f.hub.collect(&collect(11)).await.unwrap();
+    let response = f.hub.collect(&collect(11), own_uid()).await.unwrap();
     assert_eq!(response.outcome, pb::CollectOutcome::RoundOver as i32);
     assert!(
         response.reason.contains("before this agent saw it"),
@@ -427,7 +434,7 @@ async fn a_collect_waiting_longer_than_the_ttl_keeps_its_session() {
             into: Some(into),
             timeout_ms: 5_000,
         };
-        tokio::spawn(async move { hub.collect(&request).await })
+        tokio::spawn(async move { hub.collect(&request, own_uid()).await })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Another rank's join reaps silent sessions: not the waiting one.
@@ -461,10 +468,11 @@ async fn a_collect_of_round_0_or_of_a_fragment_the_schedule_lacks_is_refused_at_
             into: Some(into.clone()),
             timeout_ms: 60_000,
         };
-        let error = tokio::time::timeout(Duration::from_secs(5), f.hub.collect(&request))
-            .await
-            .expect("refused at once, not waited out")
-            .unwrap_err();
+        let error =
+            tokio::time::timeout(Duration::from_secs(5), f.hub.collect(&request, own_uid()))
+                .await
+                .expect("refused at once, not waited out")
+                .unwrap_err();
         assert_eq!(field(&error), expected, "{error}");
     }
     assert_eq!(lock(&f.hub.state).sessions[&session].collecting, 0);
