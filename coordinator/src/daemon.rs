@@ -292,6 +292,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .with_http_listener(addr)
             .install()
             .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        longhaul_core::telemetry::describe(crate::metrics::TABLE);
         eprintln!("metrics at http://{addr}/metrics");
     }
     let mut replica = Replica::start(config).await?;

@@ -4,5 +4,6 @@
 
 pub mod consensus;
 pub mod daemon;
+pub mod metrics;
 pub mod process;
 pub mod server;

@@ -116,6 +116,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
             .with_http_listener(addr)
             .install()
             .with_context(|| format!("metrics_listen: cannot serve metrics on {addr}"))?;
+        crate::metrics::describe();
     }
     let handler = RenderAndSubmit {
         site_id: config.site.clone(),
@@ -157,6 +158,9 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     )
     .context("cannot start the link probes")?;
     let exchange_node = Arc::new(exchange_node);
+    if config.metrics_listen.is_some() {
+        sample_exchange_paths(Arc::clone(&exchange_node), prober.peers.clone());
+    }
     let hub = config.trainer.as_ref().map(|trainer| {
         Arc::new(TrainerHub::new(
             config.site.clone(),
@@ -339,4 +343,25 @@ pub fn run_blocking(config_path: &Path, log: &str) -> anyhow::Result<()> {
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(run(config_path))
+}
+
+/// How often the exchange pool's path statistics become metrics.
+const PATH_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Samples the exchange pool's QUIC path statistics into per-peer metrics
+/// every [`PATH_SAMPLE_INTERVAL`], for as long as the runtime runs.
+fn sample_exchange_paths(
+    node: Arc<crate::exchange::ExchangeNode>,
+    peers: tokio::sync::watch::Receiver<std::collections::BTreeMap<String, std::net::SocketAddr>>,
+) {
+    tokio::spawn(async move {
+        let mut sampler = crate::exchange::metrics::PathSampler::default();
+        let mut interval = tokio::time::interval(PATH_SAMPLE_INTERVAL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let peers = peers.borrow().clone();
+            sampler.sample(&node.pool_paths(), &peers);
+        }
+    });
 }

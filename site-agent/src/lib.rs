@@ -14,6 +14,7 @@ pub mod exchange;
 pub mod hostlist;
 pub mod inventory;
 pub mod launch;
+pub mod metrics;
 pub mod probe;
 pub mod prober;
 pub mod render;

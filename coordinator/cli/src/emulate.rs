@@ -246,8 +246,19 @@ pub fn emulate(args: &EmulateArgs, out: &mut dyn Write) -> Result<(), Failure> {
                 .with_http_listener(addr)
                 .install()
                 .with_context(|| format!("--metrics-listen: cannot serve metrics on {addr}"))?;
+            emulator::metrics::describe();
         }
         let emulator = Emulator::new(seed, specs).context("cannot start the emulator")?;
+        if args.metrics_listen.is_some() {
+            let emulator = emulator.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(std::time::Duration::from_secs(1));
+                loop {
+                    interval.tick().await;
+                    emulator::metrics::record(&emulator.statuses());
+                }
+            });
+        }
         writeln!(
             out,
             "emulating scenario {:?}: {} links, seed {seed} (from {origin})",

@@ -19,6 +19,7 @@ pub mod rng;
 pub mod scenario;
 pub mod state;
 pub mod sync;
+pub mod telemetry;
 pub mod topology;
 pub mod units;
 

@@ -244,13 +244,20 @@ pub fn spawn(raft: RaftHandle) {
                     sites_as_of: Some(sites_as_of),
                 };
                 match raft.propose(Request::new(command)).await {
-                    Ok(ApplyResponse::Applied { .. }) => {}
+                    Ok(ApplyResponse::Applied { .. }) => {
+                        metrics::counter!("longhaul_replans_total", "outcome" => "applied")
+                            .increment(1);
+                    }
                     // A site changed liveness while this pass placed: that
                     // change's own pass places again from the newer sites.
                     Ok(ApplyResponse::Refused { error }) => {
+                        metrics::counter!("longhaul_replans_total", "outcome" => "refused")
+                            .increment(1);
                         tracing::info!(job = %change.job_id, %error, "re-plan refused");
                     }
                     Err(error) => {
+                        metrics::counter!("longhaul_replans_total", "outcome" => "failed")
+                            .increment(1);
                         tracing::warn!(job = %change.job_id, %error, "re-plan not stored; retrying in a second");
                         retry_at =
                             Some(tokio::time::Instant::now() + std::time::Duration::from_secs(1));

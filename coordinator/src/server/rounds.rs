@@ -22,6 +22,7 @@
 //! command, so an `OpenRound` proposed again by an earlier leader is
 //! refused at apply, never a second round.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use longhaul_core::cost::CostParams;
@@ -214,6 +215,7 @@ fn next_deadline(state: &ClusterState) -> Option<u64> {
 /// Starts the round driver on this replica (see the module docs).
 pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
     let mut events = raft.subscribe();
+    record_site_states(&raft.state().read());
     let mut status = raft.watch_status();
     tokio::spawn(async move {
         let mut retry_at: Option<tokio::time::Instant> = None;
@@ -290,14 +292,11 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
             };
             for command in commands {
                 let name = command.name();
-                let opens = match &command {
-                    Command::OpenRound { job_id, .. } => Some(job_id.clone()),
-                    _ => None,
-                };
+                let opens = matches!(command, Command::OpenRound { .. });
                 match raft.propose(Request::new(command)).await {
                     Ok(ApplyResponse::Applied { .. }) => {
-                        if let Some(job_id) = opens {
-                            record_planned_bytes(&raft.state().read(), &job_id);
+                        if opens {
+                            record_planned_bytes(&raft.state().read());
                         }
                     }
                     // Another change got there first (an exclusion that
@@ -316,17 +315,37 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
     });
 }
 
-/// The WAN bytes the schedule plans for one outer step of `job_id`, over
-/// all links, both directions; set by the leader when it opens a round.
-fn record_planned_bytes(state: &ClusterState, job_id: &str) {
-    let Some(job) = state.job(job_id) else {
-        return;
-    };
-    let Some(sync) = job.placement.plan().and_then(|plan| plan.sync.as_ref()) else {
-        return;
-    };
-    metrics::gauge!("longhaul_sync_planned_bytes_per_outer_step", "job" => job_id.to_string())
-        .set(sync.bytes_per_outer_step);
+/// The WAN bytes the sync schedules of all placed jobs plan for one outer
+/// step, per link (both directions); set by the leader when it opens a
+/// round. Links are labelled `a-b` (sites in name order), a set bounded by
+/// the topology.
+fn record_planned_bytes(state: &ClusterState) {
+    let mut per_link: BTreeMap<String, f64> = BTreeMap::new();
+    for job in state.jobs() {
+        let Some(sync) = job.placement.plan().and_then(|plan| plan.sync.as_ref()) else {
+            continue;
+        };
+        for link in &sync.links {
+            let mut ends = link.between.clone();
+            ends.sort();
+            *per_link.entry(ends.join("-")).or_default() += link.bytes_per_outer_step;
+        }
+    }
+    for (link, bytes) in per_link {
+        metrics::gauge!("longhaul_sync_planned_bytes", "link" => link).set(bytes);
+    }
+}
+
+/// Sites by liveness, as this replica's state has them.
+pub(super) fn record_site_states(state: &ClusterState) {
+    for liveness in [Liveness::Up, Liveness::Down] {
+        let count = state.sites().filter(|s| s.liveness == liveness).count();
+        let label = match liveness {
+            Liveness::Up => crate::metrics::SITE_STATES[0],
+            Liveness::Down => crate::metrics::SITE_STATES[1],
+        };
+        metrics::gauge!("longhaul_sites", "state" => label).set(count as f64);
+    }
 }
 
 /// Each replica counts the round transitions it applies (`state`, at or
@@ -334,6 +353,10 @@ fn record_planned_bytes(state: &ClusterState, job_id: &str) {
 fn record_metrics(event: &Event, state: &ClusterState) {
     let record = match &event.change {
         Change::Round { record } => record,
+        Change::Site { .. } => {
+            record_site_states(state);
+            return;
+        }
         Change::RoundReport { report } => {
             record_report_metrics(report, state);
             return;

@@ -27,6 +27,7 @@ mod clock;
 pub mod control;
 mod ip;
 mod lateness;
+pub mod metrics;
 #[cfg(target_os = "linux")]
 pub mod packet;
 pub mod pipe;

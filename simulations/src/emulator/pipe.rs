@@ -405,7 +405,7 @@ impl Pipe {
         self.lock().kernel_drops += count;
         let link = self.id();
         tracing::debug!(%link, count, "the kernel dropped datagrams at a proxy socket");
-        metrics::counter!("longhaul_emulator_drops_total", "link" => link, "cause" => "kernel")
+        metrics::counter!(super::metrics::DROPS_TOTAL, "link" => link, "cause" => "kernel")
             .increment(count);
     }
 
@@ -657,7 +657,7 @@ impl DropTally {
             ("down", self.down),
         ] {
             if count > 0 {
-                metrics::counter!("longhaul_emulator_drops_total", "link" => link.to_string(), "cause" => cause)
+                metrics::counter!(super::metrics::DROPS_TOTAL, "link" => link.to_string(), "cause" => cause)
                     .increment(count);
             }
         }

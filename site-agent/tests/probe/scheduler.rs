@@ -144,17 +144,17 @@ fn probe_figures_are_exported_for_prometheus() {
         duration_ns: 2_000_000_000,
     };
     ::metrics::with_local_recorder(&recorder, || {
-        metrics::describe();
+        longhaul_site_agent::metrics::describe();
         metrics::record_probe("b", Ok(&result));
         metrics::record_probe("c", Err("timeout"));
     });
     let text = handle.render();
     println!("{text}");
     for line in [
-        "longhaul_agent_probe_rtt_seconds{peer=\"b\",quantile=\"0.5\"} 0.041",
-        "longhaul_agent_probe_rtt_seconds{peer=\"b\",quantile=\"0\"} 0.0401",
+        "longhaul_agent_probe_rtt_seconds{peer=\"b\",stat=\"p50\"} 0.041",
+        "longhaul_agent_probe_rtt_seconds{peer=\"b\",stat=\"min\"} 0.0401",
         "longhaul_agent_probe_loss_ratio{peer=\"b\"} 0.05",
-        "longhaul_agent_probe_throughput_bps{peer=\"b\"} 18500000",
+        "longhaul_agent_probe_throughput_bytes_per_second{peer=\"b\"} 2312500",
         "longhaul_agent_probes_total{peer=\"b\",outcome=\"ok\"} 1",
         "longhaul_agent_probes_total{peer=\"c\",outcome=\"timeout\"} 1",
         "# HELP longhaul_agent_probe_loss_ratio",

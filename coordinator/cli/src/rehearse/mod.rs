@@ -34,7 +34,7 @@ mod report;
 mod timeline;
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -120,6 +120,13 @@ pub struct RehearseArgs {
     /// when omitted.
     #[arg(long)]
     pub keep: Option<PathBuf>,
+    /// Serve every replica's and agent's Prometheus metrics on a loopback
+    /// port (printed as they start), and at the end save a scrape of each,
+    /// and the emulator's, in this directory (created) as NAME.prom:
+    /// `replica-1.prom`, `agent-paris.prom`, `emulator.prom`. Proxy mode
+    /// only (in packet mode the processes listen inside namespaces).
+    #[arg(long, value_name = "DIR")]
+    pub metrics: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Output::Text)]
     pub output: Output,
 }
@@ -313,6 +320,83 @@ pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure>
     Ok(())
 }
 
+/// `--metrics`: the processes' metrics addresses, and the rehearsal's own
+/// exporter for the emulator it runs in-process.
+struct MetricsSaver {
+    dir: PathBuf,
+    targets: processes::MetricsTargets,
+    emulator: metrics_exporter_prometheus::PrometheusHandle,
+}
+
+impl MetricsSaver {
+    fn start(dir: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--metrics: cannot create {}", dir.display()))?;
+        let emulator = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .context("--metrics: cannot install the emulator's metrics recorder")?;
+        emulator::metrics::describe();
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            targets: Vec::new(),
+            emulator,
+        })
+    }
+
+    /// Saves a scrape of every running process (one that does not answer
+    /// is reported and skipped) and the emulator's figures; returns how many
+    /// processes answered.
+    async fn save(&self, emulator: &Emulator) -> usize {
+        let mut saved = 0;
+        for (name, addr) in &self.targets {
+            let path = self.dir.join(format!("{name}.prom"));
+            let result = scrape(*addr)
+                .await
+                .and_then(|text| std::fs::write(&path, text).map_err(anyhow::Error::from));
+            match result {
+                Ok(()) => saved += 1,
+                Err(error) => progress(false, &format!("  {name}: no metrics saved: {error:#}")),
+            }
+        }
+        emulator::metrics::record(&emulator.statuses());
+        let path = self.dir.join("emulator.prom");
+        if let Err(error) = std::fs::write(&path, self.emulator.render()) {
+            progress(
+                false,
+                &format!("  cannot write {}: {error}", path.display()),
+            );
+        }
+        saved
+    }
+}
+
+/// One GET of `http://addr/metrics` (HTTP/1.0: the body ends with the
+/// connection), bounded by 5 s and 64 MiB.
+pub async fn scrape(addr: SocketAddr) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await?;
+        let mut response = Vec::new();
+        stream.take(64 << 20).read_to_end(&mut response).await?;
+        anyhow::Ok(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| anyhow!("{addr}: no answer in 5 s"))??;
+    let text = String::from_utf8(response).map_err(|_| anyhow!("{addr}: not UTF-8"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("{addr}: not an HTTP response"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if !status.contains(" 200") {
+        bail!("{addr}: {status}");
+    }
+    Ok(body.to_string())
+}
+
 fn tempdir() -> anyhow::Result<PathBuf> {
     let base = std::env::temp_dir();
     for attempt in 0..100u32 {
@@ -366,7 +450,23 @@ async fn play(
         proxies: Vec::new(),
     };
 
-    let mut replicas = processes::start_replicas(&mut wan, scenario, lease_ttl, exe, dir).await?;
+    let mut metrics = match &args.metrics {
+        Some(_) if args.mode == Mode::Packet => {
+            bail!(
+                "--metrics: proxy mode only (in packet mode the processes listen inside their namespaces)"
+            )
+        }
+        Some(metrics_dir) => Some(MetricsSaver::start(metrics_dir)?),
+        None => None,
+    };
+    let mut replicas = processes::start_replicas(
+        &mut wan,
+        scenario,
+        lease_ttl,
+        (exe, dir),
+        metrics.as_mut().map(|m| &mut m.targets),
+    )
+    .await?;
     let lease_ttl = replicas.lease_ttl;
     progress(
         quiet,
@@ -433,10 +533,18 @@ async fn play(
         seed,
         &scenario.exchange,
         scenario.training.is_some(),
-        exe,
-        dir,
+        (exe, dir),
+        metrics.as_mut().map(|m| &mut m.targets),
     )
     .await?;
+    if let Some(metrics) = &metrics {
+        for (name, addr) in &metrics.targets {
+            progress(
+                quiet,
+                &format!("  {name}: metrics at http://{addr}/metrics"),
+            );
+        }
+    }
     let expected = topology.sites.len();
     until(Duration::from_secs(90), "every site registered", || async {
         let mut c = network.client(leader).ok()?;
@@ -576,6 +684,16 @@ async fn play(
     );
     let mut records = lock(&shared).records.clone();
     records.sort_by_key(|r| r.t_ms);
+    if let Some(metrics) = &metrics {
+        let saved = metrics.save(&emulator).await;
+        progress(
+            quiet,
+            &format!(
+                "  metrics of {saved} processes and the emulator saved in {}",
+                metrics.dir.display()
+            ),
+        );
+    }
     for agent in agents.values_mut() {
         agent.kill();
     }
@@ -615,7 +733,7 @@ async fn play(
 /// What every agent that answers says it exchanged, by site.
 async fn agent_exchanges(
     network: &Network,
-    status: &std::collections::BTreeMap<String, std::net::SocketAddr>,
+    status: &std::collections::BTreeMap<String, SocketAddr>,
 ) -> std::collections::BTreeMap<String, Vec<pb::FragmentExchange>> {
     let mut out = std::collections::BTreeMap::new();
     for (site, addr) in status {

@@ -145,15 +145,21 @@ pub(super) struct Replicas {
     pub lease_ttl: Duration,
 }
 
+/// Where each process serves its Prometheus metrics (`--metrics`): the
+/// file name its scrape is saved as (`replica-1`, `agent-paris`) and the
+/// address.
+pub(super) type MetricsTargets = Vec<(String, SocketAddr)>;
+
 /// Starts the scenario's replicas (at least one), each reaching the others
 /// through the emulator, with timers for the largest RTT between them.
 pub(super) async fn start_replicas(
     wan: &mut Wan<'_>,
     scenario: &Scenario,
     lease_ttl: Option<Duration>,
-    exe: &Path,
-    dir: &Path,
+    (exe, dir): (&Path, &Path),
+    metrics: Option<&mut MetricsTargets>,
 ) -> anyhow::Result<Replicas> {
+    let mut metrics = metrics;
     let topology = wan.topology;
     // Replicas: where they are and how each reaches the others.
     let count = scenario.coordinator.replicas.max(1) as usize;
@@ -219,7 +225,7 @@ pub(super) async fn start_replicas(
             })?;
             cluster.push(format!("{}=http://{peer}", j + 1));
         }
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "internal".into(),
             "replica".into(),
             "--id".into(),
@@ -237,6 +243,11 @@ pub(super) async fn start_replicas(
             "--log".into(),
             "info".into(),
         ];
+        if let Some(targets) = metrics.as_deref_mut() {
+            let addr = free_port()?;
+            args.extend(["--metrics-listen".into(), addr.to_string()]);
+            targets.push((format!("replica-{id}"), addr));
+        }
         let process = Process::start(
             exe,
             &wan.network,
@@ -267,8 +278,8 @@ pub(super) async fn start_agents(
     seed: u64,
     exchange: &ScenarioExchange,
     training: bool,
-    exe: &Path,
-    dir: &Path,
+    (exe, dir): (&Path, &Path),
+    mut metrics: Option<&mut MetricsTargets>,
 ) -> anyhow::Result<(BTreeMap<String, Process>, BTreeMap<String, SocketAddr>)> {
     let topology = wan.topology;
     let count = replicas.sites.len();
@@ -313,8 +324,17 @@ pub(super) async fn start_agents(
             link_rtt: units::Duration::from_nanos((longest.max(0.001) * 1e9) as u64),
             ..ExchangeConfig::default()
         };
+        let metrics_listen = match metrics.as_deref_mut() {
+            Some(targets) => {
+                let addr = free_port()?;
+                targets.push((format!("agent-{}", site.id), addr));
+                Some(addr)
+            }
+            None => None,
+        };
         let config = AgentConfig {
             plaintext: true,
+            metrics_listen,
             exchange,
             trainer: training.then(|| TrainerConfig::on_socket(trainer_socket(dir, &site.id))),
             state_dir: Some(dir.join(format!("agent-{}", site.id))),
