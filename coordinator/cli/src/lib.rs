@@ -4,6 +4,7 @@
 //! definitions, file loading and the mapping of failures to exit codes
 //! (0: success, 1: the command could not run, 2: the input is invalid).
 
+pub mod certs;
 pub mod emulate;
 pub mod plan;
 pub mod rehearse;
@@ -88,6 +89,11 @@ pub enum Command {
     /// Talk to a running `emulate`: list links, change, cut and heal them.
     #[command(subcommand)]
     Emulator(emulate::EmulatorCommand),
+    /// Make the cluster's certificate authority and the certificates of
+    /// replicas, operators and site agents, named as mTLS authorization
+    /// expects.
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -198,6 +204,7 @@ pub fn run(cli: Cli, out: &mut dyn Write, err: &mut dyn Write) -> u8 {
         Command::Internal(command) => rehearse::internal(command),
         Command::Emulate(args) => emulate::emulate(&args, out),
         Command::Emulator(command) => emulate::emulator(&command, out),
+        Command::Certs(command) => certs::certs(&command, out),
     };
     // A failed write of the report itself (a closed pipe) has nowhere to go.
     match result {

@@ -17,7 +17,12 @@ use longhaul_site_agent::config::{AgentConfig, TlsFiles};
 use longhaul_site_agent::inventory::InventoryConfig;
 use longhaul_testkit::{KillOnDrop, TestCa, eventually, free_addr, replica_configs};
 
-fn agent_config(dir: &Path, site: &str, cert: &str, coordinator: &str) -> std::path::PathBuf {
+pub(crate) fn agent_config(
+    dir: &Path,
+    site: &str,
+    cert: &str,
+    coordinator: &str,
+) -> std::path::PathBuf {
     let topology =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/examples/two-campuses-80km.toml");
     // The TLS files are relative, so the agent finds them beside its config.

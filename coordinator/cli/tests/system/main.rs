@@ -14,6 +14,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 mod agent_tls;
 mod agents;
+mod certs;
 mod metrics;
 mod rehearse;
 mod remote;
