@@ -8,6 +8,8 @@
 //! - `cli`: the `longhaul` binary as a user runs it.
 //! - `wire`: the generated gRPC API and its reflection descriptor.
 //! - `report`: the simulation report rendered by headless Chromium.
+//! - `deploy`: the systemd units, Kubernetes manifests and Dockerfile under
+//!   `deploy/`, checked offline, and the command lines in them.
 
 #![allow(
     clippy::unwrap_used,
@@ -17,6 +19,7 @@
 mod util;
 
 mod cli;
+mod deploy;
 mod examples;
 mod figures;
 mod report;
