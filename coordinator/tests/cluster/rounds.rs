@@ -733,7 +733,7 @@ async fn rounds_commit_through_a_site_loss_its_return_and_a_leader_kill() {
             "longhaul_round_duration_seconds",
         ];
         if i == leading {
-            wanted.push("longhaul_sync_planned_bytes_per_outer_step{job=\"dense-400b\"}");
+            wanted.push("longhaul_sync_planned_bytes{link=");
         }
         metrics_show(*addr, &wanted).await;
     }
