@@ -1,7 +1,7 @@
 //! Every metric a coordinator replica exports ([`TABLE`]): the daemon
 //! describes them to the Prometheus exporter when it installs it
 //! ([`longhaul_core::telemetry::describe`]). A metric recorded anywhere in
-//! this crate has its row here; `tests/metrics.rs` (the test kit) runs
+//! this crate has its row here; `coordinator/cli/tests/system/metrics.rs` runs
 //! `promtool check metrics` on a running replica's `/metrics`, and the
 //! Grafana dashboard under `deploy/grafana/` queries only names from the
 //! tables.
@@ -255,7 +255,7 @@ pub const TABLE: &[Metric] = &[
         "longhaul_sync_planned_bytes",
         Gauge,
         Some(Bytes),
-        "WAN bytes the sync schedules of the placed jobs plan per outer step on a link (both directions), by link (`a-b`, sites in name order); set by the leader when it opens a round.",
+        "WAN bytes the sync schedules of the placed jobs plan per outer step on a link (both directions), by link (`a<->b`, sites in name order; 0 on a link no plan uses); set by the leader when it opens a round (a former leader's figure stays: read the leader's).",
         &[],
     ),
 ];

@@ -90,6 +90,15 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         unmapped = inventory.unmapped.len(),
         "inventory discovered"
     );
+    // The exporter first, so that what start-up records (the plaintext
+    // gauge of `AgentTls::insecure_local`) reaches it.
+    if let Some(addr) = config.metrics_listen {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .with_context(|| format!("metrics_listen: cannot serve metrics on {addr}"))?;
+        crate::metrics::describe();
+    }
     let state_dir = config.state_dir();
     let (store, state) = Store::open(&state_dir, &config.site)?;
     let tls = client_tls(&config)?;
@@ -111,13 +120,6 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         plaintext,
         ..StatusBoard::default()
     }));
-    if let Some(addr) = config.metrics_listen {
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .with_context(|| format!("metrics_listen: cannot serve metrics on {addr}"))?;
-        crate::metrics::describe();
-    }
     let handler = RenderAndSubmit {
         site_id: config.site.clone(),
         dir: state_dir.join("rendered"),

@@ -172,6 +172,15 @@ fn issue(args: &IssueArgs, out: &mut dyn std::io::Write) -> Result<(), Failure> 
     }
     let mut sans = vec![dns(&role_name)?];
     for host in &hosts {
+        // Roles come from certificate names alone: a host must not add one.
+        if identity::Roles::from_dns_names([host.as_str()]) != identity::Roles::default()
+            || host.ends_with(".longhaul")
+        {
+            return Err(invalid(&format!(
+                "--host {}: a name under .longhaul is a role, not a host (the command gives the role)",
+                longhaul_core::limits::quote(host)
+            )));
+        }
         let san = match host.parse::<IpAddr>() {
             Ok(ip) => SanType::IpAddress(ip),
             Err(_) => {
@@ -280,23 +289,29 @@ fn write_pair(dir: &Path, cert: (&Path, &str), key: (&Path, &str)) -> Result<(),
             .create(dir)
             .with_context(|| format!("--dir: cannot create {}", dir.display()))?;
     }
+    // `create_new`: a file that appeared since the check is refused, not
+    // overwritten; a file this call created is removed if anything after
+    // its creation fails, so neither is left alone or half written.
     let write = |path: &Path, text: &str, mode: u32| -> std::io::Result<()> {
         let mut file = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(mode)
             .open(path)?;
-        file.write_all(text.as_bytes())?;
-        file.sync_all()
+        let written = file
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_all());
+        if written.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        written
     };
-    write(key.0, key.1, 0o600)
-        .map_err(|e| invalid(&format!("cannot write {}: {e}", key.0.display())))?;
+    write(key.0, key.1, 0o600).with_context(|| format!("cannot write {}", key.0.display()))?;
     if let Err(error) = write(cert.0, cert.1, 0o644) {
         let _ = std::fs::remove_file(key.0);
-        return Err(invalid(&format!(
-            "cannot write {}: {error}",
-            cert.0.display()
-        )));
+        return Err(anyhow::Error::new(error)
+            .context(format!("cannot write {}", cert.0.display()))
+            .into());
     }
     Ok(())
 }

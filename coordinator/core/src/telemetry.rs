@@ -34,14 +34,11 @@ pub struct Metric {
     pub kind: Kind,
     pub unit: Option<BaseUnit>,
     pub help: &'static str,
-    /// Label sets that exist from the start: `&[]` for an unlabelled metric
-    /// (which is registered at zero), one entry per fixed label set of a
-    /// labelled one (registered at zero too); labels whose values come from
-    /// the deployment (`peer`, `link`, `site`) appear when first recorded.
+    /// Label sets registered at zero from the start: one empty set for an
+    /// unlabelled metric ([`Metric::plain`]), the fixed sets of a labelled
+    /// one; labels whose values come from the deployment (`peer`, `link`,
+    /// `site`) appear when first recorded.
     pub initial: &'static [&'static [(&'static str, &'static str)]],
-    /// Whether the metric carries labels at all (so that it is registered at
-    /// zero only through `initial`).
-    pub labelled: bool,
 }
 
 impl Metric {
@@ -52,14 +49,7 @@ impl Metric {
         unit: Option<BaseUnit>,
         help: &'static str,
     ) -> Self {
-        Self {
-            name,
-            kind,
-            unit,
-            help,
-            initial: &[],
-            labelled: false,
-        }
+        Self::labelled(name, kind, unit, help, &[&[]])
     }
 
     /// A labelled metric, exported from the start with the `initial` label
@@ -77,7 +67,6 @@ impl Metric {
             unit,
             help,
             initial,
-            labelled: true,
         }
     }
 
@@ -167,13 +156,7 @@ pub fn describe(table: &[Metric]) {
             (Kind::Histogram, Some(unit)) => metrics::describe_histogram!(name, unit, help),
             (Kind::Histogram, None) => metrics::describe_histogram!(name, help),
         }
-        let unlabelled: &[&[(&str, &str)]] = &[&[]];
-        let sets = if metric.labelled {
-            metric.initial
-        } else {
-            unlabelled
-        };
-        for labels in sets {
+        for labels in metric.initial {
             let labels: Vec<metrics::Label> = labels
                 .iter()
                 .map(|&(key, value)| metrics::Label::new(key, value))
@@ -195,12 +178,6 @@ pub fn check_table(table: &[Metric]) -> Result<(), String> {
         metric.follows_conventions()?;
         if !seen.insert(metric.name) {
             return Err(format!("{}: described twice", metric.name));
-        }
-        if !metric.labelled && !metric.initial.is_empty() {
-            return Err(format!(
-                "{}: initial label sets on an unlabelled metric",
-                metric.name
-            ));
         }
     }
     Ok(())

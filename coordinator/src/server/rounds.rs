@@ -315,20 +315,28 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
     });
 }
 
-/// The WAN bytes the sync schedules of all placed jobs plan for one outer
-/// step, per link (both directions); set by the leader when it opens a
-/// round. Links are labelled `a-b` (sites in name order), a set bounded by
-/// the topology.
+/// The WAN bytes the sync schedules of the placed jobs plan for one outer
+/// step, per configured link (both directions; 0 on a link no plan uses,
+/// so a link that leaves every plan does not keep its old figure); set by
+/// the leader when it opens a round. Links are labelled `a<->b` (sites in
+/// name order), a set bounded by the topology.
 fn record_planned_bytes(state: &ClusterState) {
-    let mut per_link: BTreeMap<String, f64> = BTreeMap::new();
-    for job in state.jobs() {
-        let Some(sync) = job.placement.plan().and_then(|plan| plan.sync.as_ref()) else {
-            continue;
-        };
+    let label = |ends: &[String; 2]| {
+        let mut ends = ends.clone();
+        ends.sort();
+        ends.join("<->")
+    };
+    let mut per_link: BTreeMap<String, f64> = state
+        .links()
+        .map(|link| (label(&link.configured.between), 0.0))
+        .collect();
+    let plans = state
+        .jobs()
+        .filter(|job| job.state == JobState::Placed)
+        .filter_map(|job| job.placement.plan().and_then(|plan| plan.sync.as_ref()));
+    for sync in plans {
         for link in &sync.links {
-            let mut ends = link.between.clone();
-            ends.sort();
-            *per_link.entry(ends.join("-")).or_default() += link.bytes_per_outer_step;
+            *per_link.entry(label(&link.between)).or_default() += link.bytes_per_outer_step;
         }
     }
     for (link, bytes) in per_link {

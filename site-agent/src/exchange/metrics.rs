@@ -67,9 +67,11 @@ pub(crate) fn record(outcome: &ExchangeOutcome) {
 
 /// Turns samples of the pool's path statistics into the per-peer RTT,
 /// congestion-window and lost-packet metrics. Losses are counted as the
-/// growth of each connection's total since the last sample (a connection
-/// new since then counts from zero); connections to an address that is no
-/// known peer's are left out, so labels stay the topology's sites.
+/// growth of each connection's total since the last sample, by (address,
+/// slot): a new connection in a slot counts from zero when its total is
+/// below the old one's, else from the old one's (an undercount, never a
+/// double count); connections to an address that is no known peer's are
+/// left out of the metrics, so labels stay the topology's sites.
 #[derive(Debug, Default)]
 pub struct PathSampler {
     lost: HashMap<(SocketAddr, u32), u64>,
@@ -90,15 +92,18 @@ impl PathSampler {
         let mut per_peer: BTreeMap<&str, (f64, u64, u64)> = BTreeMap::new();
         let mut lost = HashMap::with_capacity(paths.len());
         for (addr, slot, path) in paths {
-            let Some(&site) = sites.get(addr) else {
-                continue;
-            };
+            // The baseline is kept for every live connection, a peer's or
+            // not, so a site that drops out of `peers` and comes back is
+            // not counted again from zero.
             let before = self.lost.get(&(*addr, *slot)).copied().unwrap_or(0);
             let new_losses = path
                 .lost_packets
                 .checked_sub(before)
                 .unwrap_or(path.lost_packets);
             lost.insert((*addr, *slot), path.lost_packets);
+            let Some(&site) = sites.get(addr) else {
+                continue;
+            };
             let entry = per_peer.entry(site).or_insert((f64::INFINITY, 0, 0));
             entry.0 = entry.0.min(path.rtt.as_secs_f64());
             entry.1 += path.cwnd;

@@ -78,6 +78,33 @@ async fn certificates_made_by_longhaul_certs_authorize_replica_agent_and_operato
             ],
             "--host",
         ),
+        // A host must not smuggle in a role.
+        (
+            vec![
+                "certs",
+                "issue",
+                "site",
+                "south",
+                "--dir",
+                d,
+                "--host",
+                "replica.longhaul",
+            ],
+            "is a role, not a host",
+        ),
+        (
+            vec![
+                "certs",
+                "issue",
+                "site",
+                "south",
+                "--dir",
+                d,
+                "--host",
+                "north.site.longhaul",
+            ],
+            "is a role, not a host",
+        ),
     ] {
         let output = longhaul(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
@@ -85,7 +112,9 @@ async fn certificates_made_by_longhaul_certs_authorize_replica_agent_and_operato
         assert!(stderr.contains(expected), "{args:?}: {stderr}");
     }
     assert_eq!(std::fs::read(certs.join("ca.pem")).unwrap(), ca_before);
-    assert!(!certs.join("North.pem").exists() && !certs.join("r9.key").exists());
+    for file in ["North.pem", "r9.key", "south.key", "south.pem"] {
+        assert!(!certs.join(file).exists(), "{file} was written");
+    }
     let missing = dir.path().join("nowhere");
     let output = longhaul(&[
         "certs",

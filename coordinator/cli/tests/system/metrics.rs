@@ -237,6 +237,12 @@ fn every_process_exports_described_metrics_that_pass_promtool_and_feed_the_dashb
             problems.push(format!("{from} exports no {prefix}"));
         }
     }
+    // Start-up figures reach the exporter: the rehearsal's agents run
+    // without mTLS, and say so.
+    let north = &scrapes.iter().find(|(n, _)| n == "agent-north").unwrap().1;
+    if !north.lines().any(|l| l == "longhaul_agent_tls_insecure 1") {
+        problems.push("agent-north does not report longhaul_agent_tls_insecure 1".into());
+    }
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(repo_file("deploy/grafana/longhaul.json")).unwrap(),
     )
