@@ -154,6 +154,20 @@ fn issue(args: &IssueArgs, out: &mut dyn std::io::Write) -> Result<(), Failure> 
             ca_key_path.display()
         ))
     })?;
+    let ca_not_after = ca_not_after(&ca_pem).map_err(|e| {
+        invalid(&format!(
+            "{}: not a certificate ({e})",
+            ca_cert_path.display()
+        ))
+    })?;
+    let now = time::OffsetDateTime::now_utc();
+    if ca_not_after <= now {
+        return Err(invalid(&format!(
+            "{}: the CA expired on {}; make a new one with `longhaul certs init` (and reissue every certificate)",
+            ca_cert_path.display(),
+            ca_not_after.date()
+        )));
+    }
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_key).map_err(|e| {
         invalid(&format!(
             "{}: not a certificate ({e})",
@@ -220,6 +234,12 @@ fn issue(args: &IssueArgs, out: &mut dyn std::io::Write) -> Result<(), Failure> 
     };
     params.use_authority_key_identifier_extension = true;
     validity(&mut params, args.days)?;
+    // A certificate cannot outlive its signer: a verifier refuses the chain
+    // once the CA has expired, whatever the leaf says.
+    let clamped = params.not_after > ca_not_after;
+    if clamped {
+        params.not_after = ca_not_after;
+    }
     let cert = params
         .signed_by(&key, &issuer)
         .context("cannot sign the certificate")?;
@@ -230,15 +250,23 @@ fn issue(args: &IssueArgs, out: &mut dyn std::io::Write) -> Result<(), Failure> 
     )?;
     let mut names = vec![role_name];
     names.extend(hosts);
+    let valid = if clamped {
+        format!(
+            "valid until {} (the CA's expiry, shorter than the {} days asked for)",
+            ca_not_after.date(),
+            args.days
+        )
+    } else {
+        format!("valid {} days", args.days)
+    };
     writeln!(
         out,
-        "{} certificate for {}: {} and {} (0600), names {}, valid {} days",
+        "{} certificate for {}: {} and {} (0600), names {}, {valid}",
         format!("{:?}", args.role).to_lowercase(),
         args.name,
         cert_path.display(),
         key_path.display(),
         names.join(", "),
-        args.days
     )?;
     Ok(())
 }
@@ -257,6 +285,13 @@ fn dns(name: &str) -> Result<SanType, Failure> {
     Ok(SanType::DnsName(name.to_string().try_into().map_err(
         |_| invalid(&format!("{name}: not a DNS name")),
     )?))
+}
+
+/// When the CA certificate in `pem` expires.
+fn ca_not_after(pem: &str) -> Result<time::OffsetDateTime, String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).map_err(|e| e.to_string())?;
+    let cert = pem.parse_x509().map_err(|e| e.to_string())?;
+    Ok(cert.validity().not_after.to_datetime())
 }
 
 /// Valid from an hour ago (clocks differ) for `days`.

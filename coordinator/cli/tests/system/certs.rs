@@ -220,3 +220,59 @@ async fn certificates_made_by_longhaul_certs_authorize_replica_agent_and_operato
     drop(agent);
     replica.stop().await;
 }
+
+fn not_after(pem_path: &Path) -> time::OffsetDateTime {
+    let text = std::fs::read(pem_path).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&text).unwrap();
+    pem.parse_x509().unwrap().validity().not_after.to_datetime()
+}
+
+/// A certificate never outlives the CA that signs it (a verifier would
+/// refuse the chain from the CA's expiry on), and an expired CA signs
+/// nothing.
+#[test]
+fn issued_certificates_end_no_later_than_their_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let d = certs.to_str().unwrap();
+    let output = longhaul(&["certs", "init", "--dir", d, "--days", "2"]);
+    assert!(output.status.success(), "{output:?}");
+    let output = longhaul(&["certs", "issue", "site", "north", "--dir", d]);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("the CA's expiry"), "{stdout}");
+    let ca_end = not_after(&certs.join("ca.pem"));
+    assert_eq!(not_after(&certs.join("north.pem")), ca_end);
+    // Shorter than the CA: as asked.
+    let output = longhaul(&[
+        "certs", "issue", "operator", "admin", "--dir", d, "--days", "1",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("valid 1 days"));
+    assert!(not_after(&certs.join("admin.pem")) < ca_end);
+
+    // An expired CA (made here: the command only makes current ones).
+    let expired = dir.path().join("expired");
+    std::fs::create_dir(&expired).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(10);
+    params.not_after = now - time::Duration::days(1);
+    let ca = params.self_signed(&key).unwrap();
+    std::fs::write(expired.join("ca.pem"), ca.pem()).unwrap();
+    std::fs::write(expired.join("ca.key"), key.serialize_pem()).unwrap();
+    let output = longhaul(&[
+        "certs",
+        "issue",
+        "site",
+        "north",
+        "--dir",
+        expired.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("the CA expired"));
+    assert!(!expired.join("north.pem").exists());
+    assert!(!expired.join("north.key").exists());
+}
