@@ -75,6 +75,11 @@ pub struct Args {
     /// follower behind the compacted log needs one). [default: 10000]
     #[arg(long)]
     snapshot_interval_entries: Option<u64>,
+    /// Applied entries kept when the log is compacted, so that a follower
+    /// only this far behind catches up from the log rather than by a
+    /// snapshot (etcd's `--snapshot-catchup-entries`). [default: 5000]
+    #[arg(long)]
+    snapshot_catchup_entries: Option<u64>,
     /// Mutual TLS: the CA certificate (PEM) that signs every replica and
     /// client. With --tls-cert and --tls-key; peer URLs are then https://.
     /// Without them the replica serves plaintext and says so in its log.
@@ -125,6 +130,7 @@ struct FileConfig {
     heartbeat_ticks: Option<usize>,
     election_ticks: Option<usize>,
     snapshot_interval_entries: Option<u64>,
+    snapshot_catchup_entries: Option<u64>,
     lease_ttl: Option<longhaul_core::units::Duration>,
     round_deadline: Option<longhaul_core::units::Duration>,
 }
@@ -224,6 +230,12 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
         .or(file.snapshot_interval_entries)
     {
         node.snapshot_interval_entries = entries;
+    }
+    if let Some(entries) = args
+        .snapshot_catchup_entries
+        .or(file.snapshot_catchup_entries)
+    {
+        node.compaction_retained_entries = entries;
     }
     let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
         (Some(ca), Some(cert), Some(key)) => Some(TlsMaterial::from_files(ca, cert, key)?),

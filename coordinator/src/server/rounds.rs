@@ -226,6 +226,9 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
         // The status changes with every applied entry; only a change of
         // leadership is a reason for a pass.
         let mut leading = (Role::Follower, false);
+        // A snapshot installed from the leader replaces the state without
+        // events: the gauges read from the state are taken again.
+        let mut installed = raft.status().snapshots_installed;
         loop {
             let wake_at = {
                 let current = raft.status();
@@ -262,17 +265,24 @@ pub fn spawn(raft: RaftHandle, timing: RoundTiming) {
                             continue;
                         }
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    // Missed events: what they changed is read from the state.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        record_site_states(&raft.state().read());
+                    }
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 },
                 changed = status.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    let now = {
+                    let (now, installs) = {
                         let current = status.borrow_and_update();
-                        (current.role, current.leader_ready)
+                        ((current.role, current.leader_ready), current.snapshots_installed)
                     };
+                    if installs != installed {
+                        installed = installs;
+                        record_site_states(&raft.state().read());
+                    }
                     if now == leading {
                         continue;
                     }
