@@ -16,10 +16,17 @@ last, H) and its average applied ``overlap_steps`` (τ) later, or at the
 outer step's end, whichever comes first; the local progress made in
 between is kept on top of the new anchor, so every inner step counts in
 exactly one pseudo-gradient. With τ = 0 (or one fragment synced at the
-end) every site holds the same parameters after each outer step. A round
-this site was excluded from (a missed deadline, the site marked down)
-keeps the local parameters as the next anchor: the site trains on and
-takes part in the next round (it does not fetch the others' parameters).
+end) every site holds the same parameters after each outer step.
+
+A round whose average this site did not apply (aborted, this site
+excluded from it, or never opened) leaves the anchor and the outer
+optimizer where the last applied round put them, and the parameters keep
+their local progress: the next pseudo-gradient carries it, over more
+inner steps. So the sites of an aborted round, which all keep their
+anchor, still share it and end the next committed round with the same
+parameters again. A site excluded from a round the others committed
+keeps an anchor one round behind theirs (it does not fetch the others'
+parameters).
 """
 
 from __future__ import annotations
@@ -105,9 +112,8 @@ class DiLoCo:
         self.round = 0
         self._last_round = 0
         self.history: List[RoundRecord] = []
-        # Fragment -> its parameters when submitted (or skipped).
+        # Fragment -> its parameters when submitted.
         self._submitted: Dict[int, np.ndarray] = {}
-        self._skipped: Dict[int, np.ndarray] = {}
         self._record: Optional[RoundRecord] = None
         self._exchange_started = 0.0
         self._outer_started = time.monotonic()
@@ -162,10 +168,8 @@ class DiLoCo:
             if error.code != "DEADLINE_EXCEEDED":
                 raise
             # No round opened (the coordinator unreachable): train on.
-            self._skipped[fragment.index] = snapshot
             return
         if not self._hand_over(round_id, fragment.index, pseudo):
-            self._skipped[fragment.index] = snapshot
             return
         if not self._submitted:
             self._exchange_started = time.monotonic()
@@ -175,7 +179,6 @@ class DiLoCo:
         where = slice(fragment.first, fragment.first + fragment.size)
         snapshot = self._submitted.pop(fragment.index, None)
         if snapshot is None:
-            snapshot = self._skipped.pop(fragment.index, self.params[where].copy())
             outcome = Collected(False, True, "", [], "not submitted: this site was left out of the round")
         else:
             try:
@@ -195,8 +198,9 @@ class DiLoCo:
             drift = self.params[where] - snapshot
             self.params[where] = self.anchor[where] + drift
         else:
+            # The anchor stays; the local progress stays in the parameters
+            # for the next pseudo-gradient (see the module docs).
             record.excluded = record.excluded or outcome.excluded
-            self.anchor[where] = snapshot
 
     def due(self) -> List[Fragment]:
         """The fragments the next :meth:`step` submits or applies: the only

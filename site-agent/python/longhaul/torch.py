@@ -15,8 +15,8 @@ The outer loop is :class:`longhaul.diloco.DiLoCo`'s, on a float32 copy of
 the model's trainable parameters (in ``model.parameters()`` order, each
 flattened): the outer optimizer (Nesterov SGD, lr 0.7 and momentum 0.9 by
 default), the anchor, the planner's fragments and their overlap, and the
-rounds this site was excluded from (it keeps its local parameters and
-takes part in the next round) are all kept there. Only the fragments due
+rounds this site did not apply (it keeps its anchor and its local
+progress, which the next pseudo-gradient carries) are all kept there. Only the fragments due
 at a step are copied between the model and that vector, on the steps they
 are submitted or applied, so the model may live on any device and in any
 floating dtype (a bf16 model is trained in bf16 and averaged in float32).

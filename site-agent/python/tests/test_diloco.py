@@ -17,9 +17,11 @@ from longhaul.diloco import DiLoCo, NesterovSGD
 class Hub:
     """Averages what the stand-in sessions submit, round by round."""
 
-    def __init__(self, sites: List[str], excluded: Dict[int, str] = None):
+    def __init__(self, sites: List[str], excluded: Dict[int, str] = None, aborted=()):
         self.sites = sites
         self.excluded = excluded or {}
+        # Rounds that end without an average at any site.
+        self.aborted = set(aborted)
         self.submitted: Dict[Tuple[int, int], Dict[str, np.ndarray]] = {}
         self.changed = threading.Condition()
 
@@ -53,6 +55,8 @@ class FakeSession:
     def collect(self, round, fragment, out=None, timeout=600.0):
         """The average once every site not excluded from the round sent."""
         live = sorted(s for s in self.hub.sites if self.hub.excluded.get(round) != s)
+        if round in self.hub.aborted:
+            return Collected(False, False, "", [], f"round {round} was aborted")
         with self.hub.changed:
             ok = self.hub.changed.wait_for(lambda: len(self.hub.submitted.get((round, fragment), {})) == len(live), 5.0)
             assert ok, f"round {round} fragment {fragment}: the other sites never submitted"
@@ -104,8 +108,8 @@ class NesterovTest(unittest.TestCase):
 
 
 class OuterLoopTest(unittest.TestCase):
-    def run_sites(self, excluded=None, steps=12, h=4, fragments=2, tau=0):
-        hub = Hub(["a", "b"], excluded)
+    def run_sites(self, excluded=None, steps=12, h=4, fragments=2, tau=0, aborted=()):
+        hub = Hub(["a", "b"], excluded, aborted)
         sched = schedule(8, fragments, h, tau)
         loops = {}
         for i, site in enumerate(["a", "b"]):
@@ -169,16 +173,43 @@ class OuterLoopTest(unittest.TestCase):
         np.testing.assert_allclose(params, -1.0)
         np.testing.assert_allclose(loop.anchor, -1.0)
 
-    def test_an_excluded_site_keeps_its_local_parameters_and_goes_on(self):
+    def test_an_excluded_site_keeps_its_anchor_and_local_progress_and_goes_on(self):
         loops = self.run_sites(excluded={2: "b"}, steps=8, fragments=1)
         (pa, la), (pb, lb) = loops["a"], loops["b"]
         self.assertFalse(any(lb.history[1].applied))
         self.assertTrue(lb.history[1].excluded)
         self.assertTrue(all(la.history[1].applied))
         self.assertEqual(la.history[1].live_sites, ["a"])
-        # b's anchor is its own parameters; a's moved without b.
-        np.testing.assert_array_equal(lb.anchor, pb)
+        # b's anchor is still round 1's, its parameters four local steps
+        # past it; a's moved on without b.
+        rng = np.random.default_rng(ord("b"))
+        steps = [rng.normal(0, 0.1, 8).astype(np.float32) for _ in range(8)]
+        expected = lb.anchor.copy()
+        for step in steps[4:]:
+            expected -= step
+        np.testing.assert_allclose(pb, expected, rtol=0, atol=1e-6)
         self.assertFalse(np.array_equal(pa, pb))
+        self.assertFalse(np.array_equal(la.anchor, lb.anchor))
+
+    def test_after_an_aborted_round_the_sites_share_one_anchor_again(self):
+        # Round 2 ends without an average anywhere; round 3 averages the
+        # eight steps since round 1 at both sites.
+        loops = self.run_sites(steps=12, fragments=1, aborted={2})
+        (pa, la), (pb, lb) = loops["a"], loops["b"]
+        self.assertEqual([r.applied for r in la.history], [[True], [False], [True]])
+        self.assertFalse(la.history[1].excluded)
+        np.testing.assert_array_equal(la.anchor, lb.anchor)
+        np.testing.assert_array_equal(pa, pb)
+        # The average of round 3 held eight inner steps of each site.
+        both = [np.random.default_rng(ord(s)) for s in "ab"]
+        steps = [[r.normal(0, 0.1, 8).astype(np.float32) for _ in range(12)] for r in both]
+        self.assertEqual(len(la.session.hub.submitted[(3, 0)]), 2)
+        for site, site_steps in zip("ab", steps):
+            np.testing.assert_allclose(
+                la.session.hub.submitted[(3, 0)][site],
+                sum(site_steps[4:12]),
+                rtol=0, atol=1e-5,
+            )
 
     def test_the_wrong_parameter_count_is_refused(self):
         with self.assertRaises(ValueError):
