@@ -689,20 +689,9 @@ impl TrainerHub {
                 None => Vec::new(),
             }
         };
-        // The copy out of shared memory runs without the lock.
-        let read = self
-            .shm
-            .read_into(&tensor, "tensor", buffer, caller)
-            .and_then(|values| match values.iter().position(|v| !v.is_finite()) {
-                Some(at) => Err(TrainerError::Invalid {
-                    field: "tensor",
-                    message: format!(
-                        "value {at} is {}: a pseudo-gradient must be finite",
-                        values[at]
-                    ),
-                }),
-                None => Ok(values),
-            });
+        // The copy out of shared memory (which refuses a value that is not
+        // finite) runs without the lock.
+        let read = self.shm.read_into(&tensor, "tensor", buffer, caller);
         let mut state = lock(&self.state);
         state.reading.remove(&key);
         let values = read?;
