@@ -10,7 +10,11 @@ held-out part.
 The job's sync schedule decides the mode: with H = 1 every step's gradient
 is averaged over the sites (synchronous data parallelism, the baseline);
 with H > 1 the replicas train locally and DiLoCo's outer step averages
-their pseudo-gradients every H steps.
+their pseudo-gradients every H steps. The job ends at a round, as a
+DiLoCo job does: the outer step that ends in round ``steps / H`` is the
+last one, so a site that lost inner steps to an outage (its later outer
+steps go into later rounds) ends in the same round as the others, with
+the same parameters, after fewer inner steps of its own.
 
     python -m longhaul.examples.chars --job chars-diloco --steps 2000 --output out.json
 
@@ -166,6 +170,7 @@ def _train_numpy(args, session, source, held, started):
     sync_dp = session.schedule.inner_steps == 1
     curve: List[dict] = []
     step_time = 0.0
+    last_round = _last_round(args, session)
     for step in range(1, args.steps + 1):
         x, y = next(source)
         t0 = time.perf_counter()
@@ -176,11 +181,22 @@ def _train_numpy(args, session, source, held, started):
         else:
             inner.step(params, grad)
         step_time += time.perf_counter() - t0
-        if not sync_dp:
-            loop.step()
-        if step % args.eval_every == 0 or step == args.steps:
+        ended = not sync_dp and _ends_training(loop.step(), last_round)
+        if step % args.eval_every == 0 or step == args.steps or ended:
             _log(session, step, loss, model.loss_and_grad(*held), started, curve)
-    return curve, loop.history, params.tobytes(), step_time
+        if ended:
+            break
+    return curve, loop.history, params.tobytes(), step_time, step
+
+
+def _last_round(args, session) -> int:
+    """The job's last round: the outer step of ``steps`` inner steps."""
+    return max(1, args.steps // max(1, session.schedule.inner_steps))
+
+
+def _ends_training(record, last_round: int) -> bool:
+    """Whether the outer step that just ended (``record``) was the job's last."""
+    return record is not None and record.round >= last_round
 
 
 def _train_torch(args, session, source, held, started):
@@ -212,6 +228,7 @@ def _train_torch(args, session, source, held, started):
     test_x, test_y = (torch.from_numpy(a) for a in held)
     curve: List[dict] = []
     step_time = 0.0
+    last_round = _last_round(args, session)
     for step in range(1, args.steps + 1):
         x, y = (torch.from_numpy(a) for a in next(source))
         t0 = time.perf_counter()
@@ -222,14 +239,15 @@ def _train_torch(args, session, source, held, started):
             optimizer.allreduce_gradients()
             optimizer.sync_step()
         step_time += time.perf_counter() - t0
-        if not sync_dp:
-            optimizer.step()
-        if step % args.eval_every == 0 or step == args.steps:
+        ended = not sync_dp and _ends_training(optimizer.step(), last_round)
+        if step % args.eval_every == 0 or step == args.steps or ended:
             with torch.no_grad():
                 held_out = float(loss_fn(model(test_x), test_y))
             _log(session, step, float(loss), held_out, started, curve)
+        if ended:
+            break
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return curve, optimizer.history, flat.numpy().tobytes(), step_time
+    return curve, optimizer.history, flat.numpy().tobytes(), step_time, step
 
 
 def main(argv: List[str] = None) -> int:
@@ -238,7 +256,7 @@ def main(argv: List[str] = None) -> int:
     parser.add_argument("--shm-dir", default="/dev/shm", help="the agent's [trainer] shm_dir")
     parser.add_argument("--job", default=os.environ.get("LONGHAUL_JOB"), help="the job id (default: $LONGHAUL_JOB)")
     parser.add_argument("--rank", type=int, default=None, help="the rank to join as (default: the site's first)")
-    parser.add_argument("--steps", type=int, default=2000, help="inner steps in all (the token budget)")
+    parser.add_argument("--steps", type=int, default=2000, help="inner steps in all (the token budget); with DiLoCo the outer step that ends in round steps/H is the last")
     parser.add_argument("--batch", type=int, default=32, help="sequences per inner step at this site")
     parser.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate (inner optimizer)")
     parser.add_argument(
@@ -287,7 +305,7 @@ def main(argv: List[str] = None) -> int:
     held = next(batches(test, 2048, eval_rng))
     run = _train_torch if args.framework == "torch" else _train_numpy
     started = time.monotonic()
-    curve, history, params_bytes, step_time = run(args, session, source, held, started)
+    curve, history, params_bytes, step_time, steps = run(args, session, source, held, started)
     result = {
         "site": session.site,
         "job": args.job,
@@ -296,7 +314,8 @@ def main(argv: List[str] = None) -> int:
         "fragments": len(schedule.fragments),
         "codec_bits": schedule.codec_bits,
         "parameters": parameter_count(),
-        "steps": args.steps,
+        "steps": steps,
+        "step_budget": args.steps,
         "batch": args.batch,
         "seed": args.seed,
         "outer_lr": args.outer_lr,
