@@ -62,6 +62,20 @@ pub(crate) fn python_unavailable() -> Option<String> {
 /// `bits`, and a scenario training it for [`STEPS`] steps in `framework`
 /// (`numpy` or `torch`); the scenario.
 fn write_scenario(dir: &Path, name: &str, h: u32, bits: u32, framework: &str) -> PathBuf {
+    write_scenario_with(dir, name, h, bits, framework, STEPS, "")
+}
+
+/// [`write_scenario`] with `steps` and `extra` appended to the scenario
+/// (a timeline).
+fn write_scenario_with(
+    dir: &Path,
+    name: &str,
+    h: u32,
+    bits: u32,
+    framework: &str,
+    steps: u32,
+    extra: &str,
+) -> PathBuf {
     let job =
         std::fs::read_to_string(Path::new(ROOT).join("deploy/examples/chars-diloco.job.toml"))
             .unwrap()
@@ -83,8 +97,8 @@ replicas = 1
 sites = ["north"]
 
 [training]
-command = ["{python}", "-m", "longhaul.examples.chars", "--steps", "{STEPS}", "--eval-every", "50", "--framework", "{framework}"]
-"#,
+command = ["{python}", "-m", "longhaul.examples.chars", "--steps", "{steps}", "--eval-every", "50", "--framework", "{framework}"]
+{extra}"#,
         root = ROOT,
         python = python(),
         job = job_path.display(),
@@ -210,4 +224,69 @@ fn the_pytorch_adapter_trains_the_same_model_with_diloco_through_the_agents() {
         );
     }
     eprintln!("PyTorch DiLoCo: held-out loss {loss:.4}, {bytes} bytes exchanged");
+}
+
+/// The south campus's agent killed in the middle of DiLoCo training and
+/// started again (as `deploy/scenarios/train-chars-site-loss.toml`): the
+/// open round is aborted, both trainers train on locally and rejoin, and
+/// the job ends in one round with the same parameters at both sites, each
+/// having kept the anchor of the last round it applied.
+#[test]
+fn a_site_killed_mid_training_rejoins_and_every_site_ends_with_the_same_parameters() {
+    if let Some(missing) = python_unavailable() {
+        eprintln!("skipped: {missing}");
+        return;
+    }
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    // 30 rounds of H = 20: long enough that the kill 6 s after placement
+    // lands inside training even on a loaded machine.
+    let steps = 600;
+    let timeline = r#"
+[[timeline]]
+at = "6 s"
+action = "kill-agent"
+site = "south"
+
+[[timeline]]
+at = "12 s"
+action = "restart-agent"
+site = "south"
+"#;
+    let report = rehearse(&write_scenario_with(
+        dir.path(),
+        "train-site-loss",
+        20,
+        4,
+        "numpy",
+        steps,
+        timeline,
+    ));
+    let rounds = &report["rounds"];
+    assert!(
+        rounds["aborted"].as_u64().unwrap() >= 1,
+        "the kill did not land inside training: {rounds:#}"
+    );
+    let training = &report["training"];
+    let sites = training["sites"].as_array().unwrap();
+    assert_eq!(sites.len(), 2, "{training:#}");
+    let mut last_rounds = Vec::new();
+    for site in sites {
+        assert!(
+            site["exit"]
+                .as_str()
+                .is_some_and(|e| e.ends_with("exit status: 0")),
+            "{site:#}"
+        );
+        let run = &site["run"];
+        let history = run["rounds"].as_array().unwrap();
+        last_rounds.push(history.last().unwrap()["round"].clone());
+        // The last outer step was averaged at this site.
+        assert_eq!(history.last().unwrap()["applied"], true, "{run:#}");
+        let loss = run["final_held_out_loss"].as_f64().unwrap();
+        assert!(loss < 3.3, "{}: held-out loss {loss}", site["site"]);
+    }
+    assert_eq!(last_rounds[0], (steps / 20) as u64, "{training:#}");
+    assert_eq!(last_rounds[0], last_rounds[1], "{training:#}");
+    assert_eq!(training["same_parameters"], true, "{training:#}");
 }
