@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod assignment;
 mod atomic;
+pub mod catchup;
 pub mod config;
 pub mod congestion;
 pub mod coordinator;

@@ -14,12 +14,16 @@
 //!   result, whose [`longhaul_codec::fragment_hash`] it reports).
 //! - [`wire`] — the messages (hello, welcome, data, ack, refused): layout,
 //!   bounds, [`wire::decode`] refusing by field.
+//! - [`catchup`] — the catch-up transfer's request and response: a site
+//!   that missed committed rounds fetches the trainers' state after the
+//!   last of them from a site that applied it, size fixed by the request.
 //! - [`ranges`] — [`RangeSet`] and the receiver's [`AckLedger`]: what it
 //!   holds, acknowledged again on a duplicate, replayed on a reconnect.
 //! - [`outbox`] — [`Outbox`]: a sender's chunks to one peer, handed to
 //!   the pool's connections, settled by acks, uncertain while a lost
 //!   connection's acks may be missing, never sent again once acknowledged.
 
+pub mod catchup;
 pub mod collective;
 pub mod outbox;
 pub mod plan;

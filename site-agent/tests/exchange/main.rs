@@ -16,10 +16,14 @@
 //!   receiver held is sent to it again; the dedicated-link controller
 //!   carries a fragment through 2 % random loss.
 //!
+//! - `catchup`: the catch-up transfer over mTLS: only the certificate of
+//!   the site a request names fetches the state.
+//!
 //! No timing assertions: every await is bounded, and seeds are printed.
 
 #![allow(clippy::unwrap_used, reason = "tests fail by panicking")]
 
+mod catchup;
 mod collective;
 mod emulated;
 mod faults;

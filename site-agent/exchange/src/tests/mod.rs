@@ -5,6 +5,7 @@
 //! the sender's outbox against models. Helpers more than one file
 //! uses are here.
 
+mod catchup;
 mod collective;
 mod outbox;
 mod plan;
