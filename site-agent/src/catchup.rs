@@ -138,6 +138,15 @@ impl StateStore {
         let Some(entry) = jobs.get(job) else {
             return Err(format!("job {job:?} has no state published here"));
         };
+        // A newer round's state replaced the one asked for: say so, since
+        // waiting cannot help.
+        if let Some((r, _)) = &entry.state
+            && *r > round
+        {
+            return Err(format!(
+                "the state published here is after round {r} of job {job:?}, which replaced round {round}'s"
+            ));
+        }
         if !entry.allowed.contains(&(round, site.to_string())) {
             return Err(format!(
                 "no round names site {site:?} as catching up from this site after round {round} of job {job:?}"
@@ -252,23 +261,16 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// Streams of one connection served at once; more wait.
 pub const MAX_STREAMS_PER_CONNECTION: usize = 4;
 
-async fn accept_loop(served: Arc<Served>, mut source: Source) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            incoming = source.next() => match incoming {
-                Some(incoming) if connections.len() < MAX_CONNECTIONS => {
-                    connections.spawn(serve_connection(Arc::clone(&served), incoming));
-                }
-                Some(incoming) => {
-                    tracing::warn!(remote = %incoming.remote_address(), limit = MAX_CONNECTIONS, "catch-up connection refused: too many at once");
-                    incoming.refuse();
-                }
-                None => break,
+async fn accept_loop(served: Arc<Served>, source: Source) {
+    source
+        .serve_each(
+            MAX_CONNECTIONS,
+            |incoming| serve_connection(Arc::clone(&served), incoming),
+            |incoming| {
+                tracing::warn!(remote = %incoming.remote_address(), limit = MAX_CONNECTIONS, "catch-up connection refused: too many at once");
             },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
+        )
+        .await;
 }
 
 async fn serve_connection(served: Arc<Served>, incoming: Pending) {
@@ -480,6 +482,31 @@ mod tests {
         }
     }
 
+    /// The reason the server at `addr` refused south's request, or a
+    /// panic if it did not refuse it.
+    async fn refused(
+        client: &quinn::Endpoint,
+        addr: SocketAddr,
+        round: u64,
+        elements: u64,
+    ) -> String {
+        let south = AgentTls::insecure_local("south").unwrap();
+        let request = request("south", round, elements);
+        match fetch(
+            client,
+            &south,
+            "north",
+            addr,
+            &request,
+            Duration::from_secs(20),
+        )
+        .await
+        {
+            Err(CatchUpError::Refused(reason)) => reason,
+            other => panic!("round {round}, {elements} values: not refused: {other:?}"),
+        }
+    }
+
     #[tokio::test]
     async fn a_site_named_by_a_round_fetches_the_state_and_nothing_else_is_served() {
         let north = AgentTls::insecure_local("north").unwrap();
@@ -498,38 +525,12 @@ mod tests {
         let n = state.len() as u64;
 
         // Nothing published: refused, saying so, after the wait.
-        let error = fetch(
-            &client,
-            &south,
-            "north",
-            addr,
-            &request("south", 3, n),
-            deadline,
-        )
-        .await
-        .unwrap_err();
-        assert!(
-            matches!(error, CatchUpError::Refused(ref r) if r.contains("no state published")),
-            "{error}"
-        );
-
+        let reason = refused(&client, addr, 3, n).await;
+        assert!(reason.contains("no state published"), "{reason}");
         // Published but no round names south: refused.
         store.publish("chars", 3, state.clone());
-        let error = fetch(
-            &client,
-            &south,
-            "north",
-            addr,
-            &request("south", 3, n),
-            deadline,
-        )
-        .await
-        .unwrap_err();
-        assert!(
-            matches!(error, CatchUpError::Refused(ref r) if r.contains("no round names site \"south\"")),
-            "{error}"
-        );
-
+        let reason = refused(&client, addr, 3, n).await;
+        assert!(reason.contains("no round names site \"south\""), "{reason}");
         // Allowed: the whole state, bit for bit.
         store.allow("chars", 3, "south");
         let fetched = fetch(
@@ -543,37 +544,12 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(fetched, state);
-
         // Another size or round than the state's: refused by field.
-        let error = fetch(
-            &client,
-            &south,
-            "north",
-            addr,
-            &request("south", 3, n - 1),
-            deadline,
-        )
-        .await
-        .unwrap_err();
-        assert!(
-            matches!(error, CatchUpError::Refused(ref r) if r.starts_with("elements:")),
-            "{error}"
-        );
+        let reason = refused(&client, addr, 3, n - 1).await;
+        assert!(reason.starts_with("elements:"), "{reason}");
         store.allow("chars", 2, "south");
-        let error = fetch(
-            &client,
-            &south,
-            "north",
-            addr,
-            &request("south", 2, n),
-            deadline,
-        )
-        .await
-        .unwrap_err();
-        assert!(
-            matches!(error, CatchUpError::Refused(ref r) if r.contains("after round 3")),
-            "{error}"
-        );
+        let reason = refused(&client, addr, 2, n).await;
+        assert!(reason.contains("after round 3"), "{reason}");
 
         // A request that comes first is served once the state is published.
         let waiting = {
@@ -588,17 +564,8 @@ mod tests {
         store.publish("chars", 4, vec![1.5; 10]);
         assert_eq!(waiting.await.unwrap().unwrap(), vec![1.5; 10]);
         // The newer state replaced the older one.
-        let error = fetch(
-            &client,
-            &south,
-            "north",
-            addr,
-            &request("south", 3, n),
-            deadline,
-        )
-        .await
-        .unwrap_err();
-        assert!(matches!(error, CatchUpError::Refused(_)), "{error}");
+        let reason = refused(&client, addr, 3, n).await;
+        assert!(reason.contains("after round 4"), "{reason}");
     }
 
     #[tokio::test]

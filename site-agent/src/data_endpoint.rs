@@ -79,6 +79,40 @@ pub(crate) enum Source {
 }
 
 impl Source {
+    /// Serves each connection attempt with `serve`, on a task of its own,
+    /// at most `limit` at once: an attempt beyond that is shown to
+    /// `refused` (to log or count it) and turned away. Returns when the
+    /// source ends; dropping the future (aborting its task) aborts every
+    /// task it started. The accept loop of the probe server, the exchange
+    /// node and the catch-up server.
+    pub(crate) async fn serve_each<S, Fut>(
+        mut self,
+        limit: usize,
+        serve: S,
+        refused: impl Fn(&Pending),
+    ) where
+        S: Fn(Pending) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let mut tasks = JoinSet::new();
+        loop {
+            tokio::select! {
+                incoming = self.next() => {
+                    let Some(incoming) = incoming else { break };
+                    // Finished tasks no longer count against the limit.
+                    while tasks.try_join_next().is_some() {}
+                    if tasks.len() < limit {
+                        tasks.spawn(serve(incoming));
+                    } else {
+                        refused(&incoming);
+                        incoming.refuse();
+                    }
+                }
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+    }
+
     /// The next attempt; `None` once the endpoint or the router is gone.
     pub async fn next(&mut self) -> Option<Pending> {
         match self {

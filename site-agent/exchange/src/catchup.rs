@@ -42,6 +42,8 @@
 
 use thiserror::Error;
 
+use crate::wire::{long, word};
+
 /// The ALPN protocol of catch-up connections.
 pub const ALPN: &[u8] = b"longhaul-catchup/1";
 pub const REQUEST_MAGIC: [u8; 4] = *b"LHCQ";
@@ -155,14 +157,31 @@ fn field(field: &'static str, reason: impl Into<String>) -> CatchUpWireError {
     }
 }
 
-fn long(bytes: &[u8], at: usize) -> u64 {
-    let mut out = [0; 8];
-    out.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(out)
-}
-
-fn word(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
+/// The first `len` bytes of a message (`message`) once they are there
+/// with `magic` (`magic_name`) and [`VERSION`].
+fn preamble<'a>(
+    bytes: &'a [u8],
+    len: usize,
+    message: &'static str,
+    magic: [u8; 4],
+    magic_name: &'static str,
+) -> Result<&'a [u8], CatchUpWireError> {
+    let head = bytes.get(..len).ok_or(CatchUpWireError::Truncated {
+        message,
+        needed: len,
+        found: bytes.len(),
+    })?;
+    let found = [head[0], head[1], head[2], head[3]];
+    if found != magic {
+        return Err(CatchUpWireError::Magic {
+            expected: magic_name,
+            found,
+        });
+    }
+    if head[4] != VERSION {
+        return Err(CatchUpWireError::Version { found: head[4] });
+    }
+    Ok(head)
 }
 
 fn check_job(job: &str) -> Result<(), CatchUpWireError> {
@@ -216,23 +235,7 @@ pub fn encode_request(request: &CatchUpRequest) -> Result<Vec<u8>, CatchUpWireEr
 /// The whole request's length from its first [`REQUEST_FIXED_LEN`] bytes
 /// (at most [`MAX_REQUEST_BYTES`]).
 pub fn request_length(fixed: &[u8]) -> Result<usize, CatchUpWireError> {
-    let fixed = fixed
-        .get(..REQUEST_FIXED_LEN)
-        .ok_or(CatchUpWireError::Truncated {
-            message: "request",
-            needed: REQUEST_FIXED_LEN,
-            found: fixed.len(),
-        })?;
-    let magic = [fixed[0], fixed[1], fixed[2], fixed[3]];
-    if magic != REQUEST_MAGIC {
-        return Err(CatchUpWireError::Magic {
-            expected: "LHCQ",
-            found: magic,
-        });
-    }
-    if fixed[4] != VERSION {
-        return Err(CatchUpWireError::Version { found: fixed[4] });
-    }
+    let fixed = preamble(fixed, REQUEST_FIXED_LEN, "request", REQUEST_MAGIC, "LHCQ")?;
     let job_length = fixed[5] as usize;
     if job_length == 0 || job_length > MAX_JOB_BYTES {
         return Err(field(
@@ -298,41 +301,50 @@ pub fn decode_request(bytes: &[u8]) -> Result<CatchUpRequest, CatchUpWireError> 
 pub fn encode_response_header(
     header: &ResponseHeader,
 ) -> Result<[u8; RESPONSE_HEADER_LEN], CatchUpWireError> {
-    let mut out = [0u8; RESPONSE_HEADER_LEN];
-    out[0..4].copy_from_slice(&RESPONSE_MAGIC);
-    out[4] = VERSION;
-    match header {
+    match *header {
         ResponseHeader::State {
             round,
             elements,
             crc32c,
         } => {
-            check_elements(*elements)?;
-            out[5] = 0;
-            out[8..16].copy_from_slice(&round.to_le_bytes());
-            out[16..24].copy_from_slice(&elements.to_le_bytes());
-            out[24..28].copy_from_slice(&crc32c.to_le_bytes());
+            check_elements(elements)?;
+            Ok(header_bytes(0, 0, round, elements, crc32c))
         }
         ResponseHeader::Refused {
             round,
             reason_length,
             crc32c,
         } => {
-            if !(1..=MAX_REASON_BYTES).contains(&usize::from(*reason_length)) {
+            if !(1..=MAX_REASON_BYTES).contains(&usize::from(reason_length)) {
                 return Err(field(
                     "reason_length",
                     format!("{reason_length}, must be between 1 and {MAX_REASON_BYTES}"),
                 ));
             }
-            out[5] = 1;
-            out[6..8].copy_from_slice(&reason_length.to_le_bytes());
-            out[8..16].copy_from_slice(&round.to_le_bytes());
-            out[24..28].copy_from_slice(&crc32c.to_le_bytes());
+            Ok(header_bytes(1, reason_length, round, 0, crc32c))
         }
     }
+}
+
+/// A response header's bytes, sealed with its CRC (fields unchecked).
+fn header_bytes(
+    status: u8,
+    reason_length: u16,
+    round: u64,
+    elements: u64,
+    payload_crc32c: u32,
+) -> [u8; RESPONSE_HEADER_LEN] {
+    let mut out = [0u8; RESPONSE_HEADER_LEN];
+    out[0..4].copy_from_slice(&RESPONSE_MAGIC);
+    out[4] = VERSION;
+    out[5] = status;
+    out[6..8].copy_from_slice(&reason_length.to_le_bytes());
+    out[8..16].copy_from_slice(&round.to_le_bytes());
+    out[16..24].copy_from_slice(&elements.to_le_bytes());
+    out[24..28].copy_from_slice(&payload_crc32c.to_le_bytes());
     let crc = crc32c::crc32c(&out[..32]);
     out[32..36].copy_from_slice(&crc.to_le_bytes());
-    Ok(out)
+    out
 }
 
 /// A refusal's header and reason (shortened to [`MAX_REASON_BYTES`] at a
@@ -347,12 +359,8 @@ pub fn refusal(round: u64, reason: &str) -> ([u8; RESPONSE_HEADER_LEN], Vec<u8>)
         reason = &reason[..end];
     }
     let bytes = reason.as_bytes().to_vec();
-    let header = ResponseHeader::Refused {
-        round,
-        reason_length: bytes.len() as u16,
-        crc32c: crc32c::crc32c(&bytes),
-    };
-    let header = encode_response_header(&header).unwrap_or([0; RESPONSE_HEADER_LEN]);
+    // 1..=MAX_REASON_BYTES bytes, as a refusal must hold.
+    let header = header_bytes(1, bytes.len() as u16, round, 0, crc32c::crc32c(&bytes));
     (header, bytes)
 }
 
@@ -362,23 +370,13 @@ pub fn decode_response_header(
     bytes: &[u8],
     request: &CatchUpRequest,
 ) -> Result<ResponseHeader, CatchUpWireError> {
-    let bytes = bytes
-        .get(..RESPONSE_HEADER_LEN)
-        .ok_or(CatchUpWireError::Truncated {
-            message: "response header",
-            needed: RESPONSE_HEADER_LEN,
-            found: bytes.len(),
-        })?;
-    let magic = [bytes[0], bytes[1], bytes[2], bytes[3]];
-    if magic != RESPONSE_MAGIC {
-        return Err(CatchUpWireError::Magic {
-            expected: "LHCA",
-            found: magic,
-        });
-    }
-    if bytes[4] != VERSION {
-        return Err(CatchUpWireError::Version { found: bytes[4] });
-    }
+    let bytes = preamble(
+        bytes,
+        RESPONSE_HEADER_LEN,
+        "response header",
+        RESPONSE_MAGIC,
+        "LHCA",
+    )?;
     let expected = word(bytes, 32);
     let computed = crc32c::crc32c(&bytes[..32]);
     if expected != computed {

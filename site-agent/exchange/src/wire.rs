@@ -175,11 +175,13 @@ pub enum WireError {
     Payload { reason: String },
 }
 
-fn word(bytes: &[u8], at: usize) -> u32 {
+/// The u32 LE at `at` (the caller checked the length).
+pub(crate) fn word(bytes: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
 }
 
-fn long(bytes: &[u8], at: usize) -> u64 {
+/// The u64 LE at `at` (the caller checked the length).
+pub(crate) fn long(bytes: &[u8], at: usize) -> u64 {
     let mut out = [0; 8];
     out.copy_from_slice(&bytes[at..at + 8]);
     u64::from_le_bytes(out)

@@ -577,19 +577,14 @@ fn outcome(
     }
 }
 
-async fn accept_loop(node: Arc<NodeInner>, mut source: Source) {
-    let mut connections = JoinSet::new();
-    loop {
-        tokio::select! {
-            incoming = source.next() => match incoming {
-                Some(incoming) => {
-                    connections.spawn(serve_connection(Arc::clone(&node), incoming));
-                }
-                None => break,
-            },
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
-        }
-    }
+async fn accept_loop(node: Arc<NodeInner>, source: Source) {
+    source
+        .serve_each(
+            usize::MAX,
+            |incoming| serve_connection(Arc::clone(&node), incoming),
+            |_| {},
+        )
+        .await;
 }
 
 async fn serve_connection(node: Arc<NodeInner>, incoming: Pending) {

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use quinn::{Connection, ConnectionError, RecvStream, VarInt};
-use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
@@ -270,36 +269,26 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn accept_loop(mut source: Source, shared: Arc<Shared>) {
-    let permits = Arc::new(Semaphore::new(shared.options.max_connections));
-    // Dropping the set (when this task is aborted) aborts the sessions.
-    let mut sessions = JoinSet::new();
-    loop {
-        tokio::select! {
-            incoming = source.next() => {
-                let Some(incoming) = incoming else { break };
-                match Arc::clone(&permits).try_acquire_owned() {
-                    Ok(permit) => {
-                        let shared = Arc::clone(&shared);
-                        sessions.spawn(async move {
-                            serve(incoming, &shared).await;
-                            drop(permit);
-                        });
-                    }
-                    Err(_) => {
-                        tracing::warn!(
-                            remote = %incoming.remote_address(),
-                            limit = shared.options.max_connections,
-                            "probe refused: too many probe sessions at once"
-                        );
-                        super::metrics::record_session("unknown", "refused_busy");
-                        incoming.refuse();
-                    }
-                }
-            }
-            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
-        }
-    }
+async fn accept_loop(source: Source, shared: Arc<Shared>) {
+    let limit = shared.options.max_connections;
+    let serving = Arc::clone(&shared);
+    source
+        .serve_each(
+            limit,
+            move |incoming| {
+                let shared = Arc::clone(&serving);
+                async move { serve(incoming, &shared).await }
+            },
+            |incoming| {
+                tracing::warn!(
+                    remote = %incoming.remote_address(),
+                    limit,
+                    "probe refused: too many probe sessions at once"
+                );
+                super::metrics::record_session("unknown", "refused_busy");
+            },
+        )
+        .await;
 }
 
 /// Why a session ended early.

@@ -31,6 +31,9 @@ const LOSS_TOLERANCE: f64 = 0.3;
 /// move at least this many times DiLoCo's (4-bit every 20 steps: 80x in
 /// theory).
 const BYTES_FACTOR: f64 = 20.0;
+/// A held-out loss below this learned something: uniform guessing over 64
+/// classes is ln 64 = 4.16 nats.
+const LEARNED: f64 = 3.3;
 
 fn python_path() -> PathBuf {
     Path::new(ROOT).join("site-agent/python")
@@ -124,6 +127,16 @@ fn rehearse(scenario: &Path) -> Value {
     serde_json::from_slice(&output.stdout).unwrap()
 }
 
+/// The site's trainer ended with exit status 0.
+fn assert_exited_cleanly(site: &Value) {
+    assert!(
+        site["exit"]
+            .as_str()
+            .is_some_and(|e| e.ends_with("exit status: 0")),
+        "{site:#}"
+    );
+}
+
 /// Every trainer finished, every site ended with the same parameters;
 /// the final held-out loss and the bytes the exchanges moved.
 fn check_run(report: &Value, mode: &str) -> (f64, f64) {
@@ -131,12 +144,7 @@ fn check_run(report: &Value, mode: &str) -> (f64, f64) {
     let sites = training["sites"].as_array().unwrap();
     assert_eq!(sites.len(), 2, "{training:#}");
     for site in sites {
-        assert!(
-            site["exit"]
-                .as_str()
-                .is_some_and(|e| e.ends_with("exit status: 0")),
-            "{site:#}"
-        );
+        assert_exited_cleanly(site);
         let run = &site["run"];
         assert_eq!(run["mode"], mode, "{run:#}");
         assert_eq!(run["steps"], STEPS, "{run:#}");
@@ -150,8 +158,7 @@ fn check_run(report: &Value, mode: &str) -> (f64, f64) {
     }
     assert_eq!(training["same_parameters"], true, "{training:#}");
     let loss = sites[0]["run"]["final_held_out_loss"].as_f64().unwrap();
-    // It learned: uniform guessing over 64 classes is ln 64 = 4.16 nats.
-    assert!(loss < 3.3, "{mode}: held-out loss {loss}");
+    assert!(loss < LEARNED, "{mode}: held-out loss {loss}");
     (loss, training["exchange_bytes"].as_f64().unwrap())
 }
 
@@ -272,19 +279,14 @@ site = "south"
     assert_eq!(sites.len(), 2, "{training:#}");
     let mut last_rounds = Vec::new();
     for site in sites {
-        assert!(
-            site["exit"]
-                .as_str()
-                .is_some_and(|e| e.ends_with("exit status: 0")),
-            "{site:#}"
-        );
+        assert_exited_cleanly(site);
         let run = &site["run"];
         let history = run["rounds"].as_array().unwrap();
         last_rounds.push(history.last().unwrap()["round"].clone());
         // The last outer step was averaged at this site.
         assert_eq!(history.last().unwrap()["applied"], true, "{run:#}");
         let loss = run["final_held_out_loss"].as_f64().unwrap();
-        assert!(loss < 3.3, "{}: held-out loss {loss}", site["site"]);
+        assert!(loss < LEARNED, "{}: held-out loss {loss}", site["site"]);
     }
     assert_eq!(last_rounds[0], (steps / 20) as u64, "{training:#}");
     assert_eq!(last_rounds[0], last_rounds[1], "{training:#}");
