@@ -22,10 +22,12 @@
 //! - **One stream**: the state crosses on one stream of one connection (a
 //!   catch-up is rare; a failed one is fetched again from the start).
 //!
-//! Not wired into the running agent yet: the round watcher is to call
-//! [`StateStore::allow`] for the sites a round names as catching up from
-//! this one, the trainer API to publish the trainers' state and to have
-//! it fetched, and the data endpoint to route this ALPN here.
+//! Wired into the agent: the data endpoint routes this ALPN to a
+//! [`CatchUpServer`] of the trainer hub's store, the hub allows the sites
+//! an open round names as catching up from this one and keeps what its
+//! trainers publish (`PublishState`), and the round driver fetches this
+//! site's catch-up for its trainers (`CatchUp`); see
+//! [`crate::trainer::catch_up`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -62,6 +64,15 @@ impl Default for CatchUpOptions {
             transfer_timeout: Duration::from_secs(600),
         }
     }
+}
+
+/// What an agent fetches catch-up states with: an endpoint (the data
+/// endpoint's, so the transfer takes the link the exchange takes) and its
+/// identity.
+#[derive(Debug, Clone)]
+pub struct CatchUpClient {
+    pub endpoint: quinn::Endpoint,
+    pub tls: AgentTls,
 }
 
 /// Why a fetch failed.
@@ -117,14 +128,24 @@ impl StateStore {
         self.changed.notify_waiters();
     }
 
-    /// Lets `site` fetch the job's state after `round`.
+    /// Lets `site` fetch the job's state after `round`. A later round's
+    /// catch-up makes an earlier one's moot: its permissions go.
     pub fn allow(&self, job: &str, round: u64, site: &str) {
+        let mut jobs = lock(&self.jobs);
+        let allowed = &mut jobs.entry(job.to_string()).or_default().allowed;
+        if allowed.insert((round, site.to_string())) {
+            allowed.retain(|(r, _)| *r >= round);
+            drop(jobs);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Whether the job's state after `round` is published here.
+    pub fn has(&self, job: &str, round: u64) -> bool {
         lock(&self.jobs)
-            .entry(job.to_string())
-            .or_default()
-            .allowed
-            .insert((round, site.to_string()));
-        self.changed.notify_waiters();
+            .get(job)
+            .and_then(|entry| entry.state.as_ref())
+            .is_some_and(|(r, _)| *r == round)
     }
 
     /// Forgets the job (it left this site).
@@ -133,7 +154,12 @@ impl StateStore {
     }
 
     /// The state `site` may fetch after `round`, or what is missing.
-    fn lookup(&self, job: &str, round: u64, site: &str) -> Result<Arc<Vec<f32>>, String> {
+    pub(crate) fn lookup(
+        &self,
+        job: &str,
+        round: u64,
+        site: &str,
+    ) -> Result<Arc<Vec<f32>>, String> {
         let jobs = lock(&self.jobs);
         let Some(entry) = jobs.get(job) else {
             return Err(format!("job {job:?} has no state published here"));

@@ -14,6 +14,7 @@ use longhaul_proto::v1::site_agent_server::SiteAgentServer;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 use crate::agent::{self, Agent, Discover, Settings};
+use crate::catchup::{CatchUpClient, StateStore};
 use crate::config::{AgentConfig, TrainerConfig};
 use crate::coordinator::Coordinators;
 use crate::data_endpoint::DataEndpoint;
@@ -141,14 +142,32 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
         // The server still answers the other sites' probes.
         probe_options.interval = Duration::from_secs(365 * 24 * 3600);
     }
-    // One QUIC endpoint on data_listen for the probes and the exchange.
+    let hub = config.trainer.as_ref().map(|trainer| {
+        Arc::new(TrainerHub::new(
+            config.site.clone(),
+            trainer.session_ttl.into(),
+            trainer.shm_dir.clone(),
+        ))
+    });
+    // What the trainers publish for other sites to catch up from (nothing
+    // without trainers: every request is refused).
+    let states = hub
+        .as_ref()
+        .map_or_else(StateStore::new, |hub| Arc::clone(hub.states()));
+    // One QUIC endpoint on data_listen for the probes, the exchange and
+    // the catch-up transfer.
     let (data_endpoint, probe_server, exchange_node) = DataEndpoint::bind(
         config.data_listen,
         &agent_tls,
         prober::server_options(&probe_options),
         config.exchange.options(),
+        states,
     )
     .with_context(|| format!("data_listen: cannot listen on {}", config.data_listen))?;
+    let catch_up = CatchUpClient {
+        endpoint: data_endpoint.endpoint(),
+        tls: agent_tls.clone(),
+    };
     let prober = prober::start(
         config.site.clone(),
         probe_server,
@@ -163,13 +182,6 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
     if config.metrics_listen.is_some() {
         sample_exchange_paths(Arc::clone(&exchange_node), prober.peers.clone());
     }
-    let hub = config.trainer.as_ref().map(|trainer| {
-        Arc::new(TrainerHub::new(
-            config.site.clone(),
-            trainer.session_ttl.into(),
-            trainer.shm_dir.clone(),
-        ))
-    });
     let values = match (&hub, config.exchange.synthetic_elements) {
         (Some(hub), _) => {
             tracing::info!("taking part in outer rounds with what the trainers submit");
@@ -194,6 +206,7 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
                 site_id: config.site.clone(),
                 values,
                 call_timeout,
+                catch_up: Some(catch_up),
             },
             coordinators.clone(),
             Arc::clone(&exchange_node),

@@ -1,14 +1,18 @@
 //! One UDP port for everything agents send each other: the agent's
-//! `data_listen` serves both link probes ([`crate::probe::wire::ALPN`]) and
-//! the pseudo-gradient exchange ([`longhaul_exchange::wire::ALPN`]) on one
-//! QUIC endpoint, so a site registers one data address, a firewall opens one
-//! port, and a rehearsal's link carries both through one emulated path.
+//! `data_listen` serves link probes ([`crate::probe::wire::ALPN`]), the
+//! pseudo-gradient exchange ([`longhaul_exchange::wire::ALPN`]) and the
+//! catch-up transfer ([`longhaul_exchange::catchup::ALPN`]) on one QUIC
+//! endpoint, so a site registers one data address, a firewall opens one
+//! port, and a rehearsal's link carries all three through one emulated
+//! path. The agent's own fetches of a catch-up state leave from it too
+//! ([`DataEndpoint::endpoint`]).
 //!
 //! A router accepts each connection, waits (at most [`ROUTE_TIMEOUT`]) for
 //! the ALPN the client offered, and hands the handshake on to the probe
-//! server or the exchange node, which take it from there exactly as when
-//! they own an endpoint ([`Pending`], [`Source`]). A connection with another
-//! ALPN cannot get here: the TLS handshake offers only these two. At most
+//! server, the exchange node or the catch-up server, which take it from
+//! there exactly as when they own an endpoint ([`Pending`], [`Source`]). A
+//! connection with another ALPN cannot get here: the TLS handshake offers
+//! only these three. At most
 //! [`MAX_ROUTING`] handshakes are routed at once; more are refused.
 //!
 //! The endpoint's transport settings are the exchange's (its windows sized
@@ -24,6 +28,7 @@ use quinn::{Connecting, ConnectionError, Incoming};
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::catchup::{CatchUpOptions, CatchUpServer, StateStore};
 use crate::exchange::{ExchangeError, ExchangeNode, ExchangeOptions};
 use crate::probe::{ProbeError, ProbeServer, ProbeServerOptions};
 use crate::tls::AgentTls;
@@ -147,16 +152,19 @@ pub enum DataEndpointError {
 pub struct DataEndpoint {
     endpoint: quinn::Endpoint,
     router: JoinHandle<()>,
+    _catch_up: CatchUpServer,
 }
 
 impl DataEndpoint {
-    /// Binds `addr` (inside a tokio runtime) and starts a probe server and
-    /// an exchange node on it, as the agent of `tls.site()`.
+    /// Binds `addr` (inside a tokio runtime) and starts a probe server, an
+    /// exchange node and a catch-up server of `states` on it, as the agent
+    /// of `tls.site()`.
     pub fn bind(
         addr: SocketAddr,
         tls: &AgentTls,
         probe: ProbeServerOptions,
         exchange: ExchangeOptions,
+        states: Arc<StateStore>,
     ) -> Result<(DataEndpoint, ProbeServer, ExchangeNode), DataEndpointError> {
         probe.validate()?;
         exchange.validate()?;
@@ -169,7 +177,11 @@ impl DataEndpoint {
             .max(probe.transport.socket_buffer_bytes);
         let transport =
             tuning.transport_config(probe.max_streams, crate::exchange::MAX_FRAGMENTS_AT_ONCE)?;
-        let alpn = [crate::probe::wire::ALPN, longhaul_exchange::wire::ALPN];
+        let alpn = [
+            crate::probe::wire::ALPN,
+            longhaul_exchange::wire::ALPN,
+            longhaul_exchange::catchup::ALPN,
+        ];
         let server_config = tls
             .quinn_server_config(&alpn, transport)
             .map_err(ProbeError::from)?;
@@ -182,6 +194,7 @@ impl DataEndpoint {
         .map_err(|source| DataEndpointError::Bind { addr, source })?;
         let (probe_tx, probe_rx) = mpsc::channel(QUEUE);
         let (exchange_tx, exchange_rx) = mpsc::channel(QUEUE);
+        let (catch_up_tx, catch_up_rx) = mpsc::channel(QUEUE);
         let probe_server =
             ProbeServer::on_endpoint(endpoint.clone(), Source::Routed(probe_rx), tls, probe)?;
         let node = ExchangeNode::on_endpoint(
@@ -195,14 +208,38 @@ impl DataEndpoint {
             site = tls.site(),
             socket_receive_buffer = buffers.receive,
             socket_send_buffer = buffers.send,
-            "data endpoint listening (probes and exchange)"
+            "data endpoint listening (probes, exchange and catch-up)"
         );
-        let router = tokio::spawn(route(endpoint.clone(), probe_tx, exchange_tx));
-        Ok((DataEndpoint { endpoint, router }, probe_server, node))
+        let catch_up = CatchUpServer::on_source(
+            Source::Routed(catch_up_rx),
+            tls,
+            states,
+            CatchUpOptions::default(),
+        );
+        let servers = Servers {
+            probe: probe_tx,
+            exchange: exchange_tx,
+            catch_up: catch_up_tx,
+        };
+        let router = tokio::spawn(route(endpoint.clone(), servers));
+        Ok((
+            DataEndpoint {
+                endpoint,
+                router,
+                _catch_up: catch_up,
+            },
+            probe_server,
+            node,
+        ))
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.endpoint.local_addr()
+    }
+
+    /// The endpoint, for connections this agent opens (a catch-up fetch).
+    pub fn endpoint(&self) -> quinn::Endpoint {
+        self.endpoint.clone()
     }
 }
 
@@ -213,11 +250,15 @@ impl Drop for DataEndpoint {
     }
 }
 
-async fn route(
-    endpoint: quinn::Endpoint,
+/// Where the router hands each ALPN's connections.
+#[derive(Clone)]
+struct Servers {
     probe: mpsc::Sender<Connecting>,
     exchange: mpsc::Sender<Connecting>,
-) {
+    catch_up: mpsc::Sender<Connecting>,
+}
+
+async fn route(endpoint: quinn::Endpoint, servers: Servers) {
     let permits = Arc::new(Semaphore::new(MAX_ROUTING));
     let mut routing = JoinSet::new();
     loop {
@@ -229,9 +270,9 @@ async fn route(
                     incoming.refuse();
                     continue;
                 };
-                let (probe, exchange) = (probe.clone(), exchange.clone());
+                let servers = servers.clone();
                 routing.spawn(async move {
-                    route_one(incoming, probe, exchange).await;
+                    route_one(incoming, &servers).await;
                     drop(permit);
                 });
             }
@@ -240,11 +281,7 @@ async fn route(
     }
 }
 
-async fn route_one(
-    incoming: Incoming,
-    probe: mpsc::Sender<Connecting>,
-    exchange: mpsc::Sender<Connecting>,
-) {
+async fn route_one(incoming: Incoming, servers: &Servers) {
     let remote = incoming.remote_address();
     let Ok(mut connecting) = incoming.accept() else {
         return;
@@ -264,8 +301,9 @@ async fn route_one(
         }
     };
     let server = match alpn.as_deref() {
-        Some(crate::probe::wire::ALPN) => &probe,
-        Some(longhaul_exchange::wire::ALPN) => &exchange,
+        Some(crate::probe::wire::ALPN) => &servers.probe,
+        Some(longhaul_exchange::wire::ALPN) => &servers.exchange,
+        Some(longhaul_exchange::catchup::ALPN) => &servers.catch_up,
         // rustls refuses a client without one of ours; nothing to route.
         _ => return,
     };

@@ -168,6 +168,18 @@ pub const TABLE: &[Metric] = &[
         Some(Seconds),
         "Time of one fragment's exchange, start to reduced result.",
     ),
+    Metric::plain(
+        "longhaul_agent_catch_ups_total",
+        Counter,
+        None,
+        "Catch-up states this site fetched from another site for its trainers (it missed a committed round).",
+    ),
+    Metric::plain(
+        "longhaul_agent_catch_ups_failed_total",
+        Counter,
+        None,
+        "Catch-ups that fetched no state before their round ended (the trainers sat the round out).",
+    ),
     // The local trainer API.
     Metric::plain(
         "longhaul_trainer_sessions",
@@ -192,6 +204,12 @@ pub const TABLE: &[Metric] = &[
         Counter,
         Some(Bytes),
         "Pseudo-gradient bytes trainers submitted through shared memory.",
+    ),
+    Metric::plain(
+        "longhaul_trainer_states_published_total",
+        Counter,
+        None,
+        "Trainer states (anchor and outer momentum) published for a site catching up from this one.",
     ),
 ];
 

@@ -34,6 +34,13 @@
 //!   (its deadline at most); the next round's exchange of the fragment,
 //!   if it starts meanwhile, begins with none (error feedback restarts
 //!   for it).
+//! - **Catch-up**: a round that names this site as catching up (it did
+//!   not take part in the job's last committed round) has the driver fetch
+//!   the trainers' state after that round from the agent of the site
+//!   named ([`crate::catchup::fetch`], through the data endpoint), again
+//!   while the round is open and this site not excluded, and hand it (or
+//!   why there is none) to the trainers ([`TrainerHub::record_fetch`]).
+//!   In synthetic mode there is no state: it is only logged.
 //! - **Watch**: from revision 0 (every open round, then a sync point),
 //!   then every change after the last revision seen whole (a revision may
 //!   carry several changes; one seen twice changes nothing); a compacted history
@@ -56,6 +63,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tonic::Code;
 
 use crate::agent::backoff::Backoff;
+use crate::catchup::{self, CatchUpClient};
 use crate::coordinator::{Coordinators, is_transient};
 use crate::exchange::{ExchangeError, ExchangeNode, FragmentRequest};
 use crate::status::SharedStatus;
@@ -89,6 +97,9 @@ pub struct RoundSettings {
     pub values: Values,
     /// Bound on one report to the coordinator.
     pub call_timeout: Duration,
+    /// How a catch-up state is fetched from another agent (`None`: it is
+    /// not, and a catch-up asked fails).
+    pub catch_up: Option<CatchUpClient>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -351,14 +362,25 @@ async fn run_round(
 ) {
     let round = rx.borrow().clone();
     let site = shared.settings.site_id.as_str();
+    let mut fragments = JoinSet::new();
     if let Some(me) = participant(&round, site)
         && me.catch_up_from_round != 0
     {
-        tracing::info!(job = %round.job_id, round = round.round_id, from_site = %me.catch_up_from_site, after_round = me.catch_up_from_round, "catch-up asked: the agent fetches no parameters (its trainers train on from their own)");
+        let (after, from) = (me.catch_up_from_round, me.catch_up_from_site.clone());
+        match &shared.settings.values {
+            Values::Trainers(hub) if !hub.fetched(&round.job_id, after) => {
+                tracing::info!(job = %round.job_id, round = round.round_id, from_site = %from, after_round = after, "catch-up asked: fetching the state");
+                let (shared, rx, hub) = (Arc::clone(&shared), rx.clone(), Arc::clone(hub));
+                fragments.spawn(async move { fetch_state(&shared, rx, &hub, after, &from).await });
+            }
+            Values::Trainers(_) => {}
+            Values::Synthetic { .. } => {
+                tracing::info!(job = %round.job_id, round = round.round_id, from_site = %from, after_round = after, "catch-up asked: synthetic values have no state to fetch");
+            }
+        }
     }
     tracing::info!(job = %round.job_id, round = round.round_id, fragments = round.fragments, participants = ?round.participants, "round open: exchanging");
     let permits = Arc::new(Semaphore::new(FRAGMENTS_AT_ONCE));
-    let mut fragments = JoinSet::new();
     for fragment in 0..round.fragments {
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             break;
@@ -370,6 +392,103 @@ async fn run_round(
         });
     }
     while fragments.join_next().await.is_some() {}
+}
+
+/// Fetches this site's catch-up state (after round `after`, from the agent
+/// of `from`) for the round `rx` follows, trying again while the round is
+/// open and this site not excluded from it, and records what came of it
+/// for the trainers.
+async fn fetch_state(
+    shared: &Shared,
+    mut rx: watch::Receiver<pb::OuterRound>,
+    hub: &TrainerHub,
+    after: u64,
+    from: &str,
+) {
+    let site = shared.settings.site_id.as_str();
+    let (job, round_id) = {
+        let round = rx.borrow();
+        (round.job_id.clone(), round.round_id)
+    };
+    let fail = |why: String| {
+        tracing::warn!(job, round = round_id, from_site = from, after_round = after, reason = %why, "catch-up failed: the trainers sit this round out");
+        metrics::counter!("longhaul_agent_catch_ups_failed_total").increment(1);
+        hub.record_fetch(&job, after, from, Err(why));
+    };
+    let Some(client) = &shared.settings.catch_up else {
+        return fail("this agent fetches no states".to_string());
+    };
+    let Some(elements) = hub.state_elements(&job) else {
+        return fail(format!("{job}'s sync schedule is not known here"));
+    };
+    let request = longhaul_exchange::catchup::CatchUpRequest {
+        job: job.clone(),
+        site: site.to_string(),
+        round: after,
+        elements,
+    };
+    let mut attempts = 0u32;
+    let mut last = String::new();
+    loop {
+        let round = rx.borrow_and_update().clone();
+        let why = if round.state != pb::RoundState::Open as i32 {
+            Some("the round ended before the state came")
+        } else if !takes_part(&round, site) {
+            Some("this site was excluded from the round")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return fail(if attempts == 0 {
+                why.to_string()
+            } else {
+                format!("{why}; {attempts} tries, the last: {last}")
+            });
+        }
+        let addr = shared.peers.borrow().get(from).copied();
+        let left = Duration::from_millis(round.deadline_unix_ms.saturating_sub(now_unix_ms()));
+        let started = std::time::Instant::now();
+        let outcome = match addr {
+            Some(addr) => catchup::fetch(
+                &client.endpoint,
+                &client.tls,
+                from,
+                addr,
+                &request,
+                left.max(MIN_EXCHANGE_TIME),
+            )
+            .await
+            .map_err(|error| error.to_string()),
+            None => {
+                shared.refresh_peers.notify_one();
+                Err(format!("no address of site {from:?} is known yet"))
+            }
+        };
+        attempts += 1;
+        match outcome {
+            Ok(values) => {
+                tracing::info!(
+                    job,
+                    round = round_id,
+                    from_site = from,
+                    after_round = after,
+                    elements,
+                    ms = started.elapsed().as_millis() as u64,
+                    "catch-up state fetched"
+                );
+                metrics::counter!("longhaul_agent_catch_ups_total").increment(1);
+                hub.record_fetch(&job, after, from, Ok(values));
+                return;
+            }
+            Err(why) => {
+                tracing::debug!(job, round = round_id, from_site = from, attempt = attempts, reason = %why, "catch-up fetch failed; trying again while the round is open");
+                last = why;
+            }
+        }
+        if let Ok(Err(_)) = tokio::time::timeout(RETRY_PAUSE, rx.changed()).await {
+            return fail("the round driver stopped".to_string());
+        }
+    }
 }
 
 /// The round's per-link codecs as the core holds them.

@@ -24,10 +24,16 @@
 //!   and the live sites), or why there is none (this site excluded, the
 //!   round over); collectors wait for it.
 //!
+//! - **Catch-up** ([`catch_up`]): a site the open round names as catching
+//!   up gets the state (anchor and outer momentum) the round driver
+//!   fetched from the site it catches up from; a site named as the one to
+//!   catch up from publishes its trainers' state for the other to fetch.
+//!
 //! Submissions and results of rounds more than [`ROUNDS_KEPT`] behind a
 //! job's latest round are dropped, so the hub holds a bounded number of
 //! fragments.
 
+pub mod catch_up;
 pub mod service;
 pub mod shm;
 
@@ -39,6 +45,7 @@ use longhaul_proto::v1 as pb;
 use tokio::sync::Notify;
 
 use crate::agent::Handle;
+use crate::catchup::StateStore;
 use crate::inventory::Inventory;
 use crate::store::JobRecord;
 
@@ -153,6 +160,9 @@ struct HubState {
     /// into (at most [`SPARE_BUFFERS`]).
     spare: Vec<Vec<f32>>,
     results: BTreeMap<FragmentKey, FragmentResult>,
+    /// Per job, the state the round driver fetched for this site's latest
+    /// catch-up (or why it could not).
+    fetched: BTreeMap<String, catch_up::Fetched>,
 }
 
 /// What the trainer service and the round driver share.
@@ -166,6 +176,9 @@ pub struct TrainerHub {
     changed: Notify,
     /// Distinguishes sessions of this agent process from an earlier one's.
     epoch: u64,
+    /// The states the trainers published for other sites to catch up
+    /// from, which the catch-up server serves.
+    states: Arc<StateStore>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -206,7 +219,7 @@ impl HubState {
         }
     }
 
-    fn schedule(&self, job_id: &str, site: &str) -> pb::TrainerSchedule {
+    fn schedule(&self, job_id: &str, site: &str, states: &StateStore) -> pb::TrainerSchedule {
         let mut out = pb::TrainerSchedule {
             job_id: job_id.to_string(),
             ..Default::default()
@@ -235,6 +248,13 @@ impl HubState {
                 out.excluded = excluded(round, site).is_some();
                 out.deadline_unix_ms = round.deadline_unix_ms;
                 out.last_round_over = round.round_id.saturating_sub(1);
+                if let Some((after, from)) = catch_up::catching_up(round, site) {
+                    out.catch_up_after_round = after;
+                    out.catch_up_from_site = from.to_string();
+                }
+                out.serve_after_round = catch_up::serving(round, site)
+                    .filter(|after| !states.has(job_id, *after))
+                    .unwrap_or(0);
             } else {
                 out.last_round_over = round.round_id;
             }
@@ -296,7 +316,13 @@ impl TrainerHub {
             state: Mutex::new(HubState::default()),
             changed: Notify::new(),
             epoch,
+            states: StateStore::new(),
         }
+    }
+
+    /// The states published here for other sites to catch up from.
+    pub fn states(&self) -> &Arc<StateStore> {
+        &self.states
     }
 
     pub fn site(&self) -> &str {
@@ -334,7 +360,9 @@ impl TrainerHub {
         state.rounds.remove(job_id);
         state.results.retain(|key, _| key.0 != job_id);
         state.drop_submissions(|key| key.0 == job_id);
+        state.fetched.remove(job_id);
         drop(state);
+        self.states.forget(job_id);
         self.changed.notify_waiters();
     }
 
@@ -350,6 +378,11 @@ impl TrainerHub {
             .is_none_or(|held| (held.round_id, held.revision) <= (round.round_id, round.revision));
         if newer {
             state.rounds.insert(job.clone(), round.clone());
+        }
+        if round.state == pb::RoundState::Open as i32 {
+            for (site, after) in catch_up::served_by(round, &self.site) {
+                self.states.allow(&job, after, site);
+            }
         }
         let ended = if let Some(reason) = excluded(round, &self.site) {
             Some(FragmentResult::Excluded {
@@ -473,7 +506,7 @@ impl TrainerHub {
                 ),
             });
         }
-        let schedule = state.schedule(job_id, &self.site);
+        let schedule = state.schedule(job_id, &self.site, &self.states);
         if request.parameters != schedule.parameters {
             return Err(TrainerError::Invalid {
                 field: "parameters",
@@ -550,7 +583,7 @@ impl TrainerHub {
         let mut state = lock(&self.state);
         state.reap(self.ttl, now);
         let job = state.session(session, now)?.job.clone();
-        Ok(state.schedule(&job, &self.site))
+        Ok(state.schedule(&job, &self.site, &self.states))
     }
 
     pub fn progress(
@@ -576,7 +609,7 @@ impl TrainerHub {
         if request.step_seconds > 0.0 {
             metrics::histogram!("longhaul_trainer_step_seconds").record(request.step_seconds);
         }
-        Ok(state.schedule(&job, &self.site))
+        Ok(state.schedule(&job, &self.site, &self.states))
     }
 
     /// The job a session joined, touching it.

@@ -119,4 +119,28 @@ impl Trainer for TrainerService {
             self.hub.collect(request.get_ref(), caller).await?,
         ))
     }
+
+    async fn publish_state(
+        &self,
+        request: Request<pb::TrainerPublishStateRequest>,
+    ) -> Result<Response<pb::TrainerPublishStateResponse>, Status> {
+        let hub = Arc::clone(&self.hub);
+        let caller = caller(&request);
+        let request = request.into_inner();
+        // Reading the state from shared memory is blocking work.
+        let elements = tokio::task::spawn_blocking(move || hub.publish_state(&request, caller))
+            .await
+            .map_err(|error| Status::internal(format!("publish stopped: {error}")))??;
+        Ok(Response::new(pb::TrainerPublishStateResponse { elements }))
+    }
+
+    async fn catch_up(
+        &self,
+        request: Request<pb::TrainerCatchUpRequest>,
+    ) -> Result<Response<pb::TrainerCatchUpResponse>, Status> {
+        let caller = caller(&request);
+        Ok(Response::new(
+            self.hub.catch_up(request.get_ref(), caller).await?,
+        ))
+    }
 }

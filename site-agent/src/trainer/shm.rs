@@ -229,10 +229,7 @@ impl ShmDir {
             }),
             Ok(Some(at)) => Err(TrainerError::Invalid {
                 field,
-                message: format!(
-                    "value {at} is {}: a pseudo-gradient must be finite",
-                    values[at]
-                ),
+                message: format!("value {at} is {}: every value must be finite", values[at]),
             }),
             Ok(None) => Ok(values),
         }

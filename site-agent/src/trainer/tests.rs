@@ -494,3 +494,184 @@ fn a_job_removed_from_the_site_leaves_nothing_behind() {
     assert!(state.submissions.is_empty() && state.results.is_empty());
     assert!(!state.rounds.contains_key("job") && state.sessions.is_empty());
 }
+
+/// Round 8 of "job", open, naming `site` as catching up after round 7
+/// from `from`.
+fn catch_up_round(site: &str, from: &str) -> pb::OuterRound {
+    let mut open = round("job", 8, 2, pb::RoundState::Open);
+    for p in &mut open.participant_states {
+        if p.site_id == site {
+            p.catch_up_from_round = 7;
+            p.catch_up_from_site = from.into();
+        }
+    }
+    open
+}
+
+fn state(values: usize) -> Vec<f32> {
+    (0..values).map(|i| i as f32 * 0.5).collect()
+}
+
+#[test]
+fn a_site_caught_up_from_publishes_only_the_state_the_open_round_asks_for() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    f.hub.observe_round(&catch_up_round("south", SITE));
+    let schedule = f.hub.schedule(&session).unwrap();
+    assert_eq!(schedule.serve_after_round, 7);
+    assert_eq!(schedule.catch_up_after_round, 0);
+    // The round lets south fetch the state after round 7 (once it is here).
+    let missing = f.hub.states().lookup("job", 7, "south").unwrap_err();
+    assert!(missing.contains("no state"), "{missing}");
+    let publish = |round: u64, name: &str, values: &[f32]| {
+        f.hub.publish_state(
+            &pb::TrainerPublishStateRequest {
+                session: session.clone(),
+                round,
+                tensor: Some(f.tensor(name, values)),
+            },
+            own_uid(),
+        )
+    };
+    // The wrong round, the wrong size (the parameters, not twice them), a
+    // value that is not finite: refused, naming the field; nothing kept.
+    let error = publish(6, "s-6", &state(20)).unwrap_err();
+    assert_eq!(field(&error), "round", "{error}");
+    assert!(error.to_string().contains("after round 7"), "{error}");
+    let error = publish(7, "s-small", &state(10)).unwrap_err();
+    assert_eq!(field(&error), "tensor.elements", "{error}");
+    let mut bad = state(20);
+    bad[13] = f32::NAN;
+    let error = publish(7, "s-nan", &bad).unwrap_err();
+    assert_eq!(field(&error), "tensor", "{error}");
+    assert!(!f.hub.states().has("job", 7));
+    assert_eq!(publish(7, "s-ok", &state(20)).unwrap(), 20);
+    assert!(f.hub.states().has("job", 7));
+    assert_eq!(
+        *f.hub.states().lookup("job", 7, "south").unwrap(),
+        state(20)
+    );
+    // Another site may not fetch it; published, it is asked for no more.
+    assert!(f.hub.states().lookup("job", 7, "east").is_err());
+    assert_eq!(f.hub.schedule(&session).unwrap().serve_after_round, 0);
+    // Once the round is over, no state is asked for.
+    f.hub
+        .observe_round(&round("job", 8, 2, pb::RoundState::Committed));
+    let error = publish(7, "s-late", &state(20)).unwrap_err();
+    assert_eq!(field(&error), "round", "{error}");
+}
+
+#[tokio::test]
+async fn a_catching_up_site_gets_the_state_fetched_or_why_there_is_none() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    f.hub.observe_round(&catch_up_round(SITE, "south"));
+    let schedule = f.hub.schedule(&session).unwrap();
+    assert_eq!(
+        (
+            schedule.catch_up_after_round,
+            schedule.catch_up_from_site.as_str()
+        ),
+        (7, "south")
+    );
+    assert_eq!(schedule.serve_after_round, 0);
+    assert!(!f.hub.fetched("job", 7));
+    let into = f.tensor("state", &[0.0; 20]);
+    let request = pb::TrainerCatchUpRequest {
+        session: session.clone(),
+        round: 7,
+        into: Some(into.clone()),
+        timeout_ms: 30,
+    };
+    // Refused: a round this site does not catch up after, a wait too
+    // long, the wrong size.
+    for (bad, named) in [
+        (
+            pb::TrainerCatchUpRequest {
+                round: 6,
+                ..request.clone()
+            },
+            "round",
+        ),
+        (
+            pb::TrainerCatchUpRequest {
+                timeout_ms: 3_600_000,
+                ..request.clone()
+            },
+            "timeout_ms",
+        ),
+        (
+            pb::TrainerCatchUpRequest {
+                into: Some(pb::SharedTensor {
+                    elements: 10,
+                    ..into.clone()
+                }),
+                ..request.clone()
+            },
+            "into.elements",
+        ),
+    ] {
+        let error = f.hub.catch_up(&bad, own_uid()).await.unwrap_err();
+        assert_eq!(field(&error), named, "{error}");
+    }
+    // Not fetched yet: the wait ends.
+    let error = f.hub.catch_up(&request, own_uid()).await.unwrap_err();
+    assert!(matches!(error, TrainerError::Timeout { .. }), "{error}");
+    let waiting = {
+        let hub = Arc::clone(&f.hub);
+        let request = pb::TrainerCatchUpRequest {
+            timeout_ms: 5_000,
+            ..request.clone()
+        };
+        tokio::spawn(async move { hub.catch_up(&request, own_uid()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    f.hub.record_fetch("job", 7, "south", Ok(state(20)));
+    let response = waiting.await.unwrap().unwrap();
+    assert_eq!(response.outcome, pb::CatchUpOutcome::Loaded as i32);
+    assert_eq!(response.from_site, "south");
+    let bytes = std::fs::read(f.dir.path().join("state")).unwrap();
+    assert_eq!(
+        bytemuck::cast_slice::<u8, f32>(&bytes),
+        state(20).as_slice()
+    );
+    assert!(f.hub.fetched("job", 7));
+    // A later failed try does not replace the state fetched.
+    f.hub
+        .record_fetch("job", 7, "south", Err("timed out".into()));
+    let again = f.hub.catch_up(&request, own_uid()).await.unwrap();
+    assert_eq!(again.outcome, pb::CatchUpOutcome::Loaded as i32);
+    // The round over, the state fetched is still given.
+    f.hub
+        .observe_round(&round("job", 8, 2, pb::RoundState::Aborted));
+    let late = f.hub.catch_up(&request, own_uid()).await.unwrap();
+    assert_eq!(late.outcome, pb::CatchUpOutcome::Loaded as i32);
+    // The job leaving the site forgets it.
+    f.hub.remove("job");
+    assert!(!f.hub.fetched("job", 7));
+}
+
+#[tokio::test]
+async fn a_failed_fetch_answers_the_catch_up_with_its_reason_and_writes_nothing() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    f.hub.observe_round(&catch_up_round(SITE, "south"));
+    f.hub.record_fetch(
+        "job",
+        7,
+        "south",
+        Err("site south refused: no state".into()),
+    );
+    assert!(!f.hub.fetched("job", 7));
+    let request = pb::TrainerCatchUpRequest {
+        session,
+        round: 7,
+        into: Some(f.tensor("state", &[9.0; 20])),
+        timeout_ms: 1_000,
+    };
+    let response = f.hub.catch_up(&request, own_uid()).await.unwrap();
+    assert_eq!(response.outcome, pb::CatchUpOutcome::Failed as i32);
+    assert!(response.reason.contains("no state"), "{}", response.reason);
+    let bytes = std::fs::read(f.dir.path().join("state")).unwrap();
+    assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), &[9.0; 20]);
+}

@@ -19,6 +19,12 @@ class CollectOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COLLECT_OUTCOME_APPLIED: _ClassVar[CollectOutcome]
     COLLECT_OUTCOME_EXCLUDED: _ClassVar[CollectOutcome]
     COLLECT_OUTCOME_ROUND_OVER: _ClassVar[CollectOutcome]
+
+class CatchUpOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CATCH_UP_OUTCOME_UNSPECIFIED: _ClassVar[CatchUpOutcome]
+    CATCH_UP_OUTCOME_LOADED: _ClassVar[CatchUpOutcome]
+    CATCH_UP_OUTCOME_FAILED: _ClassVar[CatchUpOutcome]
 TENSOR_DTYPE_UNSPECIFIED: TensorDtype
 TENSOR_DTYPE_F32: TensorDtype
 TENSOR_DTYPE_BF16: TensorDtype
@@ -26,6 +32,9 @@ COLLECT_OUTCOME_UNSPECIFIED: CollectOutcome
 COLLECT_OUTCOME_APPLIED: CollectOutcome
 COLLECT_OUTCOME_EXCLUDED: CollectOutcome
 COLLECT_OUTCOME_ROUND_OVER: CollectOutcome
+CATCH_UP_OUTCOME_UNSPECIFIED: CatchUpOutcome
+CATCH_UP_OUTCOME_LOADED: CatchUpOutcome
+CATCH_UP_OUTCOME_FAILED: CatchUpOutcome
 
 class SharedTensor(_message.Message):
     __slots__ = ("name", "offset", "dtype", "elements")
@@ -118,7 +127,7 @@ class TrainerFragment(_message.Message):
     def __init__(self, fragment: _Optional[int] = ..., first_parameter: _Optional[int] = ..., parameters: _Optional[int] = ..., sync_at_inner_step: _Optional[int] = ..., apply_at_inner_step: _Optional[int] = ...) -> None: ...
 
 class TrainerSchedule(_message.Message):
-    __slots__ = ("job_id", "inner_steps", "overlap_steps", "codec_bits", "fragments", "parameters", "round", "participants", "excluded", "deadline_unix_ms", "last_round_over")
+    __slots__ = ("job_id", "inner_steps", "overlap_steps", "codec_bits", "fragments", "parameters", "round", "participants", "excluded", "deadline_unix_ms", "last_round_over", "catch_up_after_round", "catch_up_from_site", "serve_after_round")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +139,9 @@ class TrainerSchedule(_message.Message):
     EXCLUDED_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LAST_ROUND_OVER_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FROM_SITE_FIELD_NUMBER: _ClassVar[int]
+    SERVE_AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     inner_steps: int
     overlap_steps: int
@@ -141,7 +153,10 @@ class TrainerSchedule(_message.Message):
     excluded: bool
     deadline_unix_ms: int
     last_round_over: int
-    def __init__(self, job_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., codec_bits: _Optional[int] = ..., fragments: _Optional[_Iterable[_Union[TrainerFragment, _Mapping]]] = ..., parameters: _Optional[int] = ..., round: _Optional[int] = ..., participants: _Optional[_Iterable[str]] = ..., excluded: _Optional[bool] = ..., deadline_unix_ms: _Optional[int] = ..., last_round_over: _Optional[int] = ...) -> None: ...
+    catch_up_after_round: int
+    catch_up_from_site: str
+    serve_after_round: int
+    def __init__(self, job_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., codec_bits: _Optional[int] = ..., fragments: _Optional[_Iterable[_Union[TrainerFragment, _Mapping]]] = ..., parameters: _Optional[int] = ..., round: _Optional[int] = ..., participants: _Optional[_Iterable[str]] = ..., excluded: _Optional[bool] = ..., deadline_unix_ms: _Optional[int] = ..., last_round_over: _Optional[int] = ..., catch_up_after_round: _Optional[int] = ..., catch_up_from_site: _Optional[str] = ..., serve_after_round: _Optional[int] = ...) -> None: ...
 
 class TrainerProgressRequest(_message.Message):
     __slots__ = ("session", "inner_step", "step_seconds")
@@ -196,3 +211,41 @@ class TrainerCollectResponse(_message.Message):
     live_sites: _containers.RepeatedScalarFieldContainer[str]
     reason: str
     def __init__(self, outcome: _Optional[_Union[CollectOutcome, str]] = ..., hash: _Optional[str] = ..., live_sites: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TrainerPublishStateRequest(_message.Message):
+    __slots__ = ("session", "round", "tensor")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    round: int
+    tensor: SharedTensor
+    def __init__(self, session: _Optional[str] = ..., round: _Optional[int] = ..., tensor: _Optional[_Union[SharedTensor, _Mapping]] = ...) -> None: ...
+
+class TrainerPublishStateResponse(_message.Message):
+    __slots__ = ("elements",)
+    ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    elements: int
+    def __init__(self, elements: _Optional[int] = ...) -> None: ...
+
+class TrainerCatchUpRequest(_message.Message):
+    __slots__ = ("session", "round", "into", "timeout_ms")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    INTO_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    round: int
+    into: SharedTensor
+    timeout_ms: int
+    def __init__(self, session: _Optional[str] = ..., round: _Optional[int] = ..., into: _Optional[_Union[SharedTensor, _Mapping]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class TrainerCatchUpResponse(_message.Message):
+    __slots__ = ("outcome", "from_site", "reason")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    FROM_SITE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    outcome: CatchUpOutcome
+    from_site: str
+    reason: str
+    def __init__(self, outcome: _Optional[_Union[CatchUpOutcome, str]] = ..., from_site: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...

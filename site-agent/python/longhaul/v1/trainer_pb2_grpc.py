@@ -69,6 +69,16 @@ class TrainerStub:
                 request_serializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCollectRequest.SerializeToString,
                 response_deserializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCollectResponse.FromString,
                 _registered_method=True)
+        self.PublishState = channel.unary_unary(
+                '/longhaul.v1.Trainer/PublishState',
+                request_serializer=longhaul_dot_v1_dot_trainer__pb2.TrainerPublishStateRequest.SerializeToString,
+                response_deserializer=longhaul_dot_v1_dot_trainer__pb2.TrainerPublishStateResponse.FromString,
+                _registered_method=True)
+        self.CatchUp = channel.unary_unary(
+                '/longhaul.v1.Trainer/CatchUp',
+                request_serializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCatchUpRequest.SerializeToString,
+                response_deserializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCatchUpResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -123,6 +133,25 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PublishState(self, request, context):
+        """The state (anchor, then outer momentum) after the round a site catches
+        up from this one, read from shared memory; only while the open round
+        asks this site for it (`serve_after_round`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CatchUp(self, request, context):
+        """Waits (up to `timeout_ms`) for the state the agent fetches for this
+        site's catch-up (`catch_up_after_round`) and writes it to shared
+        memory; or says why there is none (then sit the round out: a site
+        that did not catch up is excluded and asked again in the next round).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +189,16 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.Collect,
                     request_deserializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCollectRequest.FromString,
                     response_serializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCollectResponse.SerializeToString,
+            ),
+            'PublishState': grpc.unary_unary_rpc_method_handler(
+                    servicer.PublishState,
+                    request_deserializer=longhaul_dot_v1_dot_trainer__pb2.TrainerPublishStateRequest.FromString,
+                    response_serializer=longhaul_dot_v1_dot_trainer__pb2.TrainerPublishStateResponse.SerializeToString,
+            ),
+            'CatchUp': grpc.unary_unary_rpc_method_handler(
+                    servicer.CatchUp,
+                    request_deserializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCatchUpRequest.FromString,
+                    response_serializer=longhaul_dot_v1_dot_trainer__pb2.TrainerCatchUpResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +390,60 @@ class Trainer:
             '/longhaul.v1.Trainer/Collect',
             longhaul_dot_v1_dot_trainer__pb2.TrainerCollectRequest.SerializeToString,
             longhaul_dot_v1_dot_trainer__pb2.TrainerCollectResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PublishState(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/longhaul.v1.Trainer/PublishState',
+            longhaul_dot_v1_dot_trainer__pb2.TrainerPublishStateRequest.SerializeToString,
+            longhaul_dot_v1_dot_trainer__pb2.TrainerPublishStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CatchUp(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/longhaul.v1.Trainer/CatchUp',
+            longhaul_dot_v1_dot_trainer__pb2.TrainerCatchUpRequest.SerializeToString,
+            longhaul_dot_v1_dot_trainer__pb2.TrainerCatchUpResponse.FromString,
             options,
             channel_credentials,
             insecure,
