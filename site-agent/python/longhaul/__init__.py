@@ -6,10 +6,11 @@ DiLoCo's outer loop on a flat parameter vector, ``longhaul.torch`` the
 PyTorch adapter (imported only when asked for: torch is optional).
 """
 
-from longhaul.client import Collected, CollectTimeout, Fragment, LonghaulError, Schedule, Session, TrainerClient
+from longhaul.client import CaughtUp, Collected, CollectTimeout, Fragment, LonghaulError, Schedule, Session, TrainerClient
 from longhaul.diloco import DiLoCo, NesterovSGD, RoundRecord
 
 __all__ = [
+    "CaughtUp",
     "Collected",
     "CollectTimeout",
     "DiLoCo",

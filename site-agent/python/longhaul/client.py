@@ -5,7 +5,9 @@ TCP loopback); :meth:`TrainerClient.join` makes a :class:`Session` for one
 rank of one job. Tensors go through shared memory: the session owns one
 file per fragment in the agent's shm directory, copies a pseudo-gradient
 into it for :meth:`Session.submit`, and the agent writes the average into it
-for :meth:`Session.collect`. Any buffer NumPy can read is accepted.
+for :meth:`Session.collect`. Any buffer NumPy can read is accepted. A
+site that missed a round catches up with :meth:`Session.catch_up`, from the
+state another site's trainer gave with :meth:`Session.publish_state`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,14 @@ class Schedule:
     #: This site was excluded from ``round``.
     excluded: bool
     last_round_over: int
+    #: Before taking part in ``round`` this site catches up: it loads the
+    #: state after this round (0: no catch-up) of ``catch_up_from_site``
+    #: (:meth:`Session.catch_up`).
+    catch_up_after_round: int = 0
+    catch_up_from_site: str = ""
+    #: A site catches up from this one: publish the state after this round
+    #: (0: none asked, or published already; :meth:`Session.publish_state`).
+    serve_after_round: int = 0
 
     @staticmethod
     def from_wire(message: pb.TrainerSchedule) -> "Schedule":
@@ -97,6 +107,9 @@ class Schedule:
             participants=list(message.participants),
             excluded=message.excluded,
             last_round_over=message.last_round_over,
+            catch_up_after_round=message.catch_up_after_round,
+            catch_up_from_site=message.catch_up_from_site,
+            serve_after_round=message.serve_after_round,
         )
 
 
@@ -110,6 +123,19 @@ class Collected:
     hash: str
     live_sites: List[str]
     reason: str
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """A catch-up's outcome: ``loaded`` with the anchor and the outer
+    optimizer's momentum of ``from_site`` after the round (copies), or the
+    ``reason`` there are none."""
+
+    loaded: bool
+    from_site: str
+    reason: str
+    anchor: Optional[np.ndarray] = None
+    velocity: Optional[np.ndarray] = None
 
 
 class _SharedBuffer:
@@ -219,6 +245,7 @@ class Session:
         self.ttl = response.session_ttl_ms / 1000.0
         self.schedule = Schedule.from_wire(response.schedule)
         self._buffers: Dict[int, _SharedBuffer] = {}
+        self._state: Optional[_SharedBuffer] = None
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         Session._counter += 1
         self._prefix = f"longhaul-{os.getpid()}-{Session._counter}-{time.monotonic_ns()}"
@@ -259,6 +286,12 @@ class Session:
                     self.rejoins += 1
                 else:
                     raise
+
+    def _state_buffer(self) -> _SharedBuffer:
+        # The anchor, then the outer momentum: twice the parameters.
+        if self._state is None:
+            self._state = _SharedBuffer(self.client.shm_dir, f"{self._prefix}-state", 2 * self.schedule.parameters)
+        return self._state
 
     def _buffer(self, fragment: int) -> _SharedBuffer:
         if fragment not in self._buffers:
@@ -346,6 +379,50 @@ class Session:
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="longhaul-collect")
         return self._pool.submit(self.collect, round, fragment, out, timeout)
 
+    def publish_state(self, round: int, anchor, velocity) -> None:
+        """Hands the agent this replica's state after ``round`` (the
+        schedule's ``serve_after_round``) for the site that catches up from
+        this one: the anchor and the outer optimizer's momentum, each of
+        the job's parameters."""
+        buffer = self._state_buffer()
+        half = buffer.elements // 2
+        for name, values, at in (("anchor", anchor, 0), ("velocity", velocity, half)):
+            values = np.asarray(values, dtype=np.float32).reshape(-1)
+            if values.size != half:
+                raise ValueError(f"{name}: {values.size} elements; the job has {half} parameters")
+            np.copyto(buffer.array[at : at + half], values)
+        self._rpc(
+            "PublishState", lambda sid: pb.TrainerPublishStateRequest(session=sid, round=round, tensor=buffer.wire())
+        )
+
+    def catch_up(self, round: int, timeout: float = 600.0) -> CaughtUp:
+        """Waits for the state after ``round`` (the schedule's
+        ``catch_up_after_round``) the agent fetches from the site this one
+        catches up from; ``loaded`` with copies of its anchor and momentum,
+        or the reason there are none (then sit the round out)."""
+        buffer = self._state_buffer()
+        give_up = time.monotonic() + timeout
+        while True:
+            wait = max(0.0, min(60.0, self.ttl / 2, give_up - time.monotonic()))
+            try:
+                response = self._rpc(
+                    "CatchUp",
+                    lambda sid: pb.TrainerCatchUpRequest(
+                        session=sid, round=round, into=buffer.wire(), timeout_ms=int(wait * 1000)
+                    ),
+                    timeout=wait + self.client.call_timeout,
+                )
+                break
+            except CollectTimeout:
+                if time.monotonic() >= give_up:
+                    raise
+        if response.outcome != pb.CATCH_UP_OUTCOME_LOADED:
+            return CaughtUp(False, response.from_site, response.reason or "no state")
+        half = buffer.elements // 2
+        return CaughtUp(
+            True, response.from_site, "", buffer.array[:half].copy(), buffer.array[half:].copy()
+        )
+
     def result(self, fragment: int) -> np.ndarray:
         """The fragment's shared buffer (the last average collected)."""
         return self._buffer(fragment).array
@@ -354,6 +431,9 @@ class Session:
         for buffer in self._buffers.values():
             buffer.close()
         self._buffers.clear()
+        if self._state is not None:
+            self._state.close()
+            self._state = None
 
     def leave(self) -> None:
         """Releases the rank and the shared buffers."""

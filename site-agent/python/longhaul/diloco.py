@@ -24,16 +24,27 @@ optimizer where the last applied round put them, and the parameters keep
 their local progress: the next pseudo-gradient carries it, over more
 inner steps. So the sites of an aborted round, which all keep their
 anchor, still share it and end the next committed round with the same
-parameters again. A site excluded from a round the others committed
-keeps an anchor one round behind theirs (it does not fetch the others'
-parameters).
+parameters again.
+
+A site excluded from a round the others committed would keep an anchor one
+round behind theirs. The next round names it as catching up, after that
+round, from a site that applied it: before its first submit of the round
+this replica loads that site's anchor and outer momentum
+(:meth:`~longhaul.client.Session.catch_up`), keeping its own local
+progress on top of the new anchor, and the other site's replica publishes
+them (:meth:`~longhaul.client.Session.publish_state`, while its anchor is
+still the one after that round). A replica whose catch-up fails sits the
+round out (it is asked again in the next one). ``whole_model``, when
+given, is called with ``"in"`` before a catch-up rewrites every parameter
+and with ``"out"`` after (an adapter that keeps the model elsewhere copies
+all of it there).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -71,6 +82,12 @@ class RoundRecord:
     exchange_seconds: float = 0.0
     #: Seconds of the whole outer step (H inner steps and the exchange).
     outer_step_seconds: float = 0.0
+    #: The site this replica caught up from before the round, and the
+    #: round whose state it loaded ("" and 0: no catch-up).
+    caught_up_from: str = ""
+    caught_up_after: int = 0
+    #: Why a catch-up the round asked for failed ("": none failed).
+    catch_up_failed: str = ""
 
 
 class DiLoCo:
@@ -94,6 +111,7 @@ class DiLoCo:
         collect_timeout: float = 600.0,
         progress_every: float = 1.0,
         round_wait: float = 30.0,
+        whole_model: Optional[Callable[[str], None]] = None,
     ):
         if params.dtype != np.float32 or params.ndim != 1:
             raise ValueError("params: must be a flat float32 array")
@@ -112,6 +130,12 @@ class DiLoCo:
         self.round = 0
         self._last_round = 0
         self.history: List[RoundRecord] = []
+        #: The round after which the anchor is (0: the start; None: an
+        #: outer step applied only some of its fragments).
+        self.anchor_round: Optional[int] = 0
+        self.whole_model = whole_model
+        # The round this replica sits out (its catch-up failed).
+        self._sitting_out = 0
         # Fragment -> its parameters when submitted.
         self._submitted: Dict[int, np.ndarray] = {}
         self._record: Optional[RoundRecord] = None
@@ -124,12 +148,42 @@ class DiLoCo:
     def inner_steps(self) -> int:
         return self.session.schedule.inner_steps
 
-    def _current_round(self) -> int:
+    def _current_round(self, catch_up: bool = True) -> int:
         # The first round opened after the last one this replica took part
-        # in (rounds it missed, excluded or late, are skipped).
+        # in (rounds it missed, excluded or late, are skipped). Nothing of
+        # it is applied yet: the anchor is still the one after the round
+        # before, which is when a catch-up is served or done.
         if self.round == 0:
-            self.round = self.session.wait_for_round(self._last_round, timeout=self.round_wait).round
+            schedule = self.session.wait_for_round(self._last_round, timeout=self.round_wait)
+            self.round = schedule.round
+            if catch_up:
+                self._catch_up(schedule)
         return self.round
+
+    def _catch_up(self, schedule) -> None:
+        if schedule.serve_after_round and schedule.serve_after_round == self.anchor_round:
+            self.session.publish_state(self.anchor_round, self.anchor, self.outer.velocity)
+        after = schedule.catch_up_after_round
+        if not after or after == self.anchor_round:
+            return
+        record = self._record
+        outcome = self.session.catch_up(after, timeout=self.collect_timeout)
+        if not outcome.loaded:
+            self._sitting_out = self.round
+            if record is not None:
+                record.catch_up_failed = outcome.reason
+            return
+        if self.whole_model is not None:
+            self.whole_model("in")
+        # The local progress since the anchor stays, on the new anchor.
+        self.params += outcome.anchor - self.anchor
+        self.anchor[:] = outcome.anchor
+        self.outer.velocity[:] = outcome.velocity
+        self.anchor_round = after
+        if self.whole_model is not None:
+            self.whole_model("out")
+        if record is not None:
+            record.caught_up_from, record.caught_up_after = outcome.from_site, after
 
     def _sync_step(self, fragment) -> int:
         s = fragment.sync_at % self.inner_steps
@@ -160,8 +214,6 @@ class DiLoCo:
 
     def _submit(self, fragment) -> None:
         where = slice(fragment.first, fragment.first + fragment.size)
-        snapshot = self.params[where].copy()
-        pseudo = self.anchor[where] - snapshot
         try:
             round_id = self._current_round()
         except LonghaulError as error:
@@ -169,6 +221,11 @@ class DiLoCo:
                 raise
             # No round opened (the coordinator unreachable): train on.
             return
+        if self._sitting_out == round_id:
+            return
+        # After a catch-up, which moves the anchor and the parameters.
+        snapshot = self.params[where].copy()
+        pseudo = self.anchor[where] - snapshot
         if not self._hand_over(round_id, fragment.index, pseudo):
             return
         if not self._submitted:
@@ -236,6 +293,10 @@ class DiLoCo:
         record.outer_step_seconds = now - self._outer_started
         self._outer_started = now
         self.history.append(record)
+        if record.applied and all(record.applied):
+            self.anchor_round = record.round
+        elif any(record.applied):
+            self.anchor_round = None
         self.inner_step = 0
         self._last_round, self.round = max(self._last_round, record.round), 0
         return record
@@ -246,7 +307,8 @@ class DiLoCo:
         site was left out of the round. The caller's optimizer applies it."""
         if self.inner_steps != 1:
             raise ValueError(f"allreduce: the job's H is {self.inner_steps}; synchronous data parallelism needs 1")
-        round_id = self._current_round()
+        # Synchronous data parallelism keeps no anchor: nothing to catch up.
+        round_id = self._current_round(catch_up=False)
         started = time.monotonic()
         out = np.empty_like(grad)
         applied = True

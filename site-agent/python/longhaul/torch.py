@@ -16,7 +16,9 @@ the model's trainable parameters (in ``model.parameters()`` order, each
 flattened): the outer optimizer (Nesterov SGD, lr 0.7 and momentum 0.9 by
 default), the anchor, the planner's fragments and their overlap, and the
 rounds this site did not apply (it keeps its anchor and its local
-progress, which the next pseudo-gradient carries) are all kept there. Only the fragments due
+progress, which the next pseudo-gradient carries) and the catch-up of a
+site that missed a committed round (which copies the whole model in and
+out once) are all kept there. Only the fragments due
 at a step are copied between the model and that vector, on the steps they
 are submitted or applied, so the model may live on any device and in any
 floating dtype (a bf16 model is trained in bf16 and averaged in float32).
@@ -163,8 +165,17 @@ class DiLoCo:
             collect_timeout=collect_timeout,
             progress_every=progress_every,
             round_wait=round_wait,
+            whole_model=self._whole_model,
         )
         self._grads: Optional[np.ndarray] = None
+
+    def _whole_model(self, direction: str) -> None:
+        # A catch-up rewrites every parameter: all of the model is copied
+        # into the flat vector before it and back after.
+        if direction == "in":
+            self._layout.gather(self._flat, 0, self._layout.size)
+        else:
+            self._layout.scatter(self._flat, 0, self._layout.size)
 
     @property
     def session(self) -> Session:

@@ -10,18 +10,24 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from longhaul.client import Collected, Fragment, LonghaulError, Schedule, _SharedBuffer
+from longhaul.client import CaughtUp, Collected, Fragment, LonghaulError, Schedule, _SharedBuffer
 from longhaul.diloco import DiLoCo, NesterovSGD
 
 
 class Hub:
     """Averages what the stand-in sessions submit, round by round."""
 
-    def __init__(self, sites: List[str], excluded: Dict[int, str] = None, aborted=()):
+    def __init__(self, sites: List[str], excluded: Dict[int, str] = None, aborted=(), catch_ups=None, serve=True):
         self.sites = sites
         self.excluded = excluded or {}
         # Rounds that end without an average at any site.
         self.aborted = set(aborted)
+        # Round -> (the site catching up, after which round, from which).
+        self.catch_ups: Dict[int, Tuple[str, int, str]] = catch_ups or {}
+        # Whether the agent of the site caught up from serves its state.
+        self.serve = serve
+        # Round after -> the (anchor, velocity) published.
+        self.states: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self.submitted: Dict[Tuple[int, int], Dict[str, np.ndarray]] = {}
         self.changed = threading.Condition()
 
@@ -40,7 +46,28 @@ class FakeSession:
         return self.schedule
 
     def wait_for_round(self, after, timeout=60.0):
-        return Schedule(**{**self.schedule.__dict__, "round": max(after + 1, 1)})
+        round = max(after + 1, 1)
+        fields = {**self.schedule.__dict__, "round": round}
+        site, after_round, source = self.hub.catch_ups.get(round, ("", 0, ""))
+        if site == self.site:
+            fields.update(catch_up_after_round=after_round, catch_up_from_site=source)
+        if source == self.site and after_round not in self.hub.states:
+            fields.update(serve_after_round=after_round)
+        return Schedule(**fields)
+
+    def publish_state(self, round, anchor, velocity):
+        with self.hub.changed:
+            self.hub.states[round] = (np.array(anchor), np.array(velocity))
+            self.hub.changed.notify_all()
+
+    def catch_up(self, round, timeout=600.0):
+        if not self.hub.serve:
+            return CaughtUp(False, "a", "the state after that round is not published")
+        with self.hub.changed:
+            ok = self.hub.changed.wait_for(lambda: round in self.hub.states, 5.0)
+            assert ok, f"the state after round {round} was never published"
+            anchor, velocity = self.hub.states[round]
+        return CaughtUp(True, "a", "", anchor.copy(), velocity.copy())
 
     def submit(self, round, fragment, values):
         if self.hub.excluded.get(round) == self.site:
@@ -108,8 +135,8 @@ class NesterovTest(unittest.TestCase):
 
 
 class OuterLoopTest(unittest.TestCase):
-    def run_sites(self, excluded=None, steps=12, h=4, fragments=2, tau=0, aborted=()):
-        hub = Hub(["a", "b"], excluded, aborted)
+    def run_sites(self, excluded=None, steps=12, h=4, fragments=2, tau=0, aborted=(), catch_ups=None, serve=True):
+        hub = Hub(["a", "b"], excluded, aborted, catch_ups, serve)
         sched = schedule(8, fragments, h, tau)
         loops = {}
         for i, site in enumerate(["a", "b"]):
@@ -189,6 +216,46 @@ class OuterLoopTest(unittest.TestCase):
             expected -= step
         np.testing.assert_allclose(pb, expected, rtol=0, atol=1e-6)
         self.assertFalse(np.array_equal(pa, pb))
+        self.assertFalse(np.array_equal(la.anchor, lb.anchor))
+
+    def test_a_site_that_missed_a_committed_round_catches_up_and_shares_the_anchor_again(self):
+        for fragments, tau in ((1, 0), (2, 1)):
+            # b is left out of round 2, which a commits; round 3 names b as
+            # catching up after round 2 from a.
+            loops = self.run_sites(excluded={2: "b"}, steps=12, fragments=fragments, tau=tau, catch_ups={3: ("b", 2, "a")})
+            (pa, la), (pb, lb) = loops["a"], loops["b"]
+            self.assertTrue(lb.history[1].excluded)
+            record = lb.history[2]
+            self.assertEqual((record.caught_up_from, record.caught_up_after), ("a", 2))
+            self.assertTrue(all(record.applied))
+            self.assertEqual(record.live_sites, ["a", "b"])
+            # a published its state after round 2, before round 3 moved it.
+            anchor2, velocity2 = la.session.hub.states[2]
+            self.assertFalse(np.array_equal(anchor2, la.anchor))
+            self.assertTrue(np.any(velocity2 != 0))
+            np.testing.assert_array_equal(la.anchor, lb.anchor)
+            np.testing.assert_array_equal(la.outer.velocity, lb.outer.velocity)
+            self.assertEqual((la.anchor_round, lb.anchor_round), (3, 3))
+            if fragments == 1:
+                np.testing.assert_array_equal(pa, pb)
+            # b's round-3 pseudo-gradient is its eight local steps since
+            # round 1: the catch-up moved its anchor and its parameters alike.
+            rng = np.random.default_rng(ord("b"))
+            steps = [rng.normal(0, 0.1, 8).astype(np.float32) for _ in range(12)]
+            if fragments == 1:
+                np.testing.assert_allclose(la.session.hub.submitted[(3, 0)]["b"], sum(steps[4:12]), rtol=0, atol=1e-5)
+
+    def test_a_failed_catch_up_sits_the_round_out_and_keeps_the_anchor(self):
+        loops = self.run_sites(
+            excluded={2: "b", 3: "b"}, steps=12, fragments=1, catch_ups={3: ("b", 2, "a")}, serve=False
+        )
+        (pa, la), (pb, lb) = loops["a"], loops["b"]
+        record = lb.history[2]
+        self.assertIn("not published", record.catch_up_failed)
+        self.assertEqual(record.caught_up_from, "")
+        self.assertNotIn("b", la.session.hub.submitted[(3, 0)])
+        self.assertFalse(any(record.applied))
+        self.assertEqual(lb.anchor_round, 1)
         self.assertFalse(np.array_equal(la.anchor, lb.anchor))
 
     def test_after_an_aborted_round_the_sites_share_one_anchor_again(self):

@@ -334,6 +334,9 @@ def main(argv: List[str] = None) -> int:
                 "hash": r.hashes[0] if r.hashes else "",
                 "exchange_seconds": r.exchange_seconds,
                 "outer_step_seconds": r.outer_step_seconds,
+                "caught_up_from": r.caught_up_from,
+                "caught_up_after": r.caught_up_after,
+                "catch_up_failed": r.catch_up_failed,
             }
             for r in history
         ],
