@@ -292,3 +292,85 @@ site = "south"
     assert_eq!(last_rounds[0], last_rounds[1], "{training:#}");
     assert_eq!(training["same_parameters"], true, "{training:#}");
 }
+
+/// Three campuses, the east campus's agent killed in the middle of DiLoCo
+/// training and started again (`deploy/scenarios/
+/// train-chars-three-sites-site-loss.toml`): north commits a round
+/// without east; the next round names east as catching up, its agent
+/// fetches the anchor and outer momentum after that round from a campus
+/// that applied it, its trainer loads them, and every campus ends in the
+/// job's last round with the same parameters. Without the catch-up east
+/// ends one anchor behind, with different parameters.
+#[test]
+fn a_site_excluded_from_a_committed_round_catches_up_and_every_site_ends_the_same() {
+    if let Some(missing) = python_unavailable() {
+        eprintln!("skipped: {missing}");
+        return;
+    }
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let scenarios = Path::new(ROOT).join("deploy/scenarios");
+    let shipped =
+        std::fs::read_to_string(scenarios.join("train-chars-three-sites-site-loss.toml")).unwrap();
+    let examples = Path::new(ROOT).join("deploy/examples");
+    let scenario = shipped
+        .replace("\"../examples/", &format!("\"{}/", examples.display()))
+        .replace("[\"python3\"", &format!("[\"{}\"", python()));
+    assert!(scenario.contains(&python()), "{scenario}");
+    let path = dir.path().join("three-sites-site-loss.toml");
+    std::fs::write(&path, scenario).unwrap();
+    let report = rehearse(&path);
+    let training = &report["training"];
+    let sites = training["sites"].as_array().unwrap();
+    // The job runs on the two near campuses (the far one is its spare).
+    assert_eq!(sites.len(), 2, "{training:#}");
+    let history = |site: &str| {
+        sites
+            .iter()
+            .find(|s| s["site"] == site)
+            .unwrap_or_else(|| panic!("no trainer at {site}: {training:#}"))["run"]["rounds"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    // A round the others committed without east.
+    let north = history("north");
+    let without_east: Vec<u64> = north
+        .iter()
+        .filter(|r| {
+            r["applied"] == true
+                && !r["live_sites"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s == "east")
+        })
+        .map(|r| r["round"].as_u64().unwrap())
+        .collect();
+    assert!(
+        !without_east.is_empty(),
+        "the kill did not land inside training: {training:#}"
+    );
+    // East caught up after one of them and applied that round's successor.
+    let east = history("east");
+    let caught_up = east
+        .iter()
+        .find(|r| r["caught_up_from"] != "")
+        .unwrap_or_else(|| panic!("east never caught up: {training:#}"));
+    let after = caught_up["caught_up_after"].as_u64().unwrap();
+    assert!(without_east.contains(&after), "{training:#}");
+    assert_eq!(caught_up["applied"], true, "{training:#}");
+    for site in sites {
+        assert_exited_cleanly(site);
+        let run = &site["run"];
+        let last = run["rounds"].as_array().unwrap().last().unwrap().clone();
+        // The job's last round: the outer step of the whole step budget.
+        let last_round =
+            run["step_budget"].as_u64().unwrap() / run["inner_steps"].as_u64().unwrap();
+        assert_eq!(last["round"], last_round, "{run:#}");
+        assert_eq!(last["applied"], true, "{run:#}");
+        let loss = run["final_held_out_loss"].as_f64().unwrap();
+        assert!(loss < LEARNED, "{}: held-out loss {loss}", site["site"]);
+    }
+    assert_eq!(training["same_parameters"], true, "{training:#}");
+}
