@@ -195,6 +195,10 @@ pub struct RoundRow {
     pub participants: Vec<String>,
     /// Excluded participants, as `site (reason)`.
     pub excluded: Vec<String>,
+    /// Participants that catch up before taking part, as `site (after
+    /// round R from S)`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub catching_up: Vec<String>,
     pub fragments: u32,
     /// The widest link's bits per value.
     pub bits: u32,
@@ -257,6 +261,17 @@ pub(super) fn rounds_report(
                     .iter()
                     .filter(|p| p.excluded)
                     .map(|p| format!("{} ({})", p.site_id, p.exclusion_reason))
+                    .collect(),
+                catching_up: r
+                    .participant_states
+                    .iter()
+                    .filter(|p| p.catch_up_from_round != 0)
+                    .map(|p| {
+                        format!(
+                            "{} (after round {} from {})",
+                            p.site_id, p.catch_up_from_round, p.catch_up_from_site
+                        )
+                    })
                     .collect(),
                 fragments: r.fragments,
                 bits: r.codec_bits,
@@ -671,11 +686,62 @@ fn print_training(training: &TrainingReport, out: &mut dyn Write) -> std::io::Re
                 .unwrap_or_else(|| "killed at the end".into()),
         ]);
     }
-    write!(out, "{}", table.render(2))
+    write!(out, "{}", table.render(2))?;
+    for site in &training.sites {
+        if let Some(line) = site.run.as_ref().and_then(left_out_and_caught_up) {
+            writeln!(out, "  {}: {line}", site.site)?;
+        }
+    }
+    Ok(())
 }
 
-/// Rounds shown in the text report; the JSON has every one.
+/// The rounds a trainer's run did not apply and its catch-ups, in words
+/// (`None` when it applied every round).
+fn left_out_and_caught_up(run: &serde_json::Value) -> Option<String> {
+    let rounds = run.get("rounds")?.as_array()?;
+    let number = |r: &serde_json::Value| r.get("round").and_then(|n| n.as_u64()).unwrap_or(0);
+    let mut parts = Vec::new();
+    let missed: Vec<String> = rounds
+        .iter()
+        .filter(|r| r.get("applied").and_then(|a| a.as_bool()) == Some(false))
+        .map(|r| number(r).to_string())
+        .collect();
+    if !missed.is_empty() {
+        parts.push(format!("did not apply round {}", missed.join(", ")));
+    }
+    for r in rounds {
+        let text = |key: &str| r.get(key).and_then(|v| v.as_str()).unwrap_or("");
+        if !text("caught_up_from").is_empty() {
+            parts.push(format!(
+                "caught up after round {} from {} before round {}",
+                r.get("caught_up_after")
+                    .and_then(|n| n.as_u64())
+                    .unwrap_or(0),
+                text("caught_up_from"),
+                number(r)
+            ));
+        }
+        if !text("catch_up_failed").is_empty() {
+            parts.push(format!(
+                "sat round {} out: catch-up failed ({})",
+                number(r),
+                text("catch_up_failed")
+            ));
+        }
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// Rounds shown in the text report besides those where something
+/// happened; the JSON has every one.
 const ROUNDS_SHOWN: usize = 24;
+
+/// A row of the rounds table standing for `hidden` rounds not shown.
+fn elided(hidden: usize) -> Vec<String> {
+    let mut row = vec!["...".to_string(), format!("{hidden} more")];
+    row.resize(10, String::new());
+    row
+}
 
 fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<()> {
     let what = if rounds.elements_per_fragment == 0 {
@@ -695,7 +761,7 @@ fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<(
         ("round", true),
         ("state", false),
         ("sites", false),
-        ("excluded", false),
+        ("excluded, catching up", false),
         ("fragments", true),
         ("bits", true),
         ("bytes", true),
@@ -703,33 +769,37 @@ fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<(
         ("predicted", true),
         ("took", true),
     ]);
+    // The first and last rounds, and every round in between where a site
+    // was excluded or caught up, or that aborted; the rest as "N more".
     let n = rounds.rounds.len();
+    let shown = |i: usize, r: &RoundRow| {
+        n <= ROUNDS_SHOWN
+            || i < ROUNDS_SHOWN / 2
+            || i >= n - ROUNDS_SHOWN / 2
+            || !r.excluded.is_empty()
+            || !r.catching_up.is_empty()
+            || r.state == "aborted"
+    };
+    let mut hidden = 0;
     for (i, r) in rounds.rounds.iter().enumerate() {
-        if n > ROUNDS_SHOWN && i == ROUNDS_SHOWN / 2 {
-            table.row(vec![
-                "...".into(),
-                format!("{} more", n - ROUNDS_SHOWN),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ]);
-        }
-        if n > ROUNDS_SHOWN && i >= ROUNDS_SHOWN / 2 && i < n - ROUNDS_SHOWN / 2 {
+        if !shown(i, r) {
+            hidden += 1;
             continue;
         }
+        if hidden > 0 {
+            table.row(elided(hidden));
+            hidden = 0;
+        }
+        let mut notes = r.excluded.clone();
+        notes.extend(r.catching_up.iter().map(|c| format!("catching up: {c}")));
         table.row(vec![
             r.round.to_string(),
             r.state.clone(),
             r.participants.join(", "),
-            if r.excluded.is_empty() {
+            if notes.is_empty() {
                 "-".into()
             } else {
-                r.excluded.join(", ")
+                notes.join(", ")
             },
             r.fragments.to_string(),
             r.bits.to_string(),
@@ -829,5 +899,73 @@ mod tests {
         assert!(warning.contains("dropped 7 datagram(s)"), "{warning}");
         assert!(warning.contains("failed to send 1"), "{warning}");
         assert!(warning.contains("(b->a)"), "{warning}");
+    }
+
+    fn row(round: u64, excluded: &[&str], catching_up: &[&str]) -> RoundRow {
+        RoundRow {
+            round,
+            state: "committed".into(),
+            participants: vec!["east".into(), "north".into()],
+            excluded: excluded.iter().map(|s| s.to_string()).collect(),
+            catching_up: catching_up.iter().map(|s| s.to_string()).collect(),
+            fragments: 1,
+            bits: 4,
+            took_ms: Some(10),
+            exchange_ms: None,
+            bytes: 0,
+            predicted_ms: 0.0,
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_rounds_table_elides_only_rounds_where_nothing_happened() {
+        let rows: Vec<RoundRow> = (1..=60)
+            .map(|r| match r {
+                30 => row(r, &["east (site_down)"], &[]),
+                31 => row(r, &[], &["east (after round 30 from north)"]),
+                _ => row(r, &[], &[]),
+            })
+            .collect();
+        let report = RoundsReport {
+            elements_per_fragment: 0,
+            committed: 60,
+            aborted: 0,
+            open: 0,
+            measured: 0,
+            median_took_ms: None,
+            median_exchange_ms: None,
+            median_predicted_ms: None,
+            rounds: rows,
+            links: Vec::new(),
+        };
+        let mut out = Vec::new();
+        print_rounds(&report, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("east (site_down)"), "{text}");
+        assert!(
+            text.contains("catching up: east (after round 30 from north)"),
+            "{text}"
+        );
+        // Rounds 13-29 and 32-48 stand for themselves as one line each.
+        assert!(text.contains("17 more"), "{text}");
+        assert_eq!(text.matches(" more").count(), 2, "{text}");
+    }
+
+    #[test]
+    fn a_trainers_missed_rounds_and_catch_ups_are_told() {
+        let run = serde_json::json!({"rounds": [
+            {"round": 8, "applied": true, "caught_up_from": "", "caught_up_after": 0, "catch_up_failed": ""},
+            {"round": 9, "applied": false, "caught_up_from": "", "caught_up_after": 0, "catch_up_failed": ""},
+            {"round": 10, "applied": false, "caught_up_from": "", "caught_up_after": 0, "catch_up_failed": "no state"},
+            {"round": 11, "applied": true, "caught_up_from": "north", "caught_up_after": 10, "catch_up_failed": ""},
+        ]});
+        assert_eq!(
+            left_out_and_caught_up(&run).unwrap(),
+            "did not apply round 9, 10; sat round 10 out: catch-up failed (no state); \
+             caught up after round 10 from north before round 11"
+        );
+        let clean = serde_json::json!({"rounds": [{"round": 1, "applied": true}]});
+        assert_eq!(left_out_and_caught_up(&clean), None);
     }
 }
