@@ -117,11 +117,15 @@ impl StateStore {
         Arc::new(StateStore::default())
     }
 
-    /// Keeps `state` as the job's state after `round` (replacing an
-    /// earlier round's).
+    /// Keeps `state` as the job's state after `round`, replacing an
+    /// earlier round's (a state after an earlier round than the one kept
+    /// is ignored: the store never goes back).
     pub fn publish(&self, job: &str, round: u64, state: Vec<f32>) {
         let mut jobs = lock(&self.jobs);
         let entry = jobs.entry(job.to_string()).or_default();
+        if entry.state.as_ref().is_some_and(|(kept, _)| *kept > round) {
+            return;
+        }
         entry.state = Some((round, Arc::new(state)));
         entry.allowed.retain(|(r, _)| *r >= round);
         drop(jobs);

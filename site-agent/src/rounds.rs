@@ -413,7 +413,7 @@ async fn fetch_state(
     let fail = |why: String| {
         tracing::warn!(job, round = round_id, from_site = from, after_round = after, reason = %why, "catch-up failed: the trainers sit this round out");
         metrics::counter!("longhaul_agent_catch_ups_failed_total").increment(1);
-        hub.record_fetch(&job, after, from, Err(why));
+        hub.record_fetch(&job, round_id, after, from, Err(why));
     };
     let Some(client) = &shared.settings.catch_up else {
         return fail("this agent fetches no states".to_string());
@@ -477,7 +477,7 @@ async fn fetch_state(
                     "catch-up state fetched"
                 );
                 metrics::counter!("longhaul_agent_catch_ups_total").increment(1);
-                hub.record_fetch(&job, after, from, Ok(values));
+                hub.record_fetch(&job, round_id, after, from, Ok(values));
                 return;
             }
             Err(why) => {

@@ -37,7 +37,12 @@ pub const STATE_COPIES: u64 = 2;
 /// The state fetched for a catch-up, or why there is none.
 #[derive(Debug, Clone)]
 pub struct Fetched {
+    /// The round caught up after.
     round: u64,
+    /// The open round the fetch was for: a failure answers only a catch-up
+    /// of that round (or a later one's while none newer is known), never a
+    /// later round's, which fetches again.
+    in_round: u64,
     from_site: String,
     outcome: Result<Arc<Vec<f32>>, String>,
 }
@@ -89,11 +94,13 @@ impl TrainerHub {
             .is_some_and(|f| f.round == round && f.outcome.is_ok())
     }
 
-    /// What the round driver's fetch of the state after `round` of `job`
-    /// from `from_site` came to; the trainers waiting in `CatchUp` get it.
+    /// What the round driver's fetch, for the open round `in_round`, of the
+    /// state after `round` of `job` from `from_site` came to; the trainers
+    /// waiting in `CatchUp` get it.
     pub fn record_fetch(
         &self,
         job: &str,
+        in_round: u64,
         round: u64,
         from_site: &str,
         outcome: Result<Vec<f32>, String>,
@@ -104,6 +111,7 @@ impl TrainerHub {
         }
         let fetched = Fetched {
             round,
+            in_round,
             from_site: from_site.to_string(),
             outcome: outcome.map(Arc::new),
         };
@@ -131,16 +139,31 @@ impl TrainerHub {
         Ok((job, elements))
     }
 
-    fn check_state_size(
+    /// A state is f32 (a bf16 copy of the anchor would not be the
+    /// source's anchor) of exactly the job's state size.
+    fn check_state_tensor(
         field: &'static str,
         tensor: &shm::TensorRef,
         elements: u64,
     ) -> Result<(), TrainerError> {
+        let (dtype_field, elements_field) = match field {
+            "tensor" => ("tensor.dtype", "tensor.elements"),
+            _ => ("into.dtype", "into.elements"),
+        };
+        if tensor.dtype != shm::Dtype::F32 {
+            return Err(TrainerError::Invalid {
+                field: dtype_field,
+                message: format!(
+                    "is {:?}; a state is F32 (the anchor and the momentum exactly as the trainer holds them)",
+                    tensor.dtype
+                ),
+            });
+        }
         if tensor.elements == elements {
             return Ok(());
         }
         Err(TrainerError::Invalid {
-            field,
+            field: elements_field,
             message: format!(
                 "is {}; a state is {elements} values ({STATE_COPIES} x the job's parameters: the anchor, then the outer momentum)",
                 tensor.elements
@@ -158,15 +181,34 @@ impl TrainerHub {
     ) -> Result<u64, TrainerError> {
         let tensor = shm::TensorRef::from_wire(request.tensor.as_ref(), "tensor")?;
         let (job, elements) = self.state_job(&request.session)?;
-        Self::check_state_size("tensor.elements", &tensor, elements)?;
-        let asked = {
+        Self::check_state_tensor("tensor", &tensor, elements)?;
+        let (asked, applied) = {
             let state = lock(&self.state);
-            state
+            let open = state
                 .rounds
                 .get(&job)
-                .filter(|r| r.state == pb::RoundState::Open as i32)
-                .and_then(|r| serving(r, &self.site))
+                .filter(|r| r.state == pb::RoundState::Open as i32);
+            let applied = open.and_then(|r| {
+                state
+                    .results
+                    .range((job.clone(), r.round_id, 0)..=(job.clone(), r.round_id, u32::MAX))
+                    .find(|(_, result)| matches!(result, super::FragmentResult::Applied { .. }))
+                    .map(|((_, round, fragment), _)| (*round, *fragment))
+            });
+            (open.and_then(|r| serving(r, &self.site)), applied)
         };
+        if let (Some(after), Some((round, fragment))) = (asked, applied)
+            && after == request.round
+        {
+            // A trainer may have applied it: its anchor is no longer the
+            // one after the round asked for.
+            return Err(TrainerError::Over {
+                field: "round",
+                message: format!(
+                    "fragment {fragment} of round {round} of {job} is applied here already: the state after round {after} is no longer what the trainers hold"
+                ),
+            });
+        }
         if asked != Some(request.round) {
             return Err(TrainerError::NotFound {
                 field: "round",
@@ -216,7 +258,7 @@ impl TrainerHub {
             });
         }
         let (job, elements) = self.state_job(&request.session)?;
-        Self::check_state_size("into.elements", &into, elements)?;
+        Self::check_state_tensor("into", &into, elements)?;
         {
             let state = lock(&self.state);
             let asked = state
@@ -255,12 +297,19 @@ impl TrainerHub {
             let notified = self.changed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let Some(fetched) = lock(&self.state)
-                .fetched
-                .get(&job)
-                .filter(|f| f.round == request.round)
-            {
-                break fetched.clone();
+            let found = {
+                let state = lock(&self.state);
+                let latest = state.rounds.get(&job).map_or(0, |r| r.round_id);
+                state
+                    .fetched
+                    .get(&job)
+                    .filter(|f| {
+                        f.round == request.round && (f.outcome.is_ok() || f.in_round >= latest)
+                    })
+                    .cloned()
+            };
+            if let Some(fetched) = found {
+                break fetched;
             }
             tokio::select! {
                 _ = &mut notified => {}

@@ -544,6 +544,22 @@ fn a_site_caught_up_from_publishes_only_the_state_the_open_round_asks_for() {
     bad[13] = f32::NAN;
     let error = publish(7, "s-nan", &bad).unwrap_err();
     assert_eq!(field(&error), "tensor", "{error}");
+    // A bf16 copy is not the anchor the trainers hold.
+    let error = f
+        .hub
+        .publish_state(
+            &pb::TrainerPublishStateRequest {
+                session: session.clone(),
+                round: 7,
+                tensor: Some(pb::SharedTensor {
+                    dtype: pb::TensorDtype::Bf16 as i32,
+                    ..f.tensor("s-bf16", &state(20))
+                }),
+            },
+            own_uid(),
+        )
+        .unwrap_err();
+    assert_eq!(field(&error), "tensor.dtype", "{error}");
     assert!(!f.hub.states().has("job", 7));
     assert_eq!(publish(7, "s-ok", &state(20)).unwrap(), 20);
     assert!(f.hub.states().has("job", 7));
@@ -610,6 +626,16 @@ async fn a_catching_up_site_gets_the_state_fetched_or_why_there_is_none() {
             },
             "into.elements",
         ),
+        (
+            pb::TrainerCatchUpRequest {
+                into: Some(pb::SharedTensor {
+                    dtype: pb::TensorDtype::Bf16 as i32,
+                    ..into.clone()
+                }),
+                ..request.clone()
+            },
+            "into.dtype",
+        ),
     ] {
         let error = f.hub.catch_up(&bad, own_uid()).await.unwrap_err();
         assert_eq!(field(&error), named, "{error}");
@@ -626,7 +652,7 @@ async fn a_catching_up_site_gets_the_state_fetched_or_why_there_is_none() {
         tokio::spawn(async move { hub.catch_up(&request, own_uid()).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
-    f.hub.record_fetch("job", 7, "south", Ok(state(20)));
+    f.hub.record_fetch("job", 8, 7, "south", Ok(state(20)));
     let response = waiting.await.unwrap().unwrap();
     assert_eq!(response.outcome, pb::CatchUpOutcome::Loaded as i32);
     assert_eq!(response.from_site, "south");
@@ -638,7 +664,7 @@ async fn a_catching_up_site_gets_the_state_fetched_or_why_there_is_none() {
     assert!(f.hub.fetched("job", 7));
     // A later failed try does not replace the state fetched.
     f.hub
-        .record_fetch("job", 7, "south", Err("timed out".into()));
+        .record_fetch("job", 8, 7, "south", Err("timed out".into()));
     let again = f.hub.catch_up(&request, own_uid()).await.unwrap();
     assert_eq!(again.outcome, pb::CatchUpOutcome::Loaded as i32);
     // The round over, the state fetched is still given.
@@ -658,6 +684,7 @@ async fn a_failed_fetch_answers_the_catch_up_with_its_reason_and_writes_nothing(
     f.hub.observe_round(&catch_up_round(SITE, "south"));
     f.hub.record_fetch(
         "job",
+        8,
         7,
         "south",
         Err("site south refused: no state".into()),
@@ -674,4 +701,81 @@ async fn a_failed_fetch_answers_the_catch_up_with_its_reason_and_writes_nothing(
     assert!(response.reason.contains("no state"), "{}", response.reason);
     let bytes = std::fs::read(f.dir.path().join("state")).unwrap();
     assert_eq!(bytemuck::cast_slice::<u8, f32>(&bytes), &[9.0; 20]);
+}
+
+#[test]
+fn no_state_is_published_once_a_fragment_of_the_open_round_is_applied_here() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    f.hub.observe_round(&catch_up_round("south", SITE));
+    f.hub.publish(
+        "job",
+        8,
+        1,
+        FragmentResult::Applied {
+            values: Arc::new(vec![0.0; 10]),
+            hash: "h".into(),
+            live: vec![SITE.into(), "south".into()],
+        },
+    );
+    let error = f
+        .hub
+        .publish_state(
+            &pb::TrainerPublishStateRequest {
+                session,
+                round: 7,
+                tensor: Some(f.tensor("s", &state(20))),
+            },
+            own_uid(),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, TrainerError::Over { field: "round", .. }),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("fragment 1 of round 8"),
+        "{error}"
+    );
+    assert!(!f.hub.states().has("job", 7));
+}
+
+#[test]
+fn the_state_store_never_goes_back_to_an_earlier_round() {
+    let f = fixture(Duration::from_secs(30));
+    f.hub.states().publish("job", 9, state(20));
+    f.hub.states().publish("job", 7, state(4));
+    assert!(f.hub.states().has("job", 9));
+    assert!(!f.hub.states().has("job", 7));
+}
+
+#[tokio::test]
+async fn a_failed_fetch_of_an_earlier_round_does_not_answer_a_later_rounds_catch_up() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    f.hub.observe_round(&catch_up_round(SITE, "south"));
+    f.hub
+        .record_fetch("job", 8, 7, "south", Err("round 8 ended first".into()));
+    // Round 8 aborts; round 9 names this site as catching up after 7 again.
+    f.hub
+        .observe_round(&round("job", 8, 2, pb::RoundState::Aborted));
+    let mut nine = catch_up_round(SITE, "south");
+    nine.round_id = 9;
+    nine.revision = 90;
+    f.hub.observe_round(&nine);
+    assert!(!f.hub.fetched("job", 7));
+    let request = pb::TrainerCatchUpRequest {
+        session,
+        round: 7,
+        into: Some(f.tensor("state", &[0.0; 20])),
+        timeout_ms: 30,
+    };
+    // Round 8's failure is not round 9's: the catch-up waits for its fetch.
+    let error = f.hub.catch_up(&request, own_uid()).await.unwrap_err();
+    assert!(matches!(error, TrainerError::Timeout { .. }), "{error}");
+    f.hub
+        .record_fetch("job", 9, 7, "south", Err("site south refused".into()));
+    let failed = f.hub.catch_up(&request, own_uid()).await.unwrap();
+    assert_eq!(failed.outcome, pb::CatchUpOutcome::Failed as i32);
+    assert!(failed.reason.contains("refused"), "{}", failed.reason);
 }

@@ -135,8 +135,9 @@ class TrainerServicer:
 
     def PublishState(self, request, context):
         """The state (anchor, then outer momentum) after the round a site catches
-        up from this one, read from shared memory; only while the open round
-        asks this site for it (`serve_after_round`).
+        up from this one, read from shared memory; F32 only; only while the
+        open round asks this site for it (`serve_after_round`) and none of its
+        fragments is applied here yet (FAILED_PRECONDITION on `round` then).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -145,7 +146,7 @@ class TrainerServicer:
     def CatchUp(self, request, context):
         """Waits (up to `timeout_ms`) for the state the agent fetches for this
         site's catch-up (`catch_up_after_round`) and writes it to shared
-        memory; or says why there is none (then sit the round out: a site
+        memory (F32); or says why there is none (then sit the round out: a site
         that did not catch up is excluded and asked again in the next round).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
