@@ -48,7 +48,14 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from longhaul.client import Collected, Fragment, LonghaulError, Session
+from longhaul.client import CaughtUp, Collected, CollectTimeout, Fragment, LonghaulError, Session
+
+
+def _lost_round(error: LonghaulError) -> bool:
+    """Whether the agent refused because the round is gone or moved on
+    (it restarted, the round ended, the job was re-planned): what a loop
+    rides out by training on locally."""
+    return error.field == "round" and error.code in ("NOT_FOUND", "FAILED_PRECONDITION")
 
 
 class NesterovSGD:
@@ -162,12 +169,27 @@ class DiLoCo:
 
     def _catch_up(self, schedule) -> None:
         if schedule.serve_after_round and schedule.serve_after_round == self.anchor_round:
-            self.session.publish_state(self.anchor_round, self.anchor, self.outer.velocity)
+            try:
+                self.session.publish_state(self.anchor_round, self.anchor, self.outer.velocity)
+            except LonghaulError as error:
+                # The round moved on, or the agent lost it (it restarted):
+                # no one is served from this state now; train on.
+                if not _lost_round(error):
+                    raise
         after = schedule.catch_up_after_round
         if not after or after == self.anchor_round:
             return
         record = self._record
-        outcome = self.session.catch_up(after, timeout=self.collect_timeout)
+        try:
+            outcome = self.session.catch_up(after, timeout=self.collect_timeout)
+        except CollectTimeout as error:
+            # Still being fetched at the timeout: what comes later would be
+            # on a stale anchor, so this round is sat out.
+            outcome = CaughtUp(False, schedule.catch_up_from_site, f"no state within {self.collect_timeout} s: {error.message}")
+        except LonghaulError as error:
+            if not _lost_round(error):
+                raise
+            outcome = CaughtUp(False, schedule.catch_up_from_site, error.message)
         if not outcome.loaded:
             self._sitting_out = self.round
             if record is not None:
@@ -243,7 +265,7 @@ class DiLoCo:
             except LonghaulError as error:
                 # The agent lost the round (it restarted, or the job was
                 # re-planned off this site meanwhile): train on locally.
-                if error.field != "round" or error.code not in ("NOT_FOUND", "FAILED_PRECONDITION"):
+                if not _lost_round(error):
                     raise
                 outcome = Collected(False, False, "", [], error.message)
         record.applied.append(outcome.applied)

@@ -10,15 +10,19 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from longhaul.client import CaughtUp, Collected, Fragment, LonghaulError, Schedule, _SharedBuffer
+from longhaul.client import CaughtUp, Collected, CollectTimeout, Fragment, LonghaulError, Schedule, _SharedBuffer
 from longhaul.diloco import DiLoCo, NesterovSGD
 
 
 class Hub:
     """Averages what the stand-in sessions submit, round by round."""
 
-    def __init__(self, sites: List[str], excluded: Dict[int, str] = None, aborted=(), catch_ups=None, serve=True):
+    def __init__(
+        self, sites: List[str], excluded: Dict[int, str] = None, aborted=(), catch_ups=None, serve=True, refuse=None
+    ):
         self.sites = sites
+        # Method name -> the error the agent answers it with.
+        self.refuse: Dict[str, LonghaulError] = refuse or {}
         self.excluded = excluded or {}
         # Rounds that end without an average at any site.
         self.aborted = set(aborted)
@@ -56,11 +60,15 @@ class FakeSession:
         return Schedule(**fields)
 
     def publish_state(self, round, anchor, velocity):
+        if "publish_state" in self.hub.refuse:
+            raise self.hub.refuse["publish_state"]
         with self.hub.changed:
             self.hub.states[round] = (np.array(anchor), np.array(velocity))
             self.hub.changed.notify_all()
 
     def catch_up(self, round, timeout=600.0):
+        if "catch_up" in self.hub.refuse:
+            raise self.hub.refuse["catch_up"]
         if not self.hub.serve:
             return CaughtUp(False, "a", "the state after that round is not published")
         with self.hub.changed:
@@ -135,24 +143,33 @@ class NesterovTest(unittest.TestCase):
 
 
 class OuterLoopTest(unittest.TestCase):
-    def run_sites(self, excluded=None, steps=12, h=4, fragments=2, tau=0, aborted=(), catch_ups=None, serve=True):
-        hub = Hub(["a", "b"], excluded, aborted, catch_ups, serve)
+    def run_sites(
+        self, excluded=None, steps=12, h=4, fragments=2, tau=0, aborted=(), catch_ups=None, serve=True, refuse=None
+    ):
+        hub = Hub(["a", "b"], excluded, aborted, catch_ups, serve, refuse)
         sched = schedule(8, fragments, h, tau)
         loops = {}
         for i, site in enumerate(["a", "b"]):
             params = np.full(8, 1.0, dtype=np.float32)
             loops[site] = (params, DiLoCo(FakeSession(hub, site, sched), params, progress_every=0.0))
+        errors = []
+
         def train(site, params, loop):
             rng = np.random.default_rng(ord(site))
-            for _ in range(steps):
-                params -= rng.normal(0, 0.1, 8).astype(np.float32)  # an inner step
-                loop.step()
+            try:
+                for _ in range(steps):
+                    params -= rng.normal(0, 0.1, 8).astype(np.float32)  # an inner step
+                    loop.step()
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append((site, error))
 
         threads = [threading.Thread(target=train, args=(site, *pair)) for site, pair in loops.items()]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(10.0)
+        self.assertEqual(errors, [])
+        self.assertFalse(any(thread.is_alive() for thread in threads), "a site's loop never ended")
         return loops
 
     def test_every_site_ends_each_outer_step_with_the_same_parameters(self):
@@ -257,6 +274,38 @@ class OuterLoopTest(unittest.TestCase):
         self.assertFalse(any(record.applied))
         self.assertEqual(lb.anchor_round, 1)
         self.assertFalse(np.array_equal(la.anchor, lb.anchor))
+
+    def test_a_catch_up_the_agent_times_out_or_refuses_sits_the_round_out(self):
+        for refusal in (
+            CollectTimeout("DEADLINE_EXCEEDED", "timeout_ms: the state after round 2 of job is still being fetched"),
+            LonghaulError("NOT_FOUND", "round: no round of job names this site as catching up after round 2"),
+        ):
+            loops = self.run_sites(
+                excluded={2: "b", 3: "b"}, fragments=1, catch_ups={3: ("b", 2, "a")}, refuse={"catch_up": refusal}
+            )
+            (_, la), (_, lb) = loops["a"], loops["b"]
+            record = lb.history[2]
+            self.assertIn(refusal.message.split(": ", 1)[1], record.catch_up_failed)
+            # Nothing submitted on the stale anchor; the anchor kept.
+            self.assertNotIn("b", la.session.hub.submitted[(3, 0)])
+            self.assertFalse(any(record.applied))
+            self.assertEqual(lb.anchor_round, 1)
+
+    def test_a_publish_the_agent_refuses_is_skipped_and_the_site_trains_on(self):
+        refusal = LonghaulError("FAILED_PRECONDITION", "round: fragment 0 of round 3 of job is applied here already")
+        loops = self.run_sites(
+            excluded={2: "b", 3: "b"},
+            fragments=1,
+            catch_ups={3: ("b", 2, "a")},
+            serve=False,
+            refuse={"publish_state": refusal},
+        )
+        (_, la), (_, lb) = loops["a"], loops["b"]
+        self.assertEqual(la.session.hub.states, {})
+        self.assertEqual(len(la.history), 3)
+        self.assertTrue(all(all(r.applied) for r in la.history))
+        self.assertEqual(la.anchor_round, 3)
+        self.assertTrue(lb.history[2].catch_up_failed)
 
     def test_after_an_aborted_round_the_sites_share_one_anchor_again(self):
         # Round 2 ends without an average anywhere; round 3 averages the
