@@ -149,7 +149,13 @@ class DiLoCo:
         self._exchange_started = 0.0
         self._outer_started = time.monotonic()
         self._last_progress = 0.0
-        self._last_step = time.monotonic()
+        # When the last step() returned (None before the first): the time
+        # to the next call is the trainer's own inner step, without what
+        # longhaul's calls took.
+        self._last_step: Optional[float] = None
+        #: The inner step as measured (seconds, smoothed; 0 until measured),
+        #: which the agent reports to the coordinator for round deadlines.
+        self.step_seconds = 0.0
 
     @property
     def inner_steps(self) -> int:
@@ -293,12 +299,22 @@ class DiLoCo:
     def step(self) -> Optional[RoundRecord]:
         """Call after every inner step; returns the outer step's record when
         one ended with this step."""
-        self.inner_step += 1
         now = time.monotonic()
-        step_seconds, self._last_step = now - self._last_step, now
+        if self._last_step is not None:
+            # Smoothed, so that one slow step (a checkpoint, a page fault)
+            # does not set the deadline of a round.
+            sample = now - self._last_step
+            self.step_seconds = sample if self.step_seconds == 0.0 else 0.8 * self.step_seconds + 0.2 * sample
+        try:
+            return self._step(now)
+        finally:
+            self._last_step = time.monotonic()
+
+    def _step(self, now: float) -> Optional[RoundRecord]:
+        self.inner_step += 1
         if now - self._last_progress >= self.progress_every:
             self._last_progress = now
-            self.session.progress(self.inner_step, step_seconds)
+            self.session.progress(self.inner_step, self.step_seconds)
         if self._record is None:
             self._record = RoundRecord(round=0)
         for fragment in self.session.schedule.fragments:

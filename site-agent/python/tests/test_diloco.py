@@ -6,6 +6,7 @@ import os
 import tempfile
 import threading
 import unittest
+import unittest.mock
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -41,12 +42,14 @@ class FakeSession:
         self.hub, self.site, self.schedule = hub, site, schedule
         self.results: Dict[int, np.ndarray] = {}
         self.progress_calls = 0
+        self.step_seconds: List[float] = []
 
     def refresh(self) -> Schedule:
         return self.schedule
 
     def progress(self, inner_step, step_seconds):
         self.progress_calls += 1
+        self.step_seconds.append(step_seconds)
         return self.schedule
 
     def wait_for_round(self, after, timeout=60.0):
@@ -306,6 +309,39 @@ class OuterLoopTest(unittest.TestCase):
         self.assertTrue(all(all(r.applied) for r in la.history))
         self.assertEqual(la.anchor_round, 3)
         self.assertTrue(lb.history[2].catch_up_failed)
+
+    def test_the_step_time_reported_is_the_trainers_own_smoothed_without_longhauls_calls(self):
+        class Clock:
+            now = 100.0
+
+            def monotonic(self):
+                return self.now
+
+            def sleep(self, seconds):
+                self.now += seconds
+
+        clock = Clock()
+        hub = Hub(["a"])
+        session = FakeSession(hub, "a", schedule(8, 1, 4))
+        exchange = session.collect
+
+        def slow_collect(*args, **kwargs):
+            clock.now += 50.0  # the exchange: not the trainer's step
+            return exchange(*args, **kwargs)
+
+        session.collect = slow_collect
+        params = np.ones(8, dtype=np.float32)
+        with unittest.mock.patch("longhaul.diloco.time", clock):
+            loop = DiLoCo(session, params, progress_every=0.0)
+            clock.now += 30.0  # set-up before the first step: not measured
+            for seconds in [1.0] * 4 + [3.0] * 4:
+                clock.now += seconds  # an inner step
+                loop.step()
+        # Not measured before the second step; then 1 s, smoothed toward 3 s.
+        self.assertEqual(session.step_seconds[:4], [0.0, 1.0, 1.0, 1.0])
+        self.assertAlmostEqual(session.step_seconds[4], 0.8 * 1.0 + 0.2 * 3.0)
+        self.assertTrue(1.0 < loop.step_seconds < 3.0)
+        self.assertEqual(len(loop.history), 2)
 
     def test_after_an_aborted_round_the_sites_share_one_anchor_again(self):
         # Round 2 ends without an average anywhere; round 3 averages the
