@@ -21,6 +21,7 @@ pub fn apply_round_report(round: &mut pb::OuterRound, report: &pb::RoundReport) 
     else {
         return;
     };
+    p.inner_step_us = p.inner_step_us.max(report.inner_step_us);
     if report.applied {
         if let Err(at) = p
             .applied

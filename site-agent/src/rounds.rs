@@ -761,6 +761,10 @@ async fn report(
         round: round_id,
         fragment,
         hash: hash.to_string(),
+        inner_step_us: match &shared.settings.values {
+            Values::Trainers(hub) => hub.inner_step_us(job),
+            Values::Synthetic { .. } => 0,
+        },
     };
     let already = participant(round, site).is_some_and(|p| p.contributed.contains(&fragment));
     let timeout = shared.settings.call_timeout;

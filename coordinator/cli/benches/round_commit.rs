@@ -555,6 +555,7 @@ async fn run_rounds(
                                 round: round_id,
                                 fragment,
                                 hash: hash(round_id, fragment),
+                                inner_step_us: 0,
                             };
                             agent.report_applied(timed(request)).await.map(|_| ())
                         } else {
@@ -619,6 +620,7 @@ async fn run_rounds(
             round: round.round_id,
             fragment: last.1,
             hash: hash(round.round_id, last.1),
+            inner_step_us: 0,
         };
         let sent = Instant::now();
         let sent_unix = std::time::SystemTime::now();

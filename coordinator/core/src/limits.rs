@@ -23,6 +23,9 @@ pub const MAX_URL_LEN: usize = 512;
 pub const MAX_ADDRESS_LEN: usize = 256;
 /// A reason recorded with a state (a site marked down, an infeasible job).
 pub const MAX_REASON_LEN: usize = 4096;
+/// The longest inner step a site may report measuring (a day), in
+/// microseconds.
+pub const MAX_INNER_STEP_US: u64 = 86_400_000_000;
 /// Sites in a topology, and entries of a job's `allowed_sites`.
 pub const MAX_SITES: usize = 1024;
 /// Coordinator replica URLs an agent's config may list.

@@ -155,7 +155,8 @@ impl AgentServiceImpl {
             .await
         {
             Ok(revision) => revision,
-            // Only an identical report is refused as already existing.
+            // Only a report sent again (the same hash; a measured step that
+            // differs is not stored again) is refused as already existing.
             Err(status) if status.code() == tonic::Code::AlreadyExists => {
                 self.coordinator.raft().state().read().revision()
             }
@@ -445,6 +446,7 @@ impl AgentService for AgentServiceImpl {
             fragment: body.fragment,
             hash: body.hash,
             at_unix_ms: now_unix_ms(),
+            inner_step_us: body.inner_step_us,
         };
         let response = self
             .report_round(command, &body.job_id, body.round, wait)

@@ -84,13 +84,17 @@ impl RoundTiming {
 
 /// What the sync schedule says about one round of a placed DiLoCo job:
 /// fragments, codec bits (the widest), the codec of each link and the
-/// predicted outer step; one uncompressed fragment, no links and no
-/// prediction when there is none. The schedule is the one
+/// expected outer step ([`expected_outer_step`]); one uncompressed
+/// fragment, no links and no prediction when there is none. The schedule is the one
 /// placement costed the plan with and `GetSyncSchedule` serves
 /// ([`longhaul_core::sync::schedule_of`]), so a round and the schedule
 /// never disagree; only a plan stored before placement ran the planner is
 /// planned here.
-fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Vec<LinkCodec>, Option<f64>) {
+fn planned(
+    state: &ClusterState,
+    job_id: &str,
+    participants: &[String],
+) -> (u32, u32, Vec<LinkCodec>, Option<f64>) {
     let Some(job) = state.job(job_id) else {
         return (1, 0, Vec::new(), None);
     };
@@ -107,13 +111,50 @@ fn planned(state: &ClusterState, job_id: &str) -> (u32, u32, Vec<LinkCodec>, Opt
             sync.fragments.max(1),
             sync.bits(),
             LinkCodec::of_schedule(&sync),
-            Some(sync.outer_step_seconds),
+            Some(expected_outer_step(state, job_id, participants, &sync)),
         ),
         Err(error) => {
             tracing::debug!(job = job_id, %error, "no sync schedule for the job; one fragment, uncompressed");
             (1, 0, Vec::new(), None)
         }
     }
+}
+
+/// The outer step the next round of `job_id`, among `participants`, is
+/// expected to take: the planner's prediction, but at the slowest inner
+/// step t the participants' trainers measured (each site's latest, in the
+/// rounds kept) when any did: H·t plus the exchange left exposed at that
+/// t (P·max(0, T − τ·t), the planner's transfer time T). A job's trainers
+/// are rarely the hardware the planner costed: the deadline follows them.
+pub(crate) fn expected_outer_step(
+    state: &ClusterState,
+    job_id: &str,
+    participants: &[String],
+    sync: &longhaul_core::sync::SyncPlan,
+) -> f64 {
+    let measured_us = participants
+        .iter()
+        .filter_map(|site| {
+            state.rounds(job_id).rev().find_map(|r| {
+                r.participants
+                    .iter()
+                    .find(|p| p.site == *site && p.inner_step_us > 0)
+                    .map(|p| p.inner_step_us)
+            })
+        })
+        .max()
+        .unwrap_or(0);
+    if measured_us == 0 {
+        return sync.outer_step_seconds;
+    }
+    let t = measured_us as f64 / 1e6;
+    let exposed = f64::from(sync.fragments)
+        * longhaul_core::sync::exposed_seconds(
+            sync.fragment_transfer_seconds,
+            sync.overlap_steps,
+            t,
+        );
+    f64::from(sync.inner_steps) * t + exposed
 }
 
 /// The round commands the leader proposes for the state at `now_unix_ms`
@@ -178,7 +219,8 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                 if participants.is_empty() {
                     continue;
                 }
-                let (fragments, codec_bits, links, outer_step) = planned(state, &job.id);
+                let (fragments, codec_bits, links, outer_step) =
+                    planned(state, &job.id, &participants);
                 let deadline = timing.deadline(outer_step).as_millis() as u64;
                 let fragments = fragments.min(longhaul_core::limits::MAX_ROUND_FRAGMENTS);
                 commands.push(Command::OpenRound {
@@ -478,6 +520,7 @@ pub fn round_report_to_wire(report: &RoundReport) -> pb::RoundReport {
         fragment: report.fragment,
         applied: report.is_applied(),
         hash: report.applied_hash.clone().unwrap_or_default(),
+        inner_step_us: report.inner_step_us,
         fragment_state: report
             .fragment_state
             .as_ref()
@@ -534,6 +577,7 @@ pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
                     .as_ref()
                     .map_or_else(String::new, |e| e.message.clone()),
                 excluded_at_revision: p.excluded.as_ref().map_or(0, |e| e.revision),
+                inner_step_us: p.inner_step_us,
             })
             .collect(),
         fragment_states: record

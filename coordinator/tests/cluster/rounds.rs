@@ -252,6 +252,7 @@ async fn report(
                 round: round.round_id,
                 fragment,
                 hash: hash(round.round_id, fragment),
+                inner_step_us: 0,
             };
             let sent = std::time::Instant::now();
             let response = c.report_applied(timed(request, call)).await?.into_inner();
@@ -490,6 +491,7 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
         round: 1,
         fragment,
         hash: hash.into(),
+        inner_step_us: 0,
     };
     let refused = |status: tonic::Status, code: Code, field: &str| {
         assert_eq!(status.code(), code, "{status:?}");

@@ -366,6 +366,21 @@ impl TrainerHub {
         self.changed.notify_waiters();
     }
 
+    /// The slowest inner step the job's trainers here report measuring
+    /// (each rank's latest), in whole microseconds within the coordinator's
+    /// bound; 0 when none reported one.
+    pub fn inner_step_us(&self, job: &str) -> u64 {
+        let mut state = lock(&self.state);
+        state.reap(self.ttl, Instant::now());
+        let slowest = state
+            .sessions
+            .values()
+            .filter(|s| s.job == job)
+            .map(|s| s.step_seconds)
+            .fold(0.0_f64, f64::max);
+        ((slowest * 1e6).round() as u64).min(longhaul_core::limits::MAX_INNER_STEP_US)
+    }
+
     /// The latest state of one of the job's rounds. Once this site is
     /// excluded from it, or it is over, every fragment without a result
     /// gets one saying so.

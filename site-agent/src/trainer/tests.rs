@@ -215,6 +215,30 @@ fn the_schedule_has_the_fragments_and_the_open_round() {
             ..
         })
     ));
+    // The refused report measured nothing.
+    assert_eq!(f.hub.inner_step_us("job"), 0);
+}
+
+#[test]
+fn the_measured_inner_step_is_the_slowest_ranks_latest() {
+    let f = fixture(Duration::from_secs(30));
+    let a = join(&f.hub, "job", 4, 10).unwrap();
+    let b = join(&f.hub, "job", 5, 10).unwrap();
+    let report = |session: &str, step_seconds: f64| {
+        f.hub
+            .progress(&pb::TrainerProgressRequest {
+                session: session.into(),
+                inner_step: 1,
+                step_seconds,
+            })
+            .unwrap();
+    };
+    report(&a, 0.25);
+    report(&b, 0.5);
+    assert_eq!(f.hub.inner_step_us("job"), 500_000);
+    report(&b, 0.125);
+    assert_eq!(f.hub.inner_step_us("job"), 250_000);
+    assert_eq!(f.hub.inner_step_us("other"), 0);
 }
 
 #[test]

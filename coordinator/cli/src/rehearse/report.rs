@@ -215,6 +215,13 @@ pub struct RoundRow {
     /// (α one way, B the link's rate, F the fragment's encoded bytes, M
     /// the sites), the agents' fragments four at a time.
     pub predicted_ms: f64,
+    /// Opened to deadline (the coordinator's, from the expected outer
+    /// step: the measured inner step once the trainers reported one).
+    pub deadline_ms: u64,
+    /// The slowest inner step the participants' trainers measured, as
+    /// their agents reported it with the applied fragments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inner_step_ms: Option<f64>,
     /// Why it was aborted.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub reason: String,
@@ -287,6 +294,14 @@ pub(super) fn rounds_report(
                     .map(|(a, b, wan)| predicted_link_seconds(r, a, b, wan, elements))
                     .fold(0.0, f64::max)
                     * 1e3,
+                deadline_ms: r.deadline_unix_ms.saturating_sub(r.opened_at_unix_ms),
+                inner_step_ms: r
+                    .participant_states
+                    .iter()
+                    .map(|p| p.inner_step_us)
+                    .max()
+                    .filter(|us| *us > 0)
+                    .map(|us| us as f64 / 1e3),
                 reason: r.reason.clone(),
             }
         })
@@ -914,6 +929,8 @@ mod tests {
             exchange_ms: None,
             bytes: 0,
             predicted_ms: 0.0,
+            deadline_ms: 30_000,
+            inner_step_ms: None,
             reason: String::new(),
         }
     }

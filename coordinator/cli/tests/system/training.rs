@@ -174,6 +174,17 @@ fn diloco_through_the_agents_matches_synchronous_training_with_far_fewer_bytes()
     let diloco = rehearse(&write_scenario(dir.path(), "train-diloco", 20, 4, "numpy"));
     let (sync_loss, sync_bytes) = check_run(&sync, "sync-dp");
     let (diloco_loss, diloco_bytes) = check_run(&diloco, "diloco");
+    // The trainers' measured inner step reached the coordinator's rounds
+    // (which set the next deadline from it).
+    let rounds = diloco["rounds"]["rounds"].as_array().unwrap();
+    let measured: Vec<f64> = rounds
+        .iter()
+        .filter_map(|r| r["inner_step_ms"].as_f64())
+        .collect();
+    assert!(
+        !measured.is_empty() && measured.iter().all(|ms| *ms > 0.0 && *ms < 60_000.0),
+        "{rounds:#?}"
+    );
     assert_eq!(
         sync["training"]["sites"][0]["run"]["rounds"]
             .as_array()

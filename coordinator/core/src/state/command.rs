@@ -156,6 +156,9 @@ pub enum Command {
         fragment: u32,
         hash: String,
         at_unix_ms: u64,
+        /// The site's measured inner step, in microseconds (0: none).
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        inner_step_us: u64,
     },
     /// The leader excludes a participant from an open round.
     ExcludeParticipant {

@@ -625,6 +625,7 @@ impl ClusterState {
                 fragment,
                 hash,
                 at_unix_ms,
+                inner_step_us,
             } => self.check_applied(
                 &rounds::Report {
                     job_id,
@@ -634,6 +635,7 @@ impl ClusterState {
                     at_unix_ms: *at_unix_ms,
                 },
                 hash,
+                *inner_step_us,
                 revision,
             )?,
             Command::ExcludeParticipant {

@@ -110,6 +110,17 @@ fn contributed(round: u64, site: &str, fragment: u32) -> Request {
 }
 
 fn applied(round: u64, site: &str, fragment: u32, hash: &str, at: u64) -> Request {
+    applied_measured(round, site, fragment, hash, at, 0)
+}
+
+fn applied_measured(
+    round: u64,
+    site: &str,
+    fragment: u32,
+    hash: &str,
+    at: u64,
+    inner_step_us: u64,
+) -> Request {
     Request::new(Command::ReportApplied {
         job_id: JOB_ID.into(),
         round,
@@ -117,6 +128,7 @@ fn applied(round: u64, site: &str, fragment: u32, hash: &str, at: u64) -> Reques
         fragment,
         hash: hash.into(),
         at_unix_ms: at,
+        inner_step_us,
     })
 }
 
@@ -824,3 +836,64 @@ fn a_round_carries_the_schedules_codec_per_link_checked() {
 }
 
 mod proptests;
+
+#[test]
+fn a_sites_measured_inner_step_is_the_slowest_it_reported_and_is_bounded() {
+    let mut state = state();
+    let sites = sites();
+    state.apply(&open(1, &sites, Vec::new(), 2, 0)).unwrap();
+    for f in 0..2 {
+        state.apply(&contributed(1, &sites[0], f)).unwrap();
+    }
+    // A bound is admission's (see `admission`): never proposed.
+    let error = state
+        .admit(&applied_measured(
+            1,
+            &sites[0],
+            0,
+            "h0",
+            10,
+            limits::MAX_INNER_STEP_US + 1,
+        ))
+        .unwrap_err();
+    assert!(
+        matches!(&error, ApplyError::InvalidArgument { field, .. } if field == "inner_step_us"),
+        "{error}"
+    );
+    state
+        .apply(&applied_measured(1, &sites[0], 0, "h0", 10, 250_000))
+        .unwrap();
+    state
+        .apply(&applied_measured(1, &sites[0], 1, "h1", 11, 200_000))
+        .unwrap();
+    let round = state.round(JOB_ID, 1).unwrap();
+    let measured: Vec<u64> = round.participants.iter().map(|p| p.inner_step_us).collect();
+    assert_eq!(measured, vec![250_000, 0, 0]);
+    // Folding the reports in another order gives the same record.
+    let report = |fragment: u32, inner_step_us: u64| RoundReport {
+        job_id: JOB_ID.into(),
+        round: 1,
+        site: sites[0].clone(),
+        fragment,
+        applied_hash: Some(format!("h{fragment}")),
+        inner_step_us,
+        fragment_state: None,
+        outcome: None,
+        revision: 0,
+    };
+    let reports = [report(1, 200_000), report(0, 250_000)];
+    let mut folded = round.clone();
+    folded.participants[0].inner_step_us = 0;
+    for report in reports.iter().rev() {
+        folded.apply_report(report);
+    }
+    assert_eq!(folded.participants[0].inner_step_us, 250_000);
+    // A participant stored before the field existed loads as not measured.
+    let old: Participant = serde_json::from_str(r#"{"site":"north"}"#).unwrap();
+    assert_eq!(old.inner_step_us, 0);
+    assert!(
+        !serde_json::to_string(&old)
+            .unwrap()
+            .contains("inner_step_us")
+    );
+}

@@ -93,6 +93,7 @@ fn the_driver_opens_a_round_resumes_it_and_excludes_stragglers_at_the_deadline()
                     fragment: f,
                     hash: "h".into(),
                     at_unix_ms: 2_000,
+                    inner_step_us: 0,
                 },
             ],
         );
@@ -249,6 +250,7 @@ fn a_rounds_reports_are_stored_alone_load_back_and_go_with_the_round() {
                 fragment,
                 hash: format!("h{fragment}"),
                 at_unix_ms: 2_000,
+                inner_step_us: 1_000 + u64::from(fragment),
             });
         }
     }
@@ -355,4 +357,103 @@ fn a_deadline_follows_the_prediction_with_slack_and_a_floor() {
         timing.deadline(Some(1e30)),
         Duration::from_secs(365 * 24 * 3600)
     );
+}
+
+/// Round 1 of `dense` opened at `at`, every participant applying every
+/// fragment measuring `inner_step_us`, then the next round's opening.
+fn next_round_after_measuring(inner_step_us: u64) -> (u64, Command) {
+    let mut state = state();
+    let timing = RoundTiming::default();
+    let opened = round_actions(&state, 1_000, &timing);
+    let Command::OpenRound {
+        participants,
+        fragments,
+        deadline_unix_ms,
+        ..
+    } = opened[0].clone()
+    else {
+        panic!("{opened:?}");
+    };
+    apply(&mut state, opened);
+    for site in &participants {
+        for fragment in 0..fragments {
+            apply(
+                &mut state,
+                vec![
+                    Command::ReportContributed {
+                        job_id: "dense".into(),
+                        round: 1,
+                        site_id: site.clone(),
+                        fragment,
+                        at_unix_ms: 2_000,
+                    },
+                    Command::ReportApplied {
+                        job_id: "dense".into(),
+                        round: 1,
+                        site_id: site.clone(),
+                        fragment,
+                        hash: format!("h{fragment}"),
+                        at_unix_ms: 2_000,
+                        // One site measures it; the others nothing.
+                        inner_step_us: if *site == participants[0] {
+                            inner_step_us
+                        } else {
+                            0
+                        },
+                    },
+                ],
+            );
+        }
+    }
+    assert!(state.round("dense", 1).unwrap().is_committed());
+    let round = state.round("dense", 1).unwrap();
+    assert_eq!(round.participants[0].inner_step_us, inner_step_us);
+    let next = round_actions(&state, 3_000, &timing);
+    (deadline_unix_ms - 1_000, next[0].clone())
+}
+
+#[test]
+fn a_rounds_deadline_follows_the_inner_step_the_sites_measured() {
+    let state = state();
+    let job = state.job("dense").unwrap();
+    let sync = schedule_of(
+        job.placement.plan().unwrap(),
+        &job.spec,
+        &[],
+        &CostParams::default(),
+    )
+    .unwrap();
+    let h = f64::from(sync.inner_steps);
+    // Ten times slower than the planner predicted: twice (the slack) the
+    // H measured steps plus the exchange still exposed at that step.
+    let slow_us = (sync.inner_step_seconds * 10.0 * 1e6).round() as u64;
+    let t = slow_us as f64 / 1e6;
+    let exposed = f64::from(sync.fragments)
+        * (sync.fragment_transfer_seconds - f64::from(sync.overlap_steps) * t).max(0.0);
+    let (predicted, next) = next_round_after_measuring(slow_us);
+    let Command::OpenRound {
+        deadline_unix_ms, ..
+    } = next
+    else {
+        panic!("{next:?}");
+    };
+    let expected = 2.0 * (h * t + exposed);
+    let got = (deadline_unix_ms - 3_000) as f64 / 1e3;
+    assert!(
+        (got - expected).abs() < 0.01,
+        "{got} s, expected {expected} s"
+    );
+    assert!(
+        got > predicted as f64 / 1e3,
+        "{got} s, predicted {predicted} ms"
+    );
+    // Not measured: the prediction stands.
+    let (predicted, next) = next_round_after_measuring(0);
+    let Command::OpenRound {
+        deadline_unix_ms, ..
+    } = next
+    else {
+        panic!("{next:?}");
+    };
+    assert_eq!(deadline_unix_ms - 3_000, predicted);
 }

@@ -115,6 +115,15 @@ pub struct Participant {
     pub applied: Vec<AppliedFragment>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub excluded: Option<Exclusion>,
+    /// The slowest inner step its applied reports measured, in
+    /// microseconds (0: none measured).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inner_step_us: u64,
+}
+
+/// For `skip_serializing_if`: a measurement not taken.
+pub(crate) fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -397,6 +406,9 @@ pub struct RoundReport {
     /// contribution.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_hash: Option<String>,
+    /// An applied report's measured inner step, in microseconds (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inner_step_us: u64,
     /// The fragment's new state, when the report settled it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fragment_state: Option<FragmentState>,
@@ -427,6 +439,8 @@ impl RoundRecord {
         let Some(p) = self.participants.iter_mut().find(|p| p.site == report.site) else {
             return;
         };
+        // The slowest measured: the same whatever the reports' order.
+        p.inner_step_us = p.inner_step_us.max(report.inner_step_us);
         match &report.applied_hash {
             None => {
                 if let Err(at) = p.contributed.binary_search(&report.fragment) {

@@ -139,6 +139,7 @@ impl ClusterState {
                 contributed: Vec::new(),
                 applied: Vec::new(),
                 excluded: None,
+                inner_step_us: 0,
             })
             .collect();
         for (i, catch_up) in open.catch_up.iter().enumerate() {

@@ -139,6 +139,7 @@ impl ClusterState {
                 site: report.site_id.to_string(),
                 fragment: report.fragment,
                 applied_hash: None,
+                inner_step_us: 0,
                 fragment_state: None,
                 outcome: None,
                 revision,
@@ -150,6 +151,7 @@ impl ClusterState {
         &self,
         report: &Report<'_>,
         hash: &str,
+        inner_step_us: u64,
         revision: u64,
     ) -> Result<Vec<Change>, ApplyError> {
         if hash.is_empty() {
@@ -203,6 +205,7 @@ impl ClusterState {
             site: report.site_id.to_string(),
             fragment: report.fragment,
             applied_hash: Some(hash.to_string()),
+            inner_step_us,
             fragment_state: None,
             outcome: None,
             revision,

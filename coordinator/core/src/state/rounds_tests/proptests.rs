@@ -179,7 +179,9 @@ fn command_for(
             } else {
                 format!("r{round}f{fragment}")
             };
-            applied(round, &sites[*site], *fragment, &hash, now)
+            // A measured step that varies with the report.
+            let inner_step_us = (now % 5) * 100_000 + u64::from(*fragment);
+            applied_measured(round, &sites[*site], *fragment, &hash, now, inner_step_us)
         }
         Op::Deadline { site } => {
             let deadline = current?.deadline_unix_ms;
