@@ -50,6 +50,28 @@ fn duration(round: &pb::OuterRound) -> String {
     )
 }
 
+/// The slowest inner step the participants' trainers measured, if any.
+fn measured_step_ms(round: &pb::OuterRound) -> Option<f64> {
+    round
+        .participant_states
+        .iter()
+        .map(|p| p.inner_step_us)
+        .max()
+        .filter(|us| *us > 0)
+        .map(|us| us as f64 / 1000.0)
+}
+
+/// Opening to deadline.
+fn deadline(round: &pb::OuterRound) -> String {
+    format!(
+        "{:.1} s",
+        round
+            .deadline_unix_ms
+            .saturating_sub(round.opened_at_unix_ms) as f64
+            / 1000.0
+    )
+}
+
 pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure> {
     let RoundsCommand::List { job, remote } = command;
     runtime()?.block_on(async {
@@ -89,6 +111,11 @@ pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure
                         "codec_bits": r.codec_bits,
                         "opened_at_unix_ms": r.opened_at_unix_ms,
                         "deadline_unix_ms": r.deadline_unix_ms,
+                        "measured_inner_step_ms": measured_step_ms(r),
+                        "inner_step_us": r.participant_states.iter().map(|p| serde_json::json!({
+                            "site": p.site_id,
+                            "us": p.inner_step_us,
+                        })).collect::<Vec<_>>(),
                         "ended_at_unix_ms": r.ended_at_unix_ms,
                         "opened_revision": r.opened_revision,
                         "revision": r.revision,
@@ -114,6 +141,8 @@ pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure
             ("fragments", true),
             ("bits", true),
             ("duration", true),
+            ("deadline", true),
+            ("inner step", true),
         ]);
         for r in &response.rounds {
             let excluded = exclusions(r);
@@ -126,6 +155,8 @@ pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure
                 r.fragments.to_string(),
                 r.codec_bits.to_string(),
                 duration(r),
+                deadline(r),
+                measured_step_ms(r).map_or_else(|| "-".into(), |ms| format!("{ms:.1} ms")),
             ]);
         }
         write!(out, "{}", table.render(0))?;

@@ -257,6 +257,9 @@ async fn rounds_list_shows_a_jobs_rounds_and_their_exclusions() {
     let round = &listed["rounds"][0];
     assert_eq!(round["round"], 1);
     assert_eq!(round["state"], "aborted");
+    // No trainer measured a step (the round ended before any report).
+    assert!(round["measured_inner_step_ms"].is_null(), "{round}");
+    assert!(round["deadline_unix_ms"].as_u64() > round["opened_at_unix_ms"].as_u64());
     assert_eq!(
         round["excluded"].as_array().map(Vec::len),
         Some(3),
