@@ -250,15 +250,13 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
             ..
         } => {
             id(root.key("job_id"), job_id, &mut out);
-            if *inner_step_us > limits::MAX_INNER_STEP_US {
-                out.push(Violation::new(
-                    root.key("inner_step_us"),
-                    format!(
-                        "is {inner_step_us}; at most {} (a day)",
-                        limits::MAX_INNER_STEP_US
-                    ),
-                ));
-            }
+            check_at_most(
+                &root.key("inner_step_us"),
+                *inner_step_us,
+                limits::MAX_INNER_STEP_US,
+                "µs",
+                &mut out,
+            );
             id(root.key("site_id"), site_id, &mut out);
             check_len(&root.key("hash"), hash, limits::MAX_HASH_LEN, &mut out);
             // It is quoted in errors and round records and compared byte for

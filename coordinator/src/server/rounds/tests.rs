@@ -47,6 +47,29 @@ fn apply(state: &mut ClusterState, commands: Vec<Command>) {
     }
 }
 
+/// `site`'s contribution to fragment `fragment` of round 1 of `dense`,
+/// then its apply with `hash`, measuring `inner_step_us`.
+fn reports(site: &str, fragment: u32, hash: &str, inner_step_us: u64) -> Vec<Command> {
+    vec![
+        Command::ReportContributed {
+            job_id: "dense".into(),
+            round: 1,
+            site_id: site.into(),
+            fragment,
+            at_unix_ms: 2_000,
+        },
+        Command::ReportApplied {
+            job_id: "dense".into(),
+            round: 1,
+            site_id: site.into(),
+            fragment,
+            hash: hash.into(),
+            at_unix_ms: 2_000,
+            inner_step_us,
+        },
+    ]
+}
+
 #[test]
 fn the_driver_opens_a_round_resumes_it_and_excludes_stragglers_at_the_deadline() {
     let mut state = state();
@@ -76,27 +99,7 @@ fn the_driver_opens_a_round_resumes_it_and_excludes_stragglers_at_the_deadline()
     assert!(round_actions(&state, 5_999, &timing).is_empty());
     let first = &participants[0];
     for f in 0..state.open_round("dense").unwrap().fragments.len() as u32 {
-        apply(
-            &mut state,
-            vec![
-                Command::ReportContributed {
-                    job_id: "dense".into(),
-                    round: 1,
-                    site_id: first.clone(),
-                    fragment: f,
-                    at_unix_ms: 2_000,
-                },
-                Command::ReportApplied {
-                    job_id: "dense".into(),
-                    round: 1,
-                    site_id: first.clone(),
-                    fragment: f,
-                    hash: "h".into(),
-                    at_unix_ms: 2_000,
-                    inner_step_us: 0,
-                },
-            ],
-        );
+        apply(&mut state, reports(first, f, "h", 0));
     }
     let excluded = round_actions(&state, 6_000, &timing);
     assert_eq!(excluded.len(), participants.len() - 1, "{excluded:?}");
@@ -236,22 +239,12 @@ fn a_rounds_reports_are_stored_alone_load_back_and_go_with_the_round() {
     };
     for site in &participants {
         for fragment in 0..fragments {
-            commands.push(Command::ReportContributed {
-                job_id: "dense".into(),
-                round: 1,
-                site_id: site.clone(),
+            commands.extend(reports(
+                site,
                 fragment,
-                at_unix_ms: 2_000,
-            });
-            commands.push(Command::ReportApplied {
-                job_id: "dense".into(),
-                round: 1,
-                site_id: site.clone(),
-                fragment,
-                hash: format!("h{fragment}"),
-                at_unix_ms: 2_000,
-                inner_step_us: 1_000 + u64::from(fragment),
-            });
+                &format!("h{fragment}"),
+                1_000 + u64::from(fragment),
+            ));
         }
     }
     let dir = tempfile::tempdir().unwrap();
@@ -377,31 +370,15 @@ fn next_round_after_measuring(inner_step_us: u64) -> (u64, Command) {
     apply(&mut state, opened);
     for site in &participants {
         for fragment in 0..fragments {
+            // One site measures it; the others nothing.
+            let measured = if *site == participants[0] {
+                inner_step_us
+            } else {
+                0
+            };
             apply(
                 &mut state,
-                vec![
-                    Command::ReportContributed {
-                        job_id: "dense".into(),
-                        round: 1,
-                        site_id: site.clone(),
-                        fragment,
-                        at_unix_ms: 2_000,
-                    },
-                    Command::ReportApplied {
-                        job_id: "dense".into(),
-                        round: 1,
-                        site_id: site.clone(),
-                        fragment,
-                        hash: format!("h{fragment}"),
-                        at_unix_ms: 2_000,
-                        // One site measures it; the others nothing.
-                        inner_step_us: if *site == participants[0] {
-                            inner_step_us
-                        } else {
-                            0
-                        },
-                    },
-                ],
+                reports(site, fragment, &format!("h{fragment}"), measured),
             );
         }
     }
