@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Where [`free_addr`] looks for ports: below the kernels' ephemeral ranges
-/// (32768 and up on Linux, 49152 and up elsewhere).
+/// (32768 and up on Linux, 49152 and up elsewhere), and above the ports a
+/// rehearsal picks for its processes (10,000 to 20,000).
 const TEST_PORTS: std::ops::Range<u32> = 20_000..32_000;
 
 /// A loopback address with a port that was free a moment ago.

@@ -227,7 +227,22 @@ fn load(path: Option<&Path>) -> Result<Loaded, Failure> {
 }
 
 /// Retries `f` until it gives `Some`, for at most `limit`.
-async fn until<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> anyhow::Result<T>
+async fn until<T, F, Fut>(limit: Duration, what: &str, f: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    until_alive(limit, what, || None, f).await
+}
+
+/// [`until`], failing at once with what `died` says when it says that a
+/// process the wait depends on has stopped.
+async fn until_alive<T, F, Fut>(
+    limit: Duration,
+    what: &str,
+    mut died: impl FnMut() -> Option<String>,
+    mut f: F,
+) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -236,6 +251,9 @@ where
     loop {
         if let Some(value) = f().await {
             return Ok(value);
+        }
+        if let Some(why) = died() {
+            bail!("stopped waiting for {what}: {why}");
         }
         if Instant::now() >= deadline {
             bail!("timed out after {} s waiting for {what}", limit.as_secs());
@@ -289,25 +307,35 @@ pub fn rehearse(args: &RehearseArgs, out: &mut dyn Write) -> Result<(), Failure>
     };
     // A stop signal drops the rehearsal where it is: its processes are
     // killed and, in packet mode, its namespaces removed.
-    let result = runtime.block_on(async {
+    let (stopped, result) = runtime.block_on(async {
         tokio::select! {
             // The signal first: its handlers are in place before any
             // process starts.
             biased;
-            stopped = super::emulate::stop_signal() => match stopped {
+            stopped = super::emulate::stop_signal() => (true, match stopped {
                 Ok(()) => Err(anyhow!(
                     "stopped by a signal before the end: its processes were killed (and in packet mode its namespaces removed)"
                 )),
                 Err(Failure::Other(error) | Failure::Unsatisfiable(error)) => Err(error),
                 Err(Failure::Invalid(error)) => Err(error.into()),
-            },
-            result = play(args, &loaded, &exe, &dir) => result,
+            }),
+            result = play(args, &loaded, &exe, &dir) => (false, result),
         }
     });
     runtime.shutdown_timeout(Duration::from_secs(2));
-    if let Some(temp) = temp {
-        let _ = std::fs::remove_dir_all(temp);
-    }
+    // A rehearsal that failed on its own keeps its directory: the
+    // processes' logs say why. One stopped by a signal removes it.
+    let result = match (result, temp) {
+        (Err(error), Some(temp)) if !stopped => Err(error.context(format!(
+            "the rehearsal failed; its processes' logs are kept in {}",
+            temp.display()
+        ))),
+        (result, Some(temp)) => {
+            let _ = std::fs::remove_dir_all(temp);
+            result
+        }
+        (result, None) => result,
+    };
     let mut report = result?;
     report.directory = args.keep.clone();
     match args.output {
@@ -546,21 +574,27 @@ async fn play(
         }
     }
     let expected = topology.sites.len();
-    until(Duration::from_secs(90), "every site registered", || async {
-        let mut c = network.client(leader).ok()?;
-        let sites = c
-            .list_sites(pb::ListSitesRequest { allow_stale: true })
-            .await
-            .ok()?
-            .into_inner()
-            .sites;
-        (sites
-            .iter()
-            .filter(|s| s.state() == pb::SiteState::Up)
-            .count()
-            == expected)
-            .then_some(())
-    })
+    let agents_died = || agents.values_mut().find_map(processes::Process::died);
+    until_alive(
+        Duration::from_secs(90),
+        "every site registered",
+        agents_died,
+        || async {
+            let mut c = network.client(leader).ok()?;
+            let sites = c
+                .list_sites(pb::ListSitesRequest { allow_stale: true })
+                .await
+                .ok()?
+                .into_inner()
+                .sites;
+            (sites
+                .iter()
+                .filter(|s| s.state() == pb::SiteState::Up)
+                .count()
+                == expected)
+                .then_some(())
+        },
+    )
     .await?;
     progress(
         quiet,

@@ -21,11 +21,63 @@ use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy
 use longhaul_site_agent::config::{AgentConfig, ExchangeConfig, ProbeConfig, TrainerConfig};
 use longhaul_site_agent::inventory::InventoryConfig;
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// Where [`free_port`] looks for ports: below the kernel's ephemeral range
+/// and below the test kit's (`longhaul_tests::ports`, 20,000 up), so that
+/// the cluster tests' replicas and a rehearsal's processes running beside
+/// them never try the same ports.
+const FIRST_PORT: u16 = 10_000;
+const END_PORT: u16 = 20_000;
+
+/// A port on 127.0.0.1 that was free for both TCP and UDP a moment ago,
+/// below the kernel's ephemeral range: a process this rehearsal starts
+/// binds it later (an agent's data port for QUIC, its status port for
+/// TCP), and a port the kernel hands out for a bind to port 0 or an
+/// outgoing connection in the meantime (the emulator's proxies, other
+/// rehearsals' clients) can never be one of these. Rehearsals running at
+/// once start from different points (their pids) and skip what is taken;
+/// where the ephemeral range reaches below [`END_PORT`], any port both
+/// protocols have free.
 pub(super) fn free_port() -> anyhow::Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free port")?;
-    Ok(listener.local_addr()?)
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let free = |port: u16| {
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let tcp = std::net::TcpListener::bind(addr).ok()?;
+        let _udp = std::net::UdpSocket::bind(tcp.local_addr().ok()?).ok()?;
+        tcp.local_addr().ok()
+    };
+    let end = ephemeral.min(END_PORT);
+    if end > FIRST_PORT {
+        let span = u32::from(end - FIRST_PORT);
+        // A stride prime to any span this side of 2^16 visits every port.
+        let start = std::process::id().wrapping_mul(7_919);
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let offset = start.wrapping_add(n.wrapping_mul(65_537)) % span;
+            let port = FIRST_PORT + u16::try_from(offset).unwrap_or(0);
+            if let Some(addr) = free(port) {
+                return Ok(addr);
+            }
+        }
+    }
+    // No room below the ephemeral range.
+    for _ in 0..64 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free port")?;
+        let port = listener.local_addr()?.port();
+        drop(listener);
+        if let Some(addr) = free(port) {
+            return Ok(addr);
+        }
+    }
+    Err(anyhow!("no port on 127.0.0.1 is free for both TCP and UDP"))
 }
+
+/// How many lines of a process's log [`Process::died`] quotes.
+const LOG_TAIL_LINES: usize = 20;
 
 /// A child process of this binary at a site, killed (SIGKILL) when
 /// dropped, that the timeline may kill and start again with the same
@@ -78,6 +130,19 @@ impl Process {
 
     pub(super) fn running(&self) -> bool {
         self.child.is_some()
+    }
+
+    /// Why it is not running although the timeline did not stop it: how
+    /// it ended and the last lines of its log.
+    pub(super) fn died(&mut self) -> Option<String> {
+        let ended = self.child.as_mut()?.exited()?;
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
+        Some(format!(
+            "{ended}; the end of {}:\n{tail}",
+            self.log.display()
+        ))
     }
 
     pub(super) fn kill(&mut self) {
@@ -459,4 +524,78 @@ pub(super) fn running_addrs(replicas: &[ReplicaProcess]) -> Vec<SocketAddr> {
         .filter(|r| r.process.running())
         .map(|r| r.addr)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use super::*;
+
+    #[test]
+    fn free_ports_lie_below_the_ephemeral_and_the_test_kits_ranges_and_are_free_for_tcp_and_udp() {
+        let ports: Vec<SocketAddr> = (0..32).map(|_| free_port().unwrap()).collect();
+        for addr in &ports {
+            assert!(
+                (FIRST_PORT..END_PORT).contains(&addr.port()),
+                "{addr} is not in {FIRST_PORT}..{END_PORT}"
+            );
+            std::net::UdpSocket::bind(addr).unwrap();
+            std::net::TcpListener::bind(addr).unwrap();
+        }
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().map(|a| a.port()).collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+    }
+
+    #[test]
+    fn a_free_port_taken_for_udp_is_never_handed_out() {
+        // Hold every port the next calls would try first for UDP only:
+        // each port handed out is another.
+        let held: Vec<std::net::UdpSocket> = (0..8)
+            .filter_map(|_| std::net::UdpSocket::bind(free_port().unwrap()).ok())
+            .collect();
+        let taken: Vec<u16> = held
+            .iter()
+            .map(|s| s.local_addr().unwrap().port())
+            .collect();
+        for _ in 0..32 {
+            let port = free_port().unwrap().port();
+            assert!(!taken.contains(&port), "{port} is bound for UDP");
+        }
+    }
+
+    #[test]
+    fn a_process_that_died_says_how_and_quotes_the_end_of_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut process = Process::start(
+            Path::new("/bin/sh"),
+            &Network::Proxy,
+            ("agent north".into(), "north"),
+            vec![
+                "-c".into(),
+                "for i in $(seq 30); do echo line $i >&2; done; echo cannot bind >&2; exit 3"
+                    .into(),
+            ],
+            dir.path().join("agent-north.log"),
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let why = loop {
+            if let Some(why) = process.died() {
+                break why;
+            }
+            assert!(std::time::Instant::now() < deadline, "still running");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(why.contains("agent north exited"), "{why}");
+        assert!(why.contains("cannot bind"), "{why}");
+        // Only the end of the log.
+        assert!(
+            why.contains("line 30") && !why.contains("line 5\n"),
+            "{why}"
+        );
+        // One the timeline killed did not die.
+        process.kill();
+        assert_eq!(process.died(), None);
+    }
 }
