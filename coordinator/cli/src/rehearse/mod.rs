@@ -31,6 +31,7 @@ mod observe;
 pub use observe::plan_sites;
 mod processes;
 mod report;
+mod simulated;
 mod timeline;
 
 use std::io::Write;
@@ -706,15 +707,34 @@ async fn play(
         .as_ref()
         .map(|_| report::training_report(&mut trainers, dir, &exchanges, &links));
     drop(trainers);
+    let played = emulator::scenario_links(topology, Some(scenario));
+    let simulator = simulated::Simulator::new(
+        &played,
+        longhaul_site_agent::config::ExchangeConfig::default().connections_per_peer,
+        seed,
+    );
+    // The planner's cost model on the links as played: at an impairment's
+    // rate where the scenario sets one.
+    let mut as_played = topology.clone();
+    for wan in &mut as_played.links {
+        for impairment in &scenario.impairments {
+            if let Some(rate) = impairment.rate
+                && wan.joins(&impairment.link[0], &impairment.link[1])
+            {
+                wan.link_rate = rate;
+            }
+        }
+    }
     let rounds = report::rounds_report(
         &lock(&shared).rounds,
         &exchanges,
-        topology,
+        &as_played,
         if scenario.training.is_some() {
             0
         } else {
             scenario.exchange.elements
         },
+        &simulator,
     );
     let mut records = lock(&shared).records.clone();
     records.sort_by_key(|r| r.t_ms);

@@ -162,6 +162,10 @@ pub struct RoundsReport {
     pub median_took_ms: Option<f64>,
     pub median_exchange_ms: Option<f64>,
     pub median_predicted_ms: Option<f64>,
+    pub median_simulated_ms: Option<f64>,
+    /// The median over the same rounds of each round's measured exchange
+    /// over its simulated one: the simulator's fidelity in this rehearsal.
+    pub median_measured_over_simulated: Option<f64>,
     pub rounds: Vec<RoundRow>,
     /// Per link, over the rounds whose exchanges the agents reported.
     pub links: Vec<ExchangeLinkRow>,
@@ -215,6 +219,11 @@ pub struct RoundRow {
     /// (α one way, B the link's rate, F the fragment's encoded bytes, M
     /// the sites), the agents' fragments four at a time.
     pub predicted_ms: f64,
+    /// The same exchange through the simulator's discrete-event tier, on
+    /// the links as the emulator played them (Cubic senders, the pool's
+    /// connections; see `rehearse::simulated`); `None` when there was
+    /// nothing to exchange or the simulation did not finish.
+    pub simulated_ms: Option<f64>,
     /// Opened to deadline (the coordinator's, from the expected outer
     /// step: the measured inner step once the trainers reported one).
     pub deadline_ms: u64,
@@ -234,6 +243,7 @@ pub(super) fn rounds_report(
     exchanges: &std::collections::BTreeMap<String, Vec<pb::FragmentExchange>>,
     topology: &longhaul_core::Topology,
     elements: u64,
+    simulator: &super::simulated::Simulator<'_>,
 ) -> Option<RoundsReport> {
     if rounds.is_empty() {
         return None;
@@ -294,6 +304,9 @@ pub(super) fn rounds_report(
                     .map(|(a, b, wan)| predicted_link_seconds(r, a, b, wan, elements))
                     .fold(0.0, f64::max)
                     * 1e3,
+                simulated_ms: simulator
+                    .round_seconds(r, |a, b| fragment_bytes(r, a, b, elements))
+                    .map(|s| s * 1e3),
                 deadline_ms: r.deadline_unix_ms.saturating_sub(r.opened_at_unix_ms),
                 inner_step_ms: r
                     .participant_states
@@ -390,6 +403,13 @@ pub(super) fn rounds_report(
                 .collect(),
         ),
         median_predicted_ms: median(measured.iter().map(|r| r.predicted_ms).collect()),
+        median_simulated_ms: median(measured.iter().filter_map(|r| r.simulated_ms).collect()),
+        median_measured_over_simulated: median(
+            measured
+                .iter()
+                .filter_map(|r| Some(r.exchange_ms? as f64 / r.simulated_ms.filter(|s| *s > 0.0)?))
+                .collect(),
+        ),
         measured: measured.len(),
         rounds: rows,
         links,
@@ -435,6 +455,14 @@ fn predicted_link_seconds(
         .max(1) as f64;
     let fragments = f64::from(round.fragments);
     let waves = (fragments / longhaul_site_agent::rounds::FRAGMENTS_AT_ONCE as f64).ceil();
+    let serialise = fragment_bytes(round, a, b, elements) / m / wan.link_rate.bytes_per_second();
+    waves * 2.0 * wan.one_way_seconds() + fragments * 2.0 * serialise
+}
+
+/// One fragment of `elements` values as the round's codec for the link
+/// between `a` and `b` encodes it, in bytes: bits per value plus the
+/// block's 16-bit scale.
+pub(super) fn fragment_bytes(round: &pb::OuterRound, a: &str, b: &str, elements: u64) -> f64 {
     let codec = round
         .links
         .iter()
@@ -446,9 +474,7 @@ fn predicted_link_seconds(
         } else {
             16.0 / f64::from(block)
         };
-    let fragment_bytes = elements as f64 * bits_per_value / 8.0;
-    let serialise = fragment_bytes / m / wan.link_rate.bytes_per_second();
-    waves * 2.0 * wan.one_way_seconds() + fragments * 2.0 * serialise
+    elements as f64 * bits_per_value / 8.0
 }
 
 /// The plan of the job as the coordinator placed it.
@@ -782,6 +808,7 @@ fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<(
         ("bytes", true),
         ("exchange", true),
         ("predicted", true),
+        ("simulated", true),
         ("took", true),
     ]);
     // The first and last rounds, and every round in between where a site
@@ -821,6 +848,7 @@ fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<(
             units::human_bytes(r.bytes as f64),
             r.exchange_ms.map_or("-".into(), |t| format!("{t} ms")),
             format!("{:.1} ms", r.predicted_ms),
+            r.simulated_ms.map_or("-".into(), |t| format!("{t:.1} ms")),
             r.took_ms.map_or("-".into(), |t| format!("{t} ms")),
         ]);
     }
@@ -829,11 +857,15 @@ fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::io::Result<(
     writeln!(
         out,
         "  median of {} committed rounds the agents had records of: exchange {} measured at the \
-         agents, {} predicted by the planner's cost model for the links; {} opened to committed \
-         at the coordinator",
+         agents, {} predicted by the planner's cost model for the links, {} simulated on them \
+         (measured / simulated {}); {} opened to committed at the coordinator",
         rounds.measured,
         ms(rounds.median_exchange_ms),
         ms(rounds.median_predicted_ms),
+        ms(rounds.median_simulated_ms),
+        rounds
+            .median_measured_over_simulated
+            .map_or("-".to_string(), |r| format!("{r:.2}")),
         ms(rounds.median_took_ms),
     )?;
     if !rounds.links.is_empty() {
@@ -929,6 +961,7 @@ mod tests {
             exchange_ms: None,
             bytes: 0,
             predicted_ms: 0.0,
+            simulated_ms: None,
             deadline_ms: 30_000,
             inner_step_ms: None,
             reason: String::new(),
@@ -953,6 +986,8 @@ mod tests {
             median_took_ms: None,
             median_exchange_ms: None,
             median_predicted_ms: None,
+            median_simulated_ms: None,
+            median_measured_over_simulated: None,
             rounds: rows,
             links: Vec::new(),
         };

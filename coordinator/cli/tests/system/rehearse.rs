@@ -49,6 +49,27 @@ fn the_agents_exchange_every_round_through_the_link_and_the_rounds_commit() {
         assert!(round["bytes"].as_u64().unwrap() > 0, "{round:#}");
         assert!(round["exchange_ms"].as_u64().is_some(), "{round:#}");
     }
+    // Beside each, the simulator's discrete-event tier on the same link:
+    // a hello's round trip and two one-way trips at least (80 km and
+    // 20 µs each way), and, the link losing nothing at random, the same
+    // for every round of the same sites and size.
+    let simulated: Vec<f64> = committed
+        .iter()
+        .map(|r| {
+            r["simulated_ms"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{r:#}"))
+        })
+        .collect();
+    assert!(simulated[0] >= 4.0 * 0.42, "{simulated:?}");
+    assert!(
+        simulated.iter().all(|s| *s == simulated[0]),
+        "{simulated:?}"
+    );
+    assert!(
+        rounds["median_measured_over_simulated"].as_f64().unwrap() > 0.0,
+        "{rounds:#}"
+    );
     let link = &rounds["links"][0];
     assert_eq!(link["link"], "north<->south", "{rounds:#}");
     assert!(link["bytes"].as_u64().unwrap() > 0, "{link:#}");

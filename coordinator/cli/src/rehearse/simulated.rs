@@ -1,0 +1,328 @@
+//! What the simulator's discrete-event tier says a rehearsed round's
+//! exchange takes, on the links the emulator played: the simulator beside
+//! the real processes, round by round, in one report.
+//!
+//! A round's exchange, as the agents run it (`longhaul_site_agent::rounds`
+//! and `exchange`): its fragments [`FRAGMENTS_AT_ONCE`] at a time; for each
+//! batch, reduce-scatter then all-gather among the sites the round did not
+//! exclude, in each phase every ordered pair of linked sites moving its
+//! 1/M shard of each fragment of the batch (encoded at that link's codec)
+//! over the pool's connections, once a stream's hello has had its welcome
+//! (one round trip). The simulation is that, phase by phase: a
+//! [`transfer`] per ordered pair over the emulator's configuration of that
+//! direction (the scenario's impairments applied, as the emulator got
+//! them), the ACKs on the reverse direction, Cubic senders (quinn's
+//! default controller, which the agents run) as many as the pool holds,
+//! QUIC's probe timeout in place of TCP's timer ([`quic_packets`]); a
+//! phase ends with its slowest pair, and a round is the sum of its batches'
+//! round trip and phases.
+//!
+//! Left out, which the simulation does not charge for:
+//! QUIC's handshakes (the pool's connections are kept across rounds),
+//! encoding, reducing and hashing (CPU), the control messages of a phase,
+//! and the coordinator's opening and committing of the round. Also left
+//! out, the other way: quinn paces its packets over the RTT, where the
+//! simulated senders send a window at once, so slow start's bursts meet a
+//! buffer of under one BDP harder in the simulation than on the emulated
+//! link. Packets are
+//! QUIC's size on the emulator's UDP path, acknowledged
+//! one by one (QUIC acknowledges about every second packet: the simulated
+//! ACK traffic is larger than the real, which matters only on a link whose
+//! reverse direction is full).
+
+use longhaul_core::rng::derive;
+use longhaul_core::units::Duration;
+use longhaul_proto::v1 as pb;
+use longhaul_simulations::des::{
+    Limits, Outcome, SenderModel, TcpParams, TransferConfig, transfer,
+};
+use longhaul_simulations::emulator::{LinkSpec, direction_seed};
+use longhaul_simulations::link::LinkConfig;
+use longhaul_site_agent::rounds::FRAGMENTS_AT_ONCE;
+
+/// QUIC's packets and loss timer on the emulator's UDP path, for an agent
+/// configured with `initial_rtt`: payload bytes of one full packet
+/// (quinn's largest datagram after path MTU discovery on a 1500-byte path,
+/// less its short header and frame overhead) and the IP, UDP and QUIC
+/// bytes around them; the probe timeout of RFC 9002 §6.2 (smoothed RTT +
+/// max(4·RTT variance, 1 ms granularity) + the peer's 25 ms max ACK delay)
+/// in place of TCP's retransmission timer: 3·initial_rtt + 25 ms before
+/// the first sample, at least 26 ms after.
+pub(super) fn quic_packets(initial_rtt: std::time::Duration) -> TcpParams {
+    let initial_rtt = u64::try_from(initial_rtt.as_nanos()).unwrap_or(u64::MAX);
+    TcpParams {
+        mss_bytes: 1_400,
+        header_bytes: 52,
+        min_rto: Duration::from_millis(26),
+        initial_rto: Duration::from_nanos(
+            initial_rtt
+                .saturating_mul(3)
+                .saturating_add(MAX_ACK_DELAY_NS),
+        ),
+        ..TcpParams::default()
+    }
+}
+
+/// quinn's default `max_ack_delay`.
+const MAX_ACK_DELAY_NS: u64 = 25_000_000;
+
+/// Bounds on one simulated phase: beyond them the round is left
+/// unsimulated rather than holding up the report.
+const LIMITS: Limits = Limits {
+    max_virtual_time: Duration::from_secs(600),
+    max_events: 20_000_000,
+};
+
+/// The rounds' exchanges, simulated on the emulator's links.
+pub(super) struct Simulator<'a> {
+    links: &'a [LinkSpec],
+    connections: u32,
+    seed: u64,
+}
+
+impl<'a> Simulator<'a> {
+    /// `links` as the emulator was configured (`scenario_links`), pools of
+    /// `connections` per peer, link fates seeded from the rehearsal's seed.
+    pub(super) fn new(links: &'a [LinkSpec], connections: u32, seed: u64) -> Self {
+        Self {
+            links,
+            connections: connections.max(1),
+            seed,
+        }
+    }
+
+    /// The configuration of the direction `from` → `to` and of its reverse.
+    fn direction(&self, from: &str, to: &str) -> Option<(&'a LinkConfig, &'a LinkConfig)> {
+        self.links.iter().find_map(|l| {
+            if l.sites[0] == from && l.sites[1] == to {
+                Some((&l.forward, &l.backward))
+            } else if l.sites[0] == to && l.sites[1] == from {
+                Some((&l.backward, &l.forward))
+            } else {
+                None
+            }
+        })
+    }
+
+    /// Seconds `bytes` take from `from` to `to` over the pool, in phase
+    /// `phase` of round `round` (each its own link fates: the emulator's
+    /// links do not replay their fates round after round either).
+    fn phase(&self, (round, phase): (u64, u64), from: &str, to: &str, bytes: u64) -> Option<f64> {
+        let (forward, reverse) = self.direction(from, to)?;
+        let mut config = TransferConfig::new(
+            forward.clone(),
+            bytes,
+            self.connections,
+            SenderModel::Cubic,
+            derive(
+                direction_seed(self.seed, from, to),
+                "round",
+                round * 64 + phase,
+            ),
+        );
+        config.reverse = Some(reverse.clone());
+        // The rehearsal gives each agent its longest link's RTT (at least
+        // 1 ms) as the initial RTT; with two sites, this link's.
+        let rtt = 2 * forward.one_way_ns().max(reverse.one_way_ns());
+        config.tcp = quic_packets(std::time::Duration::from_nanos(rtt.max(1_000_000)));
+        config.limits = LIMITS;
+        transfer(&config)
+            .ok()
+            .filter(|r| r.outcome == Outcome::Completed)
+            .and_then(|r| r.completion)
+            .map(|d| d.as_nanos() as f64 / 1e9)
+    }
+
+    /// What the round's exchange takes, simulated, in seconds: `None` for
+    /// a round with nothing to exchange (no fragments, fewer than two live
+    /// sites, no values) or one the simulation could not finish.
+    /// `fragment_bytes(a, b)` is one fragment's encoded bytes on the link
+    /// between `a` and `b`.
+    pub(super) fn round_seconds(
+        &self,
+        round: &pb::OuterRound,
+        fragment_bytes: impl Fn(&str, &str) -> f64,
+    ) -> Option<f64> {
+        let live: Vec<&str> = round
+            .participant_states
+            .iter()
+            .filter(|p| !p.excluded)
+            .map(|p| p.site_id.as_str())
+            .collect();
+        let m = live.len() as f64;
+        if live.len() < 2 || round.fragments == 0 {
+            return None;
+        }
+        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        for &a in &live {
+            for &b in &live {
+                if a != b && self.direction(a, b).is_some() {
+                    pairs.push((a, b));
+                }
+            }
+        }
+        if pairs.is_empty() {
+            return None;
+        }
+        let mut total = 0.0;
+        let mut left = round.fragments as usize;
+        let mut batches = 0u64;
+        while left > 0 {
+            batches += 1;
+            let batch = left.min(FRAGMENTS_AT_ONCE);
+            left -= batch;
+            let mut slowest = 0.0f64;
+            let mut handshake = 0.0f64;
+            for &(a, b) in &pairs {
+                if let Some((forward, reverse)) = self.direction(a, b) {
+                    let rtt = forward.one_way_ns().saturating_add(reverse.one_way_ns());
+                    handshake = handshake.max(rtt as f64 / 1e9);
+                }
+                let shard = (fragment_bytes(a, b) / m).ceil() as u64;
+                if shard == 0 {
+                    return None;
+                }
+                let at = (round.round_id, batches);
+                slowest = slowest.max(self.phase(at, a, b, shard * batch as u64)?);
+            }
+            // A hello and its welcome, then the shards; the same shards go
+            // back averaged in the all-gather.
+            total += handshake + 2.0 * slowest;
+        }
+        Some(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests fail loudly")]
+
+    use longhaul_core::units::{DataRate, Distance};
+
+    use super::*;
+
+    fn round(sites: &[(&str, bool)], fragments: u32) -> pb::OuterRound {
+        pb::OuterRound {
+            fragments,
+            participant_states: sites
+                .iter()
+                .map(|(site, excluded)| pb::RoundParticipant {
+                    site_id: (*site).into(),
+                    excluded: *excluded,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A link with a buffer of a few BDPs, so slow start's overshoot does
+    /// not dominate what the tests look at.
+    fn link(a: &str, b: &str, mbit: u64, km: f64) -> LinkSpec {
+        let mut config = LinkConfig::new(
+            DataRate::from_bits_per_second(mbit * 1_000_000),
+            Distance::from_km(km).unwrap(),
+        );
+        let bdp = mbit as f64 * 1e6 / 8.0 * km * 10e-6;
+        config.buffer = Some(longhaul_core::units::ByteSize::from_bytes(4 * bdp as u64));
+        LinkSpec::symmetric(a, b, config)
+    }
+
+    #[test]
+    fn a_round_takes_at_least_its_shards_at_the_link_rate_and_one_way_per_phase() {
+        let links = [link("north", "south", 100, 1000.0)];
+        let sim = Simulator::new(&links, 4, 1);
+        // 2 MB fragments, two sites: 1 MB each way per phase.
+        let bytes = 2_000_000.0;
+        let seconds = sim
+            .round_seconds(&round(&[("north", false), ("south", false)], 1), |_, _| {
+                bytes
+            })
+            .unwrap();
+        let packets = (1_000_000f64 / 1400.0).ceil();
+        let wire = packets * 1452.0 * 8.0 / 100e6;
+        let floor = 2.0 * (wire + 0.005);
+        assert!(seconds >= floor, "{seconds} < {floor}");
+        // Slow start costs a few RTTs, not more.
+        assert!(seconds < floor + 2.0 * 8.0 * 0.010, "{seconds} vs {floor}");
+        // Deterministic, and 5 fragments are two batches: 4, then 1.
+        let again = Simulator::new(&links, 4, 1)
+            .round_seconds(&round(&[("north", false), ("south", false)], 1), |_, _| {
+                bytes
+            })
+            .unwrap();
+        assert_eq!(seconds, again);
+        let five = sim
+            .round_seconds(&round(&[("north", false), ("south", false)], 5), |_, _| {
+                bytes
+            })
+            .unwrap();
+        let four = sim
+            .round_seconds(&round(&[("north", false), ("south", false)], 4), |_, _| {
+                bytes
+            })
+            .unwrap();
+        assert_eq!(five, four + seconds);
+        assert!(four > 3.0 * seconds, "{four} vs {seconds}");
+    }
+
+    #[test]
+    fn the_slowest_pair_paces_a_phase_and_excluded_or_unlinked_sites_are_left_out() {
+        let links = [
+            link("a", "b", 100, 1000.0),
+            link("a", "c", 10, 1000.0),
+            link("b", "c", 100, 1000.0),
+        ];
+        let sim = Simulator::new(&links, 2, 7);
+        let bytes = |_: &str, _: &str| 900_000.0;
+        let three = sim
+            .round_seconds(
+                &round(&[("a", false), ("b", false), ("c", false)], 1),
+                bytes,
+            )
+            .unwrap();
+        let without_c = sim
+            .round_seconds(&round(&[("a", false), ("b", false), ("c", true)], 1), bytes)
+            .unwrap();
+        // a<->c at a tenth of the rate paces the three-site round, even
+        // with shards of a third rather than a half.
+        assert!(three > 4.0 * without_c, "{three} vs {without_c}");
+        // Nothing to exchange: one site left, no fragments, no bytes.
+        assert_eq!(
+            sim.round_seconds(&round(&[("a", false), ("b", true)], 1), bytes),
+            None
+        );
+        assert_eq!(
+            sim.round_seconds(&round(&[("a", false), ("b", false)], 0), bytes),
+            None
+        );
+        assert_eq!(
+            sim.round_seconds(&round(&[("a", false), ("b", false)], 1), |_, _| 0.0),
+            None
+        );
+        // Sites no link joins.
+        let sim = Simulator::new(&links[..1], 2, 7);
+        assert_eq!(
+            sim.round_seconds(&round(&[("a", false), ("c", false)], 1), bytes),
+            None
+        );
+    }
+
+    #[test]
+    fn loss_on_the_link_slows_the_simulated_round() {
+        let clean = [link("north", "south", 100, 1000.0)];
+        let mut lossy = clean.clone();
+        let p = longhaul_simulations::link::LossModel::Bernoulli { p: 0.01 };
+        lossy[0].forward.loss = p.clone();
+        lossy[0].backward.loss = p;
+        let r = round(&[("north", false), ("south", false)], 1);
+        let bytes = |_: &str, _: &str| 4_000_000.0;
+        let clean = Simulator::new(&clean, 1, 3)
+            .round_seconds(&r, bytes)
+            .unwrap();
+        let lossy = Simulator::new(&lossy, 1, 3)
+            .round_seconds(&r, bytes)
+            .unwrap();
+        assert!(lossy > 1.5 * clean, "{lossy} vs {clean}");
+    }
+}
