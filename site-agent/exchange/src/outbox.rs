@@ -10,6 +10,14 @@
 //! ([`Outbox::resumed`]), so a resumed sender sends nothing the peer
 //! acknowledged. An acknowledged chunk is never handed out again (the
 //! receiver counts what arrives twice: the transport's tests check it).
+//!
+//! Chunks are spread over the pool ([`Outbox::next_within`]): a connection
+//! with chunks in flight (handed out, not yet acknowledged) takes another
+//! only when no live connection is idle, and within a cap of bytes in
+//! flight. Without that, the first connection whose transport buffer has
+//! room takes every queued chunk at once, and the rest of the pool (the
+//! other congestion controllers, which are what carry a lossy link)
+//! idles.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -45,6 +53,10 @@ pub struct OutboxStats {
     pub resent_bytes: u64,
     /// Chunks acknowledged.
     pub acked: u64,
+    /// The most bytes one connection had in flight at once.
+    pub peak_connection_in_flight_bytes: u64,
+    /// Connections that were handed at least one chunk.
+    pub connections_used: u64,
 }
 
 /// A sender's chunks to one peer (see the module docs).
@@ -56,6 +68,12 @@ pub struct Outbox {
     by_start: BTreeMap<(TransferKey, u64), usize>,
     acked: BTreeMap<TransferKey, RangeSet>,
     remaining: usize,
+    /// Bytes handed out and not yet acknowledged, per connection.
+    in_flight: BTreeMap<u64, u64>,
+    /// The largest message pushed, bytes.
+    largest: u64,
+    /// Connections handed a chunk.
+    used: std::collections::BTreeSet<u64>,
     stats: OutboxStats,
 }
 
@@ -70,6 +88,7 @@ impl Outbox {
         let acked = self.is_acked(&chunk);
         self.by_start
             .insert((TransferKey::from(&chunk), chunk.offset), index);
+        self.largest = self.largest.max(message.len() as u64);
         self.chunks.push(Outgoing {
             chunk,
             message: Arc::new(message),
@@ -90,17 +109,47 @@ impl Outbox {
 
     /// The next chunk for `connection` to send, now in flight on it.
     pub fn next(&mut self, connection: u64) -> Option<(ChunkId, Arc<Vec<u8>>)> {
-        while let Some(index) = self.queue.pop_front() {
-            let outgoing = &mut self.chunks[index];
-            if outgoing.state != State::Queued {
+        self.next_within(connection, u64::MAX, 0)
+    }
+
+    /// [`Outbox::next`], spread over the `live` connections of the pool
+    /// and within `cap` bytes each: a connection with nothing in flight
+    /// takes a chunk whatever its size; one with chunks in flight takes
+    /// another only when every live connection has some (else the idle
+    /// one is left to take it) and the chunk keeps it within `cap`.
+    pub fn next_within(
+        &mut self,
+        connection: u64,
+        cap: u64,
+        live: usize,
+    ) -> Option<(ChunkId, Arc<Vec<u8>>)> {
+        let held = self.in_flight_bytes(connection);
+        if held > 0 && self.in_flight.len() < live {
+            return None;
+        }
+        while let Some(&index) = self.queue.front() {
+            if self.chunks[index].state != State::Queued {
+                self.queue.pop_front();
                 continue;
             }
-            let bytes = outgoing.message.len() as u64;
+            let bytes = self.chunks[index].message.len() as u64;
+            if held > 0 && held.saturating_add(bytes) > cap {
+                return None;
+            }
+            self.queue.pop_front();
+            let outgoing = &mut self.chunks[index];
             if outgoing.sends > 0 {
                 self.stats.resent_bytes += bytes;
             }
             outgoing.sends += 1;
             outgoing.state = State::InFlight { connection };
+            if self.used.insert(connection) {
+                self.stats.connections_used += 1;
+            }
+            let held = self.in_flight.entry(connection).or_default();
+            *held += bytes;
+            self.stats.peak_connection_in_flight_bytes =
+                self.stats.peak_connection_in_flight_bytes.max(*held);
             self.stats.sent += 1;
             self.stats.sent_bytes += bytes;
             return Some((outgoing.chunk, Arc::clone(&outgoing.message)));
@@ -126,6 +175,9 @@ impl Outbox {
         for index in candidates {
             let outgoing = &self.chunks[index];
             if outgoing.state != State::Acked && self.is_acked(&outgoing.chunk) {
+                if let State::InFlight { connection } = outgoing.state {
+                    self.settle(connection, outgoing.message.len() as u64);
+                }
                 self.chunks[index].state = State::Acked;
                 settled += 1;
             }
@@ -138,6 +190,7 @@ impl Outbox {
     /// `connection` is gone: its chunks in flight are uncertain until a
     /// new connection is welcomed.
     pub fn connection_lost(&mut self, connection: u64) -> usize {
+        self.in_flight.remove(&connection);
         let mut count = 0;
         for outgoing in &mut self.chunks {
             if outgoing.state == (State::InFlight { connection }) {
@@ -151,6 +204,7 @@ impl Outbox {
     /// Every connection is gone (an attempt over, another to come): all
     /// chunks in flight are uncertain.
     pub fn all_lost(&mut self) -> usize {
+        self.in_flight.clear();
         let mut count = 0;
         for outgoing in &mut self.chunks {
             if matches!(outgoing.state, State::InFlight { .. }) {
@@ -192,6 +246,26 @@ impl Outbox {
         }
         self.remaining += again;
         again
+    }
+
+    /// Bytes `connection` has in flight: handed out on it and not yet
+    /// acknowledged (on any connection).
+    pub fn in_flight_bytes(&self, connection: u64) -> u64 {
+        self.in_flight.get(&connection).copied().unwrap_or(0)
+    }
+
+    /// The largest message pushed, bytes.
+    pub fn largest_message(&self) -> u64 {
+        self.largest
+    }
+
+    fn settle(&mut self, connection: u64, bytes: u64) {
+        if let Some(held) = self.in_flight.get_mut(&connection) {
+            *held = held.saturating_sub(bytes);
+            if *held == 0 {
+                self.in_flight.remove(&connection);
+            }
+        }
     }
 
     /// Chunks not yet acknowledged.

@@ -13,7 +13,12 @@
 //!   controller), each carrying one bidirectional stream: hello, the
 //!   receiver's replayed acks and welcome, then data one way and acks the
 //!   other. Chunks are handed to whichever connection is free
-//!   ([`longhaul_exchange::Outbox`]). The connections stay open after a
+//!   ([`longhaul_exchange::Outbox`]), spread: one with chunks in flight
+//!   takes another only when every live connection has some, and within
+//!   its share of [`ExchangeOptions::pool_in_flight_bytes`] (at least two
+//!   chunks). Without that, the first connection whose send buffer had
+//!   room took every chunk of a fragment and the rest of the pool idled.
+//!   The connections stay open after a
 //!   fragment (keep-alives hold them) and carry the next fragment's
 //!   streams, so a congestion window grown on one fragment serves the
 //!   next rather than starting again from slow start.
@@ -167,6 +172,16 @@ impl ExchangeOptions {
         bytes.min(u64::MAX as f64) as u64
     }
 
+    /// Bytes the pool to one peer may have in flight (chunks handed to
+    /// its connections and not yet acknowledged), shared by its live
+    /// connections: four BDPs, so that a connection whose stream waits
+    /// out a loss's recovery (every later chunk on it held until the
+    /// retransmission arrives) or a path longer than `link_rtt` still
+    /// leaves the pool enough to fill the link.
+    pub fn pool_in_flight_bytes(&self) -> u64 {
+        self.bdp_bytes().saturating_mul(4).max(1)
+    }
+
     /// The QUIC settings of every connection (see the module docs).
     pub fn tuning(&self) -> QuicTuning {
         let bdp = self.bdp_bytes();
@@ -237,6 +252,10 @@ pub struct PeerReport {
     pub sent_messages: u64,
     pub sent_bytes: u64,
     pub resent_bytes: u64,
+    /// The most bytes one connection of the pool had in flight to the
+    /// peer at once, and how many connections carried chunks to it.
+    pub peak_connection_in_flight_bytes: u64,
+    pub connections_used: u64,
     /// Data bytes received from the peer and taken, and bytes of chunks
     /// received again that this node already held (acknowledged again,
     /// changing nothing).

@@ -63,6 +63,16 @@ impl NodeInner {
         }
     }
 
+    /// How many of the pool's connections to `addr` are open.
+    pub fn pooled_open(&self, addr: SocketAddr) -> u32 {
+        let open = self
+            .connections()
+            .iter()
+            .filter(|((a, _), c)| *a == addr && c.close_reason().is_none())
+            .count();
+        u32::try_from(open).unwrap_or(u32::MAX)
+    }
+
     pub fn pool(&self, addr: SocketAddr, slot: u32, connection: Connection) {
         self.connections().insert((addr, slot), connection);
     }
@@ -543,6 +553,8 @@ fn outcome(
         report.sent_messages = stats.sent;
         report.sent_bytes = stats.sent_bytes;
         report.resent_bytes = stats.resent_bytes;
+        report.peak_connection_in_flight_bytes = stats.peak_connection_in_flight_bytes;
+        report.connections_used = stats.connections_used;
         report.finished = finished(state, &inner, &waiting, site, peer);
         if !report.finished {
             unfinished.push(site.clone());

@@ -212,19 +212,32 @@ async fn run_connection(
     let writer = async {
         let mut changes = state.subscribe();
         loop {
+            // The pool's open connections count as live from the start of
+            // a fragment, before each stream is welcomed: else the first
+            // welcomed would take every chunk before the others could.
+            let open = node.pooled_open(addr);
             let next = {
                 let mut inner = state.lock();
                 let Some(p) = inner.peers.get_mut(peer) else {
                     return Err(format!("{peer:?} is not a peer"));
                 };
-                p.outbox.next(id).map(|(_, message)| {
-                    let wait = pace(
-                        p,
-                        message.len() as u64,
-                        node.options.pacing_bytes_per_second,
-                    );
-                    (message, wait)
-                })
+                // Spread over the live connections, each within its
+                // share of the pool's bytes in flight (at least two
+                // chunks, so that the next is queued behind the one on
+                // the wire): see `Outbox::next_within`.
+                let live = p.connected.max(open).max(1);
+                let cap = (node.options.pool_in_flight_bytes() / u64::from(live))
+                    .max(p.outbox.largest_message().saturating_mul(2));
+                p.outbox
+                    .next_within(id, cap, live as usize)
+                    .map(|(_, message)| {
+                        let wait = pace(
+                            p,
+                            message.len() as u64,
+                            node.options.pacing_bytes_per_second,
+                        );
+                        (message, wait)
+                    })
             };
             match next {
                 Some((message, wait)) => {

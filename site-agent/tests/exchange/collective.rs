@@ -9,7 +9,10 @@ use longhaul_codec::EncoderConfig;
 use longhaul_exchange::{CollectivePlan, LinkCodecs};
 use longhaul_site_agent::exchange::ExchangeNode;
 
-use crate::{Pki, fragments, loopback, options, reference_hash, run};
+use longhaul_exchange::Contributor;
+use longhaul_site_agent::exchange::FragmentRequest;
+
+use crate::{JOB, Pki, bounded, fragments, loopback, options, reference_hash, run};
 
 /// Starts nodes for `sites`, runs the fragment at every one of them at
 /// once, and returns their outcomes by site.
@@ -116,5 +119,71 @@ async fn an_excluded_site_is_left_out_and_the_average_reweighted() {
             (value - mean).abs() < 0.02,
             "element {i}: {value} against {mean}"
         );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_of_the_pool_carries_chunks_not_one_connection_all() {
+    // 25 chunks of about 8 KiB to each peer over a pool of 3. Without the
+    // spreading, the first connection to run took every queued chunk into
+    // its send buffer (the windows hold far more), and the pool's other
+    // connections, with their own congestion controllers, carried none.
+    let sites = ["north", "south"];
+    let n = 400_000;
+    let fragments = fragments(21, &[("north", 1.0), ("south", 1.5)], n);
+    let plan = CollectivePlan::new(&sites, &[], n as u64, 1 << 13).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    let pki = Pki::new("test CA");
+    let mut nodes = BTreeMap::new();
+    let mut peers = BTreeMap::new();
+    for (k, site) in sites.iter().enumerate() {
+        let node = ExchangeNode::bind(loopback(), &pki.agent(site), options(k as u64 + 1)).unwrap();
+        peers.insert(site.to_string(), node.local_addr().unwrap());
+        nodes.insert(site.to_string(), Arc::new(node));
+    }
+    let peers = Arc::new(peers);
+    // The first fragment opens the pool (its connections come up one by
+    // one, and the first may carry it alone); the second has it whole.
+    for fragment in 0..2u32 {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (site, node) in &nodes {
+            let (site, node, peers) = (site.clone(), Arc::clone(node), Arc::clone(&peers));
+            let (plan, codecs) = (plan.clone(), codecs.clone());
+            let values = fragments[&site].clone();
+            tasks.spawn(async move {
+                let mut contributor = Contributor::new(plan.elements());
+                let request = FragmentRequest {
+                    job: JOB,
+                    round: 1,
+                    fragment,
+                    plan: &plan,
+                    codecs: &codecs,
+                    contributor: &mut contributor,
+                    values: &values,
+                    peers: &peers,
+                    deadline: Duration::from_secs(60),
+                };
+                let outcome = bounded(90, node.exchange(request)).await.unwrap();
+                (site, outcome)
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            let (site, outcome) = done.unwrap();
+            assert_eq!(outcome.hash.as_deref(), Some(expected.as_str()), "{site}");
+            for (peer, report) in &outcome.peers {
+                println!("fragment {fragment}, {site} → {peer}: {report:?}");
+                if fragment == 1 {
+                    assert_eq!(report.handshakes, 0, "{site} → {peer}: {report:?}");
+                    assert_eq!(report.connections_used, 3, "{site} → {peer}: {report:?}");
+                    // Each within its share of the pool's bytes in flight.
+                    let share = options(1).pool_in_flight_bytes() / 3;
+                    assert!(
+                        report.peak_connection_in_flight_bytes <= share,
+                        "{site} → {peer}: {report:?}, share {share}"
+                    );
+                }
+            }
+        }
     }
 }
