@@ -14,14 +14,9 @@ use longhaul_site_agent::exchange::FragmentRequest;
 
 use crate::{JOB, Pki, bounded, fragments, loopback, options, reference_hash, run};
 
-/// Starts nodes for `sites`, runs the fragment at every one of them at
-/// once, and returns their outcomes by site.
-async fn exchange_all(
-    sites: &[&str],
-    plan: &CollectivePlan,
-    codecs: &LinkCodecs,
-    fragments: &BTreeMap<String, Vec<f32>>,
-) -> BTreeMap<String, longhaul_site_agent::exchange::ExchangeOutcome> {
+/// Nodes for `sites` (one test CA), and where each listens.
+type Nodes = BTreeMap<String, Arc<ExchangeNode>>;
+fn bind_nodes(sites: &[&str]) -> (Nodes, Arc<BTreeMap<String, std::net::SocketAddr>>) {
     let pki = Pki::new("test CA");
     let mut nodes = BTreeMap::new();
     let mut peers = BTreeMap::new();
@@ -30,7 +25,18 @@ async fn exchange_all(
         peers.insert(site.to_string(), node.local_addr().unwrap());
         nodes.insert(site.to_string(), Arc::new(node));
     }
-    let peers = Arc::new(peers);
+    (nodes, Arc::new(peers))
+}
+
+/// Starts nodes for `sites`, runs the fragment at every one of them at
+/// once, and returns their outcomes by site.
+async fn exchange_all(
+    sites: &[&str],
+    plan: &CollectivePlan,
+    codecs: &LinkCodecs,
+    fragments: &BTreeMap<String, Vec<f32>>,
+) -> BTreeMap<String, longhaul_site_agent::exchange::ExchangeOutcome> {
+    let (nodes, peers) = bind_nodes(sites);
     let mut tasks = tokio::task::JoinSet::new();
     for (site, node) in &nodes {
         let (site, node, peers) = (site.clone(), Arc::clone(node), Arc::clone(&peers));
@@ -134,15 +140,7 @@ async fn every_connection_of_the_pool_carries_chunks_not_one_connection_all() {
     let plan = CollectivePlan::new(&sites, &[], n as u64, 1 << 13).unwrap();
     let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
     let expected = reference_hash(&plan, &codecs, &fragments);
-    let pki = Pki::new("test CA");
-    let mut nodes = BTreeMap::new();
-    let mut peers = BTreeMap::new();
-    for (k, site) in sites.iter().enumerate() {
-        let node = ExchangeNode::bind(loopback(), &pki.agent(site), options(k as u64 + 1)).unwrap();
-        peers.insert(site.to_string(), node.local_addr().unwrap());
-        nodes.insert(site.to_string(), Arc::new(node));
-    }
-    let peers = Arc::new(peers);
+    let (nodes, peers) = bind_nodes(&sites);
     // The first fragment opens the pool (its connections come up one by
     // one, and the first may carry it alone); the second has it whole.
     for fragment in 0..2u32 {

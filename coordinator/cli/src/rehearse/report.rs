@@ -416,17 +416,22 @@ pub(super) fn rounds_report(
     })
 }
 
+/// The sites the round did not exclude.
+pub(super) fn live_sites(round: &pb::OuterRound) -> Vec<&str> {
+    round
+        .participant_states
+        .iter()
+        .filter(|p| !p.excluded)
+        .map(|p| p.site_id.as_str())
+        .collect()
+}
+
 /// The pairs of sites the round did not exclude that a link joins.
 fn live_pairs<'a>(
     round: &'a pb::OuterRound,
     topology: &'a longhaul_core::Topology,
 ) -> impl Iterator<Item = (&'a str, &'a str, &'a longhaul_core::topology::WanLink)> {
-    let live: Vec<&str> = round
-        .participant_states
-        .iter()
-        .filter(|p| !p.excluded)
-        .map(|p| p.site_id.as_str())
-        .collect();
+    let live = live_sites(round);
     let mut pairs = Vec::new();
     for (i, a) in live.iter().enumerate() {
         for b in &live[i + 1..] {
@@ -447,12 +452,7 @@ fn predicted_link_seconds(
     wan: &longhaul_core::topology::WanLink,
     elements: u64,
 ) -> f64 {
-    let m = round
-        .participant_states
-        .iter()
-        .filter(|p| !p.excluded)
-        .count()
-        .max(1) as f64;
+    let m = live_sites(round).len().max(1) as f64;
     let fragments = f64::from(round.fragments);
     let waves = (fragments / longhaul_site_agent::rounds::FRAGMENTS_AT_ONCE as f64).ceil();
     let serialise = fragment_bytes(round, a, b, elements) / m / wan.link_rate.bytes_per_second();

@@ -143,12 +143,7 @@ impl<'a> Simulator<'a> {
         round: &pb::OuterRound,
         fragment_bytes: impl Fn(&str, &str) -> f64,
     ) -> Option<f64> {
-        let live: Vec<&str> = round
-            .participant_states
-            .iter()
-            .filter(|p| !p.excluded)
-            .map(|p| p.site_id.as_str())
-            .collect();
+        let live = super::report::live_sites(round);
         let m = live.len() as f64;
         if live.len() < 2 || round.fragments == 0 {
             return None;
