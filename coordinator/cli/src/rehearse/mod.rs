@@ -55,7 +55,9 @@ use observe::{
     LiveReplicas, Observed, Shared, job_state, lock, spawn_change_watch, spawn_leader_watch,
 };
 use processes::Wan;
-pub use report::{LinkReport, PlanReport, Record, Report, RoundRow, RoundsReport, SiteReport};
+pub use report::{
+    ExchangeLinkRow, LinkReport, PlanReport, Record, Report, RoundRow, RoundsReport, SiteReport,
+};
 
 const REHEARSE_HELP: &str = "\
 Modes:
