@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
-use longhaul_coordinator::process::{KillOnDrop, append_log};
+use longhaul_coordinator::process::{KillOnDrop, append_log, free_loopback_port};
 
 use super::network::Network;
 use longhaul_coordinator::server::leases;
@@ -21,59 +21,18 @@ use longhaul_simulations::emulator::{Emulator, EmulatorError, TcpProxy, UdpProxy
 use longhaul_site_agent::config::{AgentConfig, ExchangeConfig, ProbeConfig, TrainerConfig};
 use longhaul_site_agent::inventory::InventoryConfig;
 
-/// Where [`free_port`] looks for ports: below the kernel's ephemeral range
-/// and below the test kit's (`longhaul_tests::ports`, 20,000 up), so that
-/// the cluster tests' replicas and a rehearsal's processes running beside
-/// them never try the same ports.
-const FIRST_PORT: u16 = 10_000;
-const END_PORT: u16 = 20_000;
+/// Where a rehearsal's processes get their ports: below the kernel's
+/// ephemeral range (see [`free_loopback_port`]) and below the test kit's
+/// (`longhaul_testkit::free_addr`, 20,000 up), so that cluster tests'
+/// replicas and a rehearsal's processes running beside them never try the
+/// same ports.
+const PORTS: std::ops::Range<u16> = 10_000..20_000;
 
-/// A port on 127.0.0.1 that was free for both TCP and UDP a moment ago,
-/// below the kernel's ephemeral range: a process this rehearsal starts
-/// binds it later (an agent's data port for QUIC, its status port for
-/// TCP), and a port the kernel hands out for a bind to port 0 or an
-/// outgoing connection in the meantime (the emulator's proxies, other
-/// rehearsals' clients) can never be one of these. Rehearsals running at
-/// once start from different points (their pids) and skip what is taken;
-/// where the ephemeral range reaches below [`END_PORT`], any port both
-/// protocols have free.
+/// A port on 127.0.0.1 free for TCP and UDP a moment ago, from [`PORTS`]:
+/// a process this rehearsal starts binds it later (an agent's data port
+/// for QUIC, its status port for TCP).
 pub(super) fn free_port() -> anyhow::Result<SocketAddr> {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
-    let free = |port: u16| {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let tcp = std::net::TcpListener::bind(addr).ok()?;
-        let _udp = std::net::UdpSocket::bind(tcp.local_addr().ok()?).ok()?;
-        tcp.local_addr().ok()
-    };
-    let end = ephemeral.min(END_PORT);
-    if end > FIRST_PORT {
-        let span = u32::from(end - FIRST_PORT);
-        // A stride prime to any span this side of 2^16 visits every port.
-        let start = std::process::id().wrapping_mul(7_919);
-        for _ in 0..span {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let offset = start.wrapping_add(n.wrapping_mul(65_537)) % span;
-            let port = FIRST_PORT + u16::try_from(offset).unwrap_or(0);
-            if let Some(addr) = free(port) {
-                return Ok(addr);
-            }
-        }
-    }
-    // No room below the ephemeral range.
-    for _ in 0..64 {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").context("no free port")?;
-        let port = listener.local_addr()?.port();
-        drop(listener);
-        if let Some(addr) = free(port) {
-            return Ok(addr);
-        }
-    }
-    Err(anyhow!("no port on 127.0.0.1 is free for both TCP and UDP"))
+    free_loopback_port(PORTS).context("no free port")
 }
 
 /// How many lines of a process's log [`Process::died`] quotes.
@@ -533,34 +492,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn free_ports_lie_below_the_ephemeral_and_the_test_kits_ranges_and_are_free_for_tcp_and_udp() {
-        let ports: Vec<SocketAddr> = (0..32).map(|_| free_port().unwrap()).collect();
-        for addr in &ports {
-            assert!(
-                (FIRST_PORT..END_PORT).contains(&addr.port()),
-                "{addr} is not in {FIRST_PORT}..{END_PORT}"
-            );
-            std::net::UdpSocket::bind(addr).unwrap();
-            std::net::TcpListener::bind(addr).unwrap();
-        }
-        let distinct: std::collections::BTreeSet<u16> = ports.iter().map(|a| a.port()).collect();
-        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
-    }
-
-    #[test]
-    fn a_free_port_taken_for_udp_is_never_handed_out() {
-        // Hold every port the next calls would try first for UDP only:
-        // each port handed out is another.
-        let held: Vec<std::net::UdpSocket> = (0..8)
-            .filter_map(|_| std::net::UdpSocket::bind(free_port().unwrap()).ok())
-            .collect();
-        let taken: Vec<u16> = held
-            .iter()
-            .map(|s| s.local_addr().unwrap().port())
-            .collect();
-        for _ in 0..32 {
-            let port = free_port().unwrap().port();
-            assert!(!taken.contains(&port), "{port} is bound for UDP");
+    fn a_rehearsals_ports_lie_below_the_ephemeral_and_the_test_kits_ranges() {
+        let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(PORTS.end <= ephemeral, "{PORTS:?} reaches {ephemeral}");
+        for _ in 0..8 {
+            let addr = free_port().unwrap();
+            assert!(PORTS.contains(&addr.port()), "{addr} is not in {PORTS:?}");
         }
     }
 
