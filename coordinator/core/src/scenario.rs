@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::{self, ConfigError, FieldPath, Validate, Violation, check_id};
-use crate::topology::Topology;
+use crate::topology::{Topology, WanLink};
 use crate::units::{DataRate, Duration};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -175,6 +175,13 @@ pub struct TimelineEvent {
 impl Scenario {
     pub fn from_toml(file: &str, text: &str) -> Result<Self, ConfigError> {
         config::parse(file, text)
+    }
+
+    /// The impairments of the link `wan`, in the order given.
+    pub fn impairments_of<'a>(&'a self, wan: &'a WanLink) -> impl Iterator<Item = &'a Impairment> {
+        self.impairments
+            .iter()
+            .filter(|i| wan.joins(&i.link[0], &i.link[1]))
     }
 
     pub fn to_toml(&self) -> Result<String, toml::ser::Error> {

@@ -119,8 +119,7 @@ pub fn scenario_links(topology: &Topology, scenario: Option<&Scenario>) -> Vec<L
         .iter()
         .map(|wan| {
             let mut config = LinkConfig::from_wan_link(wan);
-            let impairments = scenario.into_iter().flat_map(|s| &s.impairments);
-            for impairment in impairments.filter(|i| same_pair(&i.link, &wan.between)) {
+            for impairment in scenario.into_iter().flat_map(|s| s.impairments_of(wan)) {
                 if let Some(loss) = impairment.loss {
                     config.loss = if loss > 0.0 {
                         LossModel::Bernoulli { p: loss }

@@ -718,13 +718,13 @@ async fn play(
     // The planner's cost model on the links as played: at an impairment's
     // rate where the scenario sets one.
     let mut as_played = topology.clone();
-    for wan in &mut as_played.links {
-        for impairment in &scenario.impairments {
-            if let Some(rate) = impairment.rate
-                && wan.joins(&impairment.link[0], &impairment.link[1])
-            {
-                wan.link_rate = rate;
-            }
+    for (wan, configured) in as_played.links.iter_mut().zip(&topology.links) {
+        if let Some(rate) = scenario
+            .impairments_of(configured)
+            .filter_map(|i| i.rate)
+            .last()
+        {
+            wan.link_rate = rate;
         }
     }
     let rounds = report::rounds_report(

@@ -13,22 +13,21 @@
 //! direction (the scenario's impairments applied, as the emulator got
 //! them), the ACKs on the reverse direction, Cubic senders (quinn's
 //! default controller, which the agents run) as many as the pool holds,
-//! QUIC's probe timeout in place of TCP's timer ([`quic_packets`]); a
-//! phase ends with its slowest pair, and a round is the sum of its batches'
-//! round trip and phases.
+//! QUIC's probe timeout in place of TCP's timer ([`quic_packets`]), each
+//! phase with its own link fates; a phase ends with its slowest pair, and
+//! a round is the sum of its batches' round trip and two phases.
 //!
-//! Left out, which the simulation does not charge for:
-//! QUIC's handshakes (the pool's connections are kept across rounds),
-//! encoding, reducing and hashing (CPU), the control messages of a phase,
-//! and the coordinator's opening and committing of the round. Also left
-//! out, the other way: quinn paces its packets over the RTT, where the
-//! simulated senders send a window at once, so slow start's bursts meet a
-//! buffer of under one BDP harder in the simulation than on the emulated
-//! link. Packets are
-//! QUIC's size on the emulator's UDP path, acknowledged
-//! one by one (QUIC acknowledges about every second packet: the simulated
-//! ACK traffic is larger than the real, which matters only on a link whose
-//! reverse direction is full).
+//! Left out, which the simulation does not charge for: QUIC's handshakes
+//! (the pool's connections are kept across rounds), encoding, reducing and
+//! hashing (CPU), the control messages of a phase, and the coordinator's
+//! opening and committing of the round. Also left out, the other way:
+//! quinn paces its packets over the RTT, where the simulated senders send
+//! a window at once, so slow start's bursts meet a buffer of under one BDP
+//! harder in the simulation than on the emulated link. Packets are QUIC's
+//! size on the emulator's UDP path, acknowledged one by one (QUIC
+//! acknowledges about every second packet: the simulated ACK traffic is
+//! larger than the real, which matters only on a link whose reverse
+//! direction is full).
 
 use longhaul_core::rng::derive;
 use longhaul_core::units::Duration;
@@ -48,7 +47,7 @@ use longhaul_site_agent::rounds::FRAGMENTS_AT_ONCE;
 /// max(4·RTT variance, 1 ms granularity) + the peer's 25 ms max ACK delay)
 /// in place of TCP's retransmission timer: 3·initial_rtt + 25 ms before
 /// the first sample, at least 26 ms after.
-pub(super) fn quic_packets(initial_rtt: std::time::Duration) -> TcpParams {
+fn quic_packets(initial_rtt: std::time::Duration) -> TcpParams {
     let initial_rtt = u64::try_from(initial_rtt.as_nanos()).unwrap_or(u64::MAX);
     TcpParams {
         mss_bytes: 1_400,
@@ -104,9 +103,9 @@ impl<'a> Simulator<'a> {
         })
     }
 
-    /// Seconds `bytes` take from `from` to `to` over the pool, in phase
-    /// `phase` of round `round` (each its own link fates: the emulator's
-    /// links do not replay their fates round after round either).
+    /// Seconds `bytes` take from `from` to `to` over the pool, in the
+    /// `phase`-th phase of round `round` (each with its own link fates:
+    /// the emulator's links do not replay theirs round after round).
     fn phase(&self, (round, phase): (u64, u64), from: &str, to: &str, bytes: u64) -> Option<f64> {
         let (forward, reverse) = self.direction(from, to)?;
         let mut config = TransferConfig::new(
@@ -123,8 +122,9 @@ impl<'a> Simulator<'a> {
         config.reverse = Some(reverse.clone());
         // The rehearsal gives each agent its longest link's RTT (at least
         // 1 ms) as the initial RTT; with two sites, this link's.
-        let rtt = 2 * forward.one_way_ns().max(reverse.one_way_ns());
-        config.tcp = quic_packets(std::time::Duration::from_nanos(rtt.max(1_000_000)));
+        config.tcp = quic_packets(std::time::Duration::from_nanos(
+            rtt_ns(forward, reverse).max(1_000_000),
+        ));
         config.limits = LIMITS;
         transfer(&config)
             .ok()
@@ -144,48 +144,53 @@ impl<'a> Simulator<'a> {
         fragment_bytes: impl Fn(&str, &str) -> f64,
     ) -> Option<f64> {
         let live = super::report::live_sites(round);
-        let m = live.len() as f64;
         if live.len() < 2 || round.fragments == 0 {
             return None;
         }
-        let mut pairs: Vec<(&str, &str)> = Vec::new();
+        // Every ordered pair of live sites a link joins: its shard of one
+        // fragment, and the link's round trip.
+        let mut pairs = Vec::new();
         for &a in &live {
-            for &b in &live {
-                if a != b && self.direction(a, b).is_some() {
-                    pairs.push((a, b));
-                }
-            }
-        }
-        if pairs.is_empty() {
-            return None;
-        }
-        let mut total = 0.0;
-        let mut left = round.fragments as usize;
-        let mut batches = 0u64;
-        while left > 0 {
-            batches += 1;
-            let batch = left.min(FRAGMENTS_AT_ONCE);
-            left -= batch;
-            let mut slowest = 0.0f64;
-            let mut handshake = 0.0f64;
-            for &(a, b) in &pairs {
-                if let Some((forward, reverse)) = self.direction(a, b) {
-                    let rtt = forward.one_way_ns().saturating_add(reverse.one_way_ns());
-                    handshake = handshake.max(rtt as f64 / 1e9);
-                }
-                let shard = (fragment_bytes(a, b) / m).ceil() as u64;
+            for &b in live.iter().filter(|b| **b != a) {
+                let Some((forward, reverse)) = self.direction(a, b) else {
+                    continue;
+                };
+                let shard = (fragment_bytes(a, b) / live.len() as f64).ceil() as u64;
                 if shard == 0 {
                     return None;
                 }
-                let at = (round.round_id, batches);
-                slowest = slowest.max(self.phase(at, a, b, shard * batch as u64)?);
+                pairs.push((a, b, shard, rtt_ns(forward, reverse) as f64 / 1e9));
             }
-            // A hello and its welcome, then the shards; the same shards go
-            // back averaged in the all-gather.
-            total += handshake + 2.0 * slowest;
+        }
+        // No linked pair: nothing crosses a link.
+        let handshake = pairs.iter().map(|p| p.3).reduce(f64::max)?;
+        let mut total = 0.0;
+        let mut left = round.fragments as usize;
+        let mut phase = 0u64;
+        while left > 0 {
+            let batch = left.min(FRAGMENTS_AT_ONCE);
+            left -= batch;
+            // A hello and its welcome, then reduce-scatter, then the
+            // averaged shards back in the all-gather, each phase as long
+            // as its slowest pair.
+            total += handshake;
+            for _ in 0..2 {
+                let mut slowest = 0.0f64;
+                for &(a, b, shard, _) in &pairs {
+                    let bytes = shard.saturating_mul(batch as u64);
+                    slowest = slowest.max(self.phase((round.round_id, phase), a, b, bytes)?);
+                }
+                total += slowest;
+                phase += 1;
+            }
         }
         Some(total)
     }
+}
+
+/// A link's round trip: one way each direction.
+fn rtt_ns(forward: &LinkConfig, reverse: &LinkConfig) -> u64 {
+    forward.one_way_ns().saturating_add(reverse.one_way_ns())
 }
 
 #[cfg(test)]
