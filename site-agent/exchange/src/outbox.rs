@@ -143,9 +143,7 @@ impl Outbox {
             }
             outgoing.sends += 1;
             outgoing.state = State::InFlight { connection };
-            if self.used.insert(connection) {
-                self.stats.connections_used += 1;
-            }
+            self.used.insert(connection);
             let held = self.in_flight.entry(connection).or_default();
             *held += bytes;
             self.stats.peak_connection_in_flight_bytes =
@@ -285,6 +283,9 @@ impl Outbox {
     }
 
     pub fn stats(&self) -> OutboxStats {
-        self.stats
+        OutboxStats {
+            connections_used: self.used.len() as u64,
+            ..self.stats
+        }
     }
 }

@@ -9,10 +9,7 @@ use longhaul_codec::EncoderConfig;
 use longhaul_exchange::{CollectivePlan, LinkCodecs};
 use longhaul_site_agent::exchange::ExchangeNode;
 
-use longhaul_exchange::Contributor;
-use longhaul_site_agent::exchange::FragmentRequest;
-
-use crate::{JOB, Pki, bounded, fragments, loopback, options, reference_hash, run};
+use crate::{Pki, fragments, loopback, options, reference_hash, run_fragment};
 
 /// Nodes for `sites` (one test CA), and where each listens.
 type Nodes = BTreeMap<String, Arc<ExchangeNode>>;
@@ -35,23 +32,28 @@ async fn exchange_all(
     plan: &CollectivePlan,
     codecs: &LinkCodecs,
     fragments: &BTreeMap<String, Vec<f32>>,
-) -> BTreeMap<String, longhaul_site_agent::exchange::ExchangeOutcome> {
+) -> Outcomes {
     let (nodes, peers) = bind_nodes(sites);
+    exchange_on(&nodes, &peers, (plan, codecs, 0), fragments).await
+}
+
+type Outcomes = BTreeMap<String, longhaul_site_agent::exchange::ExchangeOutcome>;
+
+/// Runs `fragment` at every one of `nodes` at once; their outcomes by site.
+async fn exchange_on(
+    nodes: &Nodes,
+    peers: &Arc<BTreeMap<String, std::net::SocketAddr>>,
+    (plan, codecs, fragment): (&CollectivePlan, &LinkCodecs, u32),
+    fragments: &BTreeMap<String, Vec<f32>>,
+) -> Outcomes {
     let mut tasks = tokio::task::JoinSet::new();
-    for (site, node) in &nodes {
-        let (site, node, peers) = (site.clone(), Arc::clone(node), Arc::clone(&peers));
+    for (site, node) in nodes {
+        let (site, node, peers) = (site.clone(), Arc::clone(node), Arc::clone(peers));
         let (plan, codecs) = (plan.clone(), codecs.clone());
         let values = fragments[&site].clone();
         tasks.spawn(async move {
-            let outcome = run(
-                &node,
-                &plan,
-                &codecs,
-                &values,
-                &peers,
-                Duration::from_secs(60),
-            )
-            .await;
+            let at = (&plan, &codecs, fragment);
+            let outcome = run_fragment(&node, at, &values, &peers, Duration::from_secs(60)).await;
             (site, outcome)
         });
     }
@@ -144,30 +146,8 @@ async fn every_connection_of_the_pool_carries_chunks_not_one_connection_all() {
     // The first fragment opens the pool (its connections come up one by
     // one, and the first may carry it alone); the second has it whole.
     for fragment in 0..2u32 {
-        let mut tasks = tokio::task::JoinSet::new();
-        for (site, node) in &nodes {
-            let (site, node, peers) = (site.clone(), Arc::clone(node), Arc::clone(&peers));
-            let (plan, codecs) = (plan.clone(), codecs.clone());
-            let values = fragments[&site].clone();
-            tasks.spawn(async move {
-                let mut contributor = Contributor::new(plan.elements());
-                let request = FragmentRequest {
-                    job: JOB,
-                    round: 1,
-                    fragment,
-                    plan: &plan,
-                    codecs: &codecs,
-                    contributor: &mut contributor,
-                    values: &values,
-                    peers: &peers,
-                    deadline: Duration::from_secs(60),
-                };
-                let outcome = bounded(90, node.exchange(request)).await.unwrap();
-                (site, outcome)
-            });
-        }
-        while let Some(done) = tasks.join_next().await {
-            let (site, outcome) = done.unwrap();
+        let outcomes = exchange_on(&nodes, &peers, (&plan, &codecs, fragment), &fragments).await;
+        for (site, outcome) in outcomes {
             assert_eq!(outcome.hash.as_deref(), Some(expected.as_str()), "{site}");
             for (peer, report) in &outcome.peers {
                 println!("fragment {fragment}, {site} → {peer}: {report:?}");

@@ -88,7 +88,7 @@ pub fn reference_hash(
     longhaul_codec::fragment_hash(&reduce_in_memory(plan, codecs, fragments).unwrap())
 }
 
-/// Runs `node`'s part of the fragment with a fresh contributor.
+/// Runs `node`'s part of fragment 0 with a fresh contributor.
 pub async fn run(
     node: &ExchangeNode,
     plan: &CollectivePlan,
@@ -97,11 +97,22 @@ pub async fn run(
     peers: &BTreeMap<String, SocketAddr>,
     deadline: Duration,
 ) -> ExchangeOutcome {
+    run_fragment(node, (plan, codecs, 0), values, peers, deadline).await
+}
+
+/// [`run`] for `fragment` of round 1.
+pub async fn run_fragment(
+    node: &ExchangeNode,
+    (plan, codecs, fragment): (&CollectivePlan, &LinkCodecs, u32),
+    values: &[f32],
+    peers: &BTreeMap<String, SocketAddr>,
+    deadline: Duration,
+) -> ExchangeOutcome {
     let mut contributor = Contributor::new(plan.elements());
     let request = FragmentRequest {
         job: JOB,
         round: 1,
-        fragment: 0,
+        fragment,
         plan,
         codecs,
         contributor: &mut contributor,
