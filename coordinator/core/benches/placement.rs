@@ -1,7 +1,10 @@
 //! Placement solver wall time on synthetic topologies of 1,024, 32,768 and
-//! ~100,000 GPUs. Run with `cargo bench -p longhaul-core --bench placement`.
-//! Prints wall time per solve and the process's peak resident memory
-//! (VmHWM, Linux only) after each size.
+//! ~100,000 GPUs, then ~100,000 GPUs over 32 and 64 fully meshed sites and
+//! 128 sites without WAN links. Run with
+//! `cargo bench -p longhaul-core --bench placement`. Prints wall time per
+//! solve, the process's peak resident memory (VmHWM, Linux only) after each
+//! size, and whether the site search was exact or how far from the optimum
+//! its plan may be.
 
 use std::time::Instant;
 
@@ -14,6 +17,11 @@ use longhaul_core::units::{DataRate, Distance, Duration};
 /// newer and an older site with about `gpus_per_site` GPUs each: B200 and
 /// H100 HGX boards, or (with `nvl72`) GB200 NVL72 racks and H100 boards.
 fn topology(sites: usize, gpus_per_site: u32, nvl72: bool) -> Topology {
+    meshed(sites, gpus_per_site, nvl72, true)
+}
+
+/// [`topology`], with or without its WAN links.
+fn meshed(sites: usize, gpus_per_site: u32, nvl72: bool, linked: bool) -> Topology {
     let site = |i: usize| {
         let (group, nodes, per_node, gpu, count) = match (i % 2, nvl72) {
             (0, true) => ("nvl72", 18, 4, "gb200", gpus_per_site.div_ceil(72)),
@@ -43,7 +51,7 @@ fn topology(sites: usize, gpus_per_site: u32, nvl72: bool) -> Topology {
         }
     };
     let mut links = Vec::new();
-    for a in 0..sites {
+    for a in (0..sites).filter(|_| linked) {
         for b in a + 1..sites {
             let km = 100.0 * (b - a) as f64 + 50.0;
             links.push(WanLink {
@@ -99,6 +107,13 @@ fn main() {
         ("1,024 GPUs / 4 sites", topology(4, 256, false), &llama),
         ("32,768 GPUs / 8 sites", topology(8, 4096, false), &dense),
         ("~100,000 GPUs / 16 sites", topology(16, 6250, true), &dense),
+        ("~100,000 GPUs / 32 sites", topology(32, 3125, true), &dense),
+        ("~100,000 GPUs / 64 sites", topology(64, 1563, true), &dense),
+        (
+            "128 sites, no WAN links",
+            meshed(128, 256, false, false),
+            &llama,
+        ),
     ];
     for (name, topology, job) in cases {
         let start = Instant::now();
@@ -107,8 +122,11 @@ fn main() {
         match result {
             Ok(plan) => {
                 let valid = validate_plan(&topology, job, &plan).is_ok();
+                let search = plan
+                    .reason("site search")
+                    .map_or(String::new(), |r| r.choice.clone());
                 println!(
-                    "{name} ({} GPUs): {:.3} s, peak RSS {}; {} tp={} pp={} dp={} on {:?}, step {:.3} s, valid {valid}",
+                    "{name} ({} GPUs): {:.3} s, peak RSS {}; {} tp={} pp={} dp={} on {:?}, step {:.3} s, site search {search}, valid {valid}",
                     topology.gpus(),
                     elapsed.as_secs_f64(),
                     peak_rss(),

@@ -6,7 +6,8 @@ use longhaul_core::cost::CostParams;
 use longhaul_core::gpu::GpuType;
 use longhaul_core::job::{Batch, Constraints, Diloco, ModelShape, Precision, Training};
 use longhaul_core::placement::{
-    PlacementError, brute_force_place, place, place_with, validate_plan, validate_plan_with,
+    PlacementError, brute_force_place, every_site_order_place, place, place_with, validate_plan,
+    validate_plan_with,
 };
 use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Site, Topology, WanLink};
 use longhaul_core::units::{ByteSize, DataRate, Distance, Duration, Throughput};
@@ -456,10 +457,10 @@ fn a_tampered_plan_is_caught_by_the_checker() {
     assert!(validate_plan(&topology, &job, &short).is_err());
 }
 
-/// Beyond six sites the solver switches to heuristic site orders and
-/// subsets; its plans must still pass every hard constraint.
+/// Eight fully meshed sites: the branch and bound over sites emits plans
+/// that pass every hard constraint.
 #[test]
-fn heuristic_site_search_beyond_six_sites_emits_valid_plans() {
+fn site_search_over_eight_meshed_sites_emits_valid_plans() {
     let shapes: Vec<SiteShape> = (0..8)
         .map(|i| SiteShape {
             groups: vec![(2, 4, if i % 2 == 0 { "b200" } else { "h100" })],
@@ -489,4 +490,140 @@ fn heuristic_site_search_beyond_six_sites_emits_valid_plans() {
         assert_eq!(validate_plan(&topology, &job, &plan), Ok(()));
         assert_eq!(plan.bindings().count() as u64, plan.gpus());
     }
+}
+
+/// Four to eight small sites, linked at random (each pair with probability
+/// 5/8, at one of three distances), and a job shallow enough that every
+/// site order can be enumerated.
+fn many_site_instance() -> impl Strategy<Value = Instance> {
+    (
+        prop::collection::vec(
+            (
+                1u32..=2,
+                prop::sample::select(vec![2u32, 4]),
+                prop::sample::select(vec!["small", "h100", "b200"]),
+            ),
+            4..=8,
+        ),
+        prop::collection::vec(
+            (
+                0u8..8,
+                prop::sample::select(vec![1.0, 300.0, 3000.0]),
+                prop::sample::select(vec![0.0, 1e-4]),
+            ),
+            28,
+        ),
+        (1.0f64..20.0, 2u32..=4, prop::sample::select(vec![8u32, 16])),
+        prop::option::of(prop::sample::select(vec![2u32, 10])),
+    )
+        .prop_map(|(sites, pairs, (p, layers, gb), h)| {
+            let shapes: Vec<SiteShape> = sites
+                .into_iter()
+                .map(|g| SiteShape {
+                    groups: vec![g],
+                    oversubscription: 1.0,
+                    split_buildings: false,
+                })
+                .collect();
+            let mut links = Vec::new();
+            let mut draws = pairs.into_iter();
+            for a in 0..shapes.len() {
+                for b in a + 1..shapes.len() {
+                    if let Some((coin, km, loss)) = draws.next()
+                        && coin < 5
+                    {
+                        links.push((a, b, km, 100, loss));
+                    }
+                }
+            }
+            (
+                topology(&shapes, &links, 24),
+                job(p, layers, 4, 128, gb, 1, Constraints::default(), h),
+            )
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 100, ..ProptestConfig::default() })]
+
+    /// The branch and bound over sites cuts nothing optimal: it finds the
+    /// same step as the solver with every site order and subset enumerated.
+    #[test]
+    fn site_branch_and_bound_matches_every_site_order((topology, job) in many_site_instance()) {
+        let params = CostParams::default();
+        let solved = place_with(&topology, &job, &params);
+        let every = every_site_order_place(&topology, &job, &params);
+        match (&solved, &every) {
+            (Ok(s), Ok(e)) => {
+                prop_assert!(close(s.step.total, e.step.total), "branch and bound {} vs every order {}", s.step.total, e.step.total);
+                prop_assert_eq!(s.reason("site search").map(|r| r.choice.as_str()), Some("exact"));
+                prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
+            }
+            (Err(_), Err(_)) => {}
+            _ => prop_assert!(false, "branch and bound {:?} but every order {:?}", solved.as_ref().map(|p| p.step.total), every.as_ref().map(|p| p.step.total)),
+        }
+    }
+}
+
+/// Twelve sites of three GPU types on a chain with a few shortcuts: the
+/// plan over all of them is exact, and no plan restricted by hand to some
+/// of its sites beats it (the old nearest-neighbour search lost to such
+/// subsets beyond six sites).
+#[test]
+fn no_allowed_sites_subset_beats_the_plan_over_twelve_sites() {
+    let kinds = ["b200", "h100", "small", "h100", "b200", "b200"];
+    let shapes: Vec<SiteShape> = (0..12)
+        .map(|i| SiteShape {
+            groups: vec![(1 + (i % 2) as u32, 4, kinds[i % kinds.len()])],
+            oversubscription: 1.0,
+            split_buildings: false,
+        })
+        .collect();
+    let mut links: Vec<(usize, usize, f64, u32, f64)> = (0..11)
+        .map(|a| (a, a + 1, 80.0 + 40.0 * (a % 3) as f64, 100, 0.0))
+        .collect();
+    links.extend([
+        (0, 4, 900.0, 100, 1e-4),
+        (2, 9, 1500.0, 400, 1e-4),
+        (5, 11, 700.0, 100, 0.0),
+    ]);
+    let topology = topology(&shapes, &links, 80);
+    let job = job(30.0, 16, 8, 128, 64, 1, Constraints::default(), Some(20));
+    let params = CostParams::default();
+    let full = place_with(&topology, &job, &params).expect("feasible on twelve sites");
+    assert_eq!(validate_plan_with(&topology, &job, &full, &params), Ok(()));
+    assert_eq!(
+        full.reason("site search").map(|r| r.choice.as_str()),
+        Some("exact"),
+        "{:?}",
+        full.reason("site search")
+    );
+    // Seeded subsets of two to five sites, the first ones those of the old
+    // search's blind spots: same-type sites that are not neighbours.
+    let mut subsets: Vec<Vec<usize>> = vec![vec![0, 4, 5], vec![0, 5], vec![4, 5, 11], vec![1, 3]];
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    while subsets.len() < 16 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let mask = state & 0xfff;
+        if (2..=5).contains(&mask.count_ones()) {
+            subsets.push((0..12).filter(|s| mask & (1 << s) != 0).collect());
+        }
+    }
+    let mut compared = 0;
+    for subset in subsets {
+        let mut restricted = job.clone();
+        restricted.constraints.allowed_sites = subset.iter().map(|s| format!("s{s}")).collect();
+        if let Ok(plan) = place_with(&topology, &restricted, &params) {
+            compared += 1;
+            assert!(
+                full.step.total <= plan.step.total * (1.0 + 1e-9),
+                "all sites {} s but {subset:?} alone {} s",
+                full.step.total,
+                plan.step.total
+            );
+        }
+    }
+    assert!(compared >= 8, "only {compared} subsets were feasible");
 }

@@ -301,6 +301,26 @@ fn reasons(
             },
         ),
         reason(
+            "site search",
+            match outcome.budget.gap(choice.total) {
+                None => "exact".to_string(),
+                Some(gap) => format!("within {:.1} % of the optimum", 100.0 * gap),
+            },
+            match outcome.budget.gap(choice.total) {
+                None => format!(
+                    "branch and bound over site orders and subsets ({} nodes): every plan it cut \
+                     had a lower bound above this one's step",
+                    outcome.budget.nodes
+                ),
+                Some(_) => format!(
+                    "the node budget ({}) ran out before the branch and bound finished, so the \
+                     rest was searched greedily; no plan left unexplored can be faster than {}",
+                    outcome.budget.limit,
+                    human_seconds(outcome.budget.open_bound)
+                ),
+            },
+        ),
+        reason(
             "packing",
             "fastest pools first, stage after stage".to_string(),
             format!(

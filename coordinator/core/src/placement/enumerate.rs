@@ -1,12 +1,8 @@
-//! Enumeration helpers of the search: compositions, site sequences,
-//! outer-sync rings and DiLoCo site subsets, exact up to
-//! [`EXACT_SITES`] sites and heuristic beyond.
+//! Enumeration helpers of the search: compositions, every site sequence
+//! and DiLoCo subset (for the checks of the branch and bound in
+//! [`super::sites`]), and whether a subset's outer sync has a ring.
 
 use super::model::Ctx;
-use super::search::Effort;
-
-/// Sites up to which site orders and subsets are enumerated exactly.
-pub(crate) const EXACT_SITES: usize = 6;
 
 /// All ways to write `total` as `parts` positive integers with part i at
 /// most `caps[i]`, in lexicographic order.
@@ -69,136 +65,89 @@ pub(crate) fn proportional(total: u32, weights: &[f64], caps: &[u32]) -> Option<
     (given == total).then_some(parts)
 }
 
-/// Ordered sequences of distinct, WAN-linked sites a pipeline may follow.
-pub(crate) fn site_sequences(ctx: &Ctx<'_>, effort: Effort, max_len: usize) -> Vec<Vec<usize>> {
+/// Every ordered sequence of distinct, WAN-linked sites a pipeline of up
+/// to `max_len` stages may follow, shortest first.
+pub(crate) fn site_sequences(ctx: &Ctx<'_>, max_len: usize) -> Vec<Vec<usize>> {
     let n = ctx.sites.len();
     let mut out: Vec<Vec<usize>> = (0..n).map(|s| vec![s]).collect();
-    if effort == Effort::Exhaustive || n <= EXACT_SITES {
-        let mut frontier = out.clone();
-        for _ in 1..max_len.min(n) {
-            let mut next = Vec::new();
-            for seq in &frontier {
-                let last = seq[seq.len() - 1];
-                for s in 0..n {
-                    if !seq.contains(&s) && ctx.link(last, s).is_some() {
-                        let mut longer = seq.clone();
-                        longer.push(s);
-                        next.push(longer);
-                    }
+    let mut frontier = out.clone();
+    for _ in 1..max_len.min(n) {
+        let mut next = Vec::new();
+        for seq in &frontier {
+            let last = seq[seq.len() - 1];
+            for &s in ctx.neighbours(last) {
+                if !seq.contains(&s) {
+                    let mut longer = seq.clone();
+                    longer.push(s);
+                    next.push(longer);
                 }
             }
-            out.extend(next.iter().cloned());
-            frontier = next;
         }
-    } else {
-        // Beyond six sites: from each start, extend to the nearest linked
-        // site (lowest RTT), keeping every prefix up to four sites.
-        for start in 0..n {
-            let mut seq = vec![start];
-            while seq.len() < max_len.min(4) {
-                let last = seq[seq.len() - 1];
-                let next = (0..n)
-                    .filter(|s| !seq.contains(s))
-                    .filter_map(|s| ctx.link(last, s).map(|l| (s, l.rtt_seconds())))
-                    .min_by(|a, b| a.1.total_cmp(&b.1));
-                let Some((s, _)) = next else { break };
-                seq.push(s);
-                out.push(seq.clone());
-            }
-        }
+        out.extend(next.iter().cloned());
+        frontier = next;
     }
     out
 }
 
-/// Rings through `subset` whose consecutive sites are linked: every ring
-/// for up to six sites (one per rotation and direction), else the
-/// nearest-neighbour tour.
-pub(crate) fn rings(ctx: &Ctx<'_>, subset: &[usize], effort: Effort) -> Vec<Vec<usize>> {
-    let closes = |ring: &[usize]| {
-        (0..ring.len()).all(|i| ctx.link(ring[i], ring[(i + 1) % ring.len()]).is_some())
-    };
-    if subset.len() <= 3 {
-        return if closes(subset) {
-            vec![subset.to_vec()]
-        } else {
-            Vec::new()
-        };
+/// Steps of the ring search before [`has_ring`] leaves the question to the
+/// sync planner, which refuses a subset it finds no collective for.
+const RING_STEPS: u64 = 100_000;
+
+/// Whether the outer sync can run over `subset`: its sites are fully
+/// meshed, or some ring through all of them has every hop linked. A search
+/// too long to finish answers yes, and the sync planner decides.
+pub(crate) fn has_ring(ctx: &Ctx<'_>, subset: &[usize]) -> bool {
+    let linked = |a: usize, b: usize| ctx.link(a, b).is_some();
+    let mesh = subset
+        .iter()
+        .enumerate()
+        .all(|(i, &a)| subset[i + 1..].iter().all(|&b| linked(a, b)));
+    if mesh {
+        return true;
     }
-    if effort == Effort::Exhaustive || subset.len() <= EXACT_SITES {
-        let mut out = Vec::new();
-        let rest: Vec<usize> = subset[1..].to_vec();
-        permute(&rest, &mut Vec::new(), &mut |perm| {
-            if perm[0] < perm[perm.len() - 1] {
-                let mut ring = vec![subset[0]];
-                ring.extend_from_slice(perm);
-                if closes(&ring) {
-                    out.push(ring);
+    if subset.len() <= 3 {
+        return false;
+    }
+    fn extend(
+        ring: &mut Vec<usize>,
+        rest: &mut Vec<usize>,
+        linked: &dyn Fn(usize, usize) -> bool,
+        steps: &mut u64,
+    ) -> bool {
+        *steps += 1;
+        if *steps > RING_STEPS {
+            return true;
+        }
+        let last = ring[ring.len() - 1];
+        if rest.is_empty() {
+            return linked(last, ring[0]);
+        }
+        for i in 0..rest.len() {
+            let s = rest[i];
+            if linked(last, s) {
+                rest.swap_remove(i);
+                ring.push(s);
+                if extend(ring, rest, linked, steps) {
+                    return true;
                 }
+                ring.pop();
+                rest.push(s);
+                let end = rest.len() - 1;
+                rest.swap(i, end);
             }
-        });
-        return out;
+        }
+        false
     }
     let mut ring = vec![subset[0]];
-    while ring.len() < subset.len() {
-        let last = ring[ring.len() - 1];
-        let next = subset
-            .iter()
-            .copied()
-            .filter(|s| !ring.contains(s))
-            .min_by(|&a, &b| {
-                let rtt = |s| ctx.link(last, s).map_or(f64::INFINITY, |l| l.rtt_seconds());
-                rtt(a).total_cmp(&rtt(b))
-            });
-        match next {
-            Some(s) => ring.push(s),
-            None => break,
-        }
-    }
-    if closes(&ring) {
-        vec![ring]
-    } else {
-        Vec::new()
-    }
+    let mut rest = subset[1..].to_vec();
+    extend(&mut ring, &mut rest, &linked, &mut 0)
 }
 
-fn permute(rest: &[usize], cur: &mut Vec<usize>, f: &mut impl FnMut(&[usize])) {
-    if cur.len() == rest.len() {
-        f(cur);
-        return;
-    }
-    for &s in rest {
-        if !cur.contains(&s) {
-            cur.push(s);
-            permute(rest, cur, f);
-            cur.pop();
-        }
-    }
-}
-
-/// Site subsets of at least two sites that DiLoCo may use.
-pub(crate) fn subsets(ctx: &Ctx<'_>, effort: Effort, tp: u32) -> Vec<Vec<usize>> {
-    let n = ctx.sites.len();
-    if effort == Effort::Exhaustive || n <= EXACT_SITES {
-        return (1u32..(1 << n))
-            .filter(|mask| mask.count_ones() >= 2)
-            .map(|mask| (0..n).filter(|&s| mask & (1 << s) != 0).collect())
-            .collect();
-    }
-    // Beyond six sites: every prefix of the sites ordered fastest GPU first
-    // (replicas hold equal batches, so the slowest site paces the rest),
-    // then most TP slots, then topology order.
-    let fastest = |s: usize| ctx.sites[s].pools.first().map_or(0.0, |p| p.flops);
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by(|&a, &b| {
-        fastest(b)
-            .total_cmp(&fastest(a))
-            .then(ctx.sites[b].slots(tp).cmp(&ctx.sites[a].slots(tp)))
-    });
-    (2..=n)
-        .map(|k| {
-            let mut s = order[..k].to_vec();
-            s.sort_unstable();
-            s
-        })
+/// Every site subset of at least two sites, for DiLoCo.
+pub(crate) fn subsets(ctx: &Ctx<'_>) -> Vec<Vec<usize>> {
+    let n = ctx.sites.len().min(31);
+    (1u32..(1 << n))
+        .filter(|mask| mask.count_ones() >= 2)
+        .map(|mask| (0..n).filter(|&s| mask & (1 << s) != 0).collect())
         .collect()
 }

@@ -40,9 +40,13 @@
 //! Degrees are enumerated (TP: divisors of the head count within the
 //! domain size and constraints; PP: every depth up to the layer count; DP:
 //! every divisor the batch allows). Site sequences, DiLoCo site subsets and
-//! outer-sync rings are enumerated exactly up to six sites, heuristically
-//! beyond (nearest-neighbour chains of up to four sites, fastest-site-first
-//! prefixes, nearest-neighbour rings). Stage counts per site and replica
+//! outer-sync rings are searched by branch and bound (`sites`): a node is a
+//! pipeline's site prefix or a DiLoCo subset, cut when an admissible lower
+//! bound exceeds the best plan so far. A node budget bounds huge inputs;
+//! once it is spent the search only dives greedily and the plan's "site
+//! search" reason says how far from the optimum it may be (or "exact").
+//! [`every_site_order_place`] enumerates every site order and subset
+//! instead, to check the bounds. Stage counts per site and replica
 //! distributions are enumerated exactly up to 4,096 possibilities, then
 //! split by capacity or handed out greedily. The layer split is exact (a
 //! scan over the slowest stage time with a min-max fill, see
@@ -55,6 +59,7 @@ mod model;
 mod plan;
 mod recost;
 mod search;
+mod sites;
 mod validate;
 
 use thiserror::Error;
@@ -170,6 +175,22 @@ pub fn brute_force_place(
         )));
     }
     run(topology, job, params, &[], search::Effort::Exhaustive)
+}
+
+/// Places a small job by the solver with every site sequence and DiLoCo
+/// subset enumerated instead of the branch and bound over sites: the check
+/// that the bounds of the site search never cut an optimum. Refuses more
+/// than 8 sites.
+pub fn every_site_order_place(
+    topology: &Topology,
+    job: &JobSpec,
+    params: &CostParams,
+) -> Result<Plan, PlacementError> {
+    let sites = topology.sites.len();
+    if sites > 8 {
+        return Err(PlacementError::TooLarge(format!("{sites} sites (limit 8)")));
+    }
+    run(topology, job, params, &[], search::Effort::EverySite)
 }
 
 fn run(

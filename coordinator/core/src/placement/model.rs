@@ -6,6 +6,9 @@
 use crate::cost::{
     self, Boundary, CostParams, Link, PipelineTime, in_flight_chunks, ring_all_reduce,
 };
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+
 use crate::job::JobSpec;
 use crate::state::LinkRecord;
 use crate::topology::{Topology, WanLink};
@@ -70,8 +73,11 @@ pub(crate) struct Ctx<'a> {
     pub job: &'a JobSpec,
     pub params: &'a CostParams,
     pub sites: Vec<SiteModel>,
-    /// `links[a][b]`: the WAN bundle between allowed sites a and b.
-    pub links: Vec<Vec<Option<WanLink>>>,
+    /// The WAN bundle between allowed sites a < b, keyed (a, b): memory
+    /// grows with the links, not with the square of the sites.
+    pub links: HashMap<(usize, usize), WanLink>,
+    /// `neighbours[a]`: the allowed sites linked to a, ascending.
+    pub neighbours: Vec<Vec<usize>>,
     pub layer_flops: f64,
     pub activation_bytes: f64,
     /// The latest probe of each WAN link, where the caller has them: the
@@ -138,20 +144,37 @@ impl<'a> Ctx<'a> {
             })
             .filter(|s| !s.pools.is_empty())
             .collect();
-        let links = sites
+        let index: HashMap<&str, usize> = sites
             .iter()
-            .map(|a| {
-                sites
-                    .iter()
-                    .map(|b| topology.link(&a.id, &b.id).cloned())
-                    .collect()
-            })
+            .enumerate()
+            .map(|(i, s)| (s.id.as_str(), i))
             .collect();
+        let mut links = HashMap::new();
+        let mut neighbours = vec![Vec::new(); sites.len()];
+        for link in &topology.links {
+            let [a, b] = &link.between;
+            let (Some(&a), Some(&b)) = (index.get(a.as_str()), index.get(b.as_str())) else {
+                continue;
+            };
+            if a == b {
+                continue;
+            }
+            // The first entry for a pair is the one `Topology::link` finds.
+            if let Entry::Vacant(slot) = links.entry((a.min(b), a.max(b))) {
+                slot.insert(link.clone());
+                neighbours[a].push(b);
+                neighbours[b].push(a);
+            }
+        }
+        for list in &mut neighbours {
+            list.sort_unstable();
+        }
         Self {
             job,
             params,
             sites,
             links,
+            neighbours,
             layer_flops: cost::layer_training_flops(job),
             activation_bytes: cost::activation_message_bytes(job),
             measurements: &[],
@@ -167,7 +190,12 @@ impl<'a> Ctx<'a> {
     }
 
     pub fn link(&self, a: usize, b: usize) -> Option<&WanLink> {
-        self.links.get(a)?.get(b)?.as_ref()
+        self.links.get(&(a.min(b), a.max(b)))
+    }
+
+    /// The allowed sites linked to `site`, ascending.
+    pub fn neighbours(&self, site: usize) -> &[usize] {
+        self.neighbours.get(site).map_or(&[], Vec::as_slice)
     }
 
     /// Packs `demands[i]` TP groups for each stage `i` into the site's

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::PlacementError;
-use super::enumerate::{binomial, compositions, proportional, rings, site_sequences, subsets};
+use super::enumerate::{binomial, compositions, has_ring, proportional, site_sequences, subsets};
 use super::model::{Ctx, GroupEval, GroupFailure, GroupModel};
+use super::sites::{self, Budget};
 use crate::cost::{self, Link, ring_reduce_scatter};
 use crate::job::ModeConstraint;
 use crate::placement::plan::CrossSiteMode;
@@ -23,8 +24,36 @@ const EXACT_DISTRIBUTIONS: u64 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Effort {
+    /// Branch and bound over sites, the exact split, every pruning bound.
     Solve,
+    /// Every site sequence and subset, with the solver's split and its
+    /// pruning of degrees and stage counts: the check of the site search.
+    EverySite,
+    /// Every site sequence, subset, distribution and layer split, costed.
     Exhaustive,
+}
+
+impl Effort {
+    /// Whether lower bounds prune degrees, stage counts and groups.
+    fn prunes(self) -> bool {
+        self != Self::Exhaustive
+    }
+}
+
+/// The degrees of one candidate and its micro-batches per replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    pub v: u32,
+    pub m: u64,
+}
+
+impl Shape {
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp)
+    }
 }
 
 /// One costed group: its site layout, split and evaluation.
@@ -90,6 +119,8 @@ pub(crate) struct Outcome {
     pub best_by_kind: BTreeMap<&'static str, f64>,
     pub candidates: u64,
     pub failures: Failures,
+    /// The site search's nodes and what its budget left out.
+    pub budget: Budget,
 }
 
 /// The degrees the job and topology admit.
@@ -165,6 +196,7 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
         best_by_kind: BTreeMap::new(),
         candidates: 0,
         failures: Failures::default(),
+        budget: Budget::new(sites::NODE_BUDGET, sites::NODES_PER_SEARCH),
     };
     let available: u64 = ctx.sites.iter().map(|s| s.gpus()).sum();
     let layers = ctx.job.model.layers;
@@ -192,7 +224,7 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
                     continue;
                 }
                 let m = u64::from(ctx.job.batch.global_batch) / (u64::from(dp) * micro);
-                if effort == Effort::Solve {
+                if effort.prunes() {
                     // The most loaded stage holds at least ⌈L/p⌉ layers of
                     // state (sharded at best dp ways) and one chunk of
                     // activations; if even that overflows the largest HBM,
@@ -212,12 +244,10 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
                         continue;
                     }
                 }
-                if effort == Effort::Solve
-                    && let Some(best) = &out.best
-                {
+                if effort.prunes() {
                     let per_stage = f64::from(layers.div_ceil(pp)) * fastest_layer;
                     let bound = (m as f64 + f64::from(pp - 1) / f64::from(max_v)) * per_stage;
-                    if bound > best.total {
+                    if bound > cutoff(&out, gpus) {
                         continue;
                     }
                 }
@@ -229,12 +259,13 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
                     {
                         continue;
                     }
+                    let shape = Shape { tp, pp, dp, v, m };
                     let mode = ctx.job.constraints.cross_site_mode;
                     if mode != Some(ModeConstraint::Diloco) {
-                        pipeline_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);
+                        pipeline_candidates(ctx, effort, shape, &mut out);
                     }
                     if mode != Some(ModeConstraint::Pipeline) {
-                        diloco_candidates(ctx, effort, tp, pp, dp, v, m, &mut out);
+                        diloco_candidates(ctx, effort, shape, &mut out);
                     }
                 }
             }
@@ -252,7 +283,7 @@ fn fastest_layer_seconds(ctx: &Ctx<'_>, tp: u32) -> f64 {
 /// The least time per layer and micro-batch any stage at `site` can take:
 /// a stage runs at its slowest pool's flops and scale-up rate, so it is
 /// never faster than the site's best pool.
-fn site_layer_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
+pub(crate) fn site_layer_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
     ctx.sites[site]
         .pools
         .iter()
@@ -265,8 +296,8 @@ fn site_layer_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// The total a candidate must beat to matter.
-fn cutoff(out: &Outcome) -> f64 {
+/// The step time a candidate of `gpus` GPUs must beat to matter.
+pub(crate) fn cutoff(out: &Outcome, _gpus: u64) -> f64 {
     out.best.as_ref().map_or(f64::INFINITY, |b| b.total)
 }
 
@@ -328,11 +359,11 @@ fn cost_group(
 ) -> Result<CostedGroup, GroupFailure> {
     let model = GroupModel::build(ctx, tp, v, m, replicas, sites, extra_state)?;
     let layers = ctx.job.model.layers;
-    if effort == Effort::Solve && model.lower_bound(layers) > cutoff {
+    if effort.prunes() && model.lower_bound(layers) > cutoff {
         return Err(GroupFailure::Pruned);
     }
     let (split, eval) = match effort {
-        Effort::Solve => model.best_split(layers)?,
+        Effort::Solve | Effort::EverySite => model.best_split(layers)?,
         Effort::Exhaustive => exhaustive_split(&model, layers)?,
     };
     Ok(CostedGroup { model, split, eval })
@@ -364,97 +395,104 @@ fn exhaustive_split(
     })
 }
 
-#[allow(clippy::too_many_arguments)] // reason: the degrees of one candidate.
-fn pipeline_candidates(
+/// Every pipeline of these degrees worth costing: site sequences from the
+/// branch and bound ([`sites::pipeline_sequences`]), or all of them.
+fn pipeline_candidates(ctx: &Ctx<'_>, effort: Effort, shape: Shape, out: &mut Outcome) {
+    let mut each =
+        |out: &mut Outcome, seq: &[usize]| pipeline_sequence(ctx, effort, shape, seq, out);
+    if effort == Effort::Solve {
+        sites::pipeline_sequences(ctx, shape, out, &mut each);
+    } else {
+        for seq in site_sequences(ctx, shape.pp as usize) {
+            each(out, &seq);
+        }
+    }
+}
+
+/// Costs every stage count of a pipeline along `seq`.
+fn pipeline_sequence(
     ctx: &Ctx<'_>,
     effort: Effort,
-    tp: u32,
-    pp: u32,
-    dp: u32,
-    v: u32,
-    m: u64,
+    shape: Shape,
+    seq: &[usize],
     out: &mut Outcome,
 ) {
+    let Shape { tp, pp, dp, v, m } = shape;
     let replicas = u64::from(dp);
-    for seq in site_sequences(ctx, effort, pp as usize) {
-        if v > 1 && seq.len() > 1 {
-            continue;
-        }
-        let caps: Vec<u32> = seq
-            .iter()
-            .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / replicas).unwrap_or(u32::MAX))
-            .collect();
-        let k = seq.len() as u64;
-        let counts = if effort == Effort::Exhaustive
-            || binomial(u64::from(pp) - 1, k - 1) <= EXACT_DISTRIBUTIONS
-        {
-            compositions(pp, seq.len() as u32, &caps)
-        } else {
-            let weights: Vec<f64> = seq.iter().map(|&s| ctx.sites[s].slots(tp) as f64).collect();
-            proportional(pp, &weights, &caps).into_iter().collect()
-        };
-        if counts.is_empty() {
-            note(
-                out,
-                GroupFailure::Capacity {
-                    needed_slots: u64::from(pp) * replicas,
-                    free_slots: caps.iter().map(|&c| u64::from(c) * replicas).sum(),
-                },
-                || format!("tp={tp} pp={pp} dp={dp} on {}", names(ctx, &seq)),
-            );
-        }
-        let floors: Vec<f64> = seq
-            .iter()
-            .map(|&s| site_layer_seconds(ctx, s, tp))
-            .collect();
-        for count in counts {
-            // Skip, before packing, layouts whose continuous balance
-            // L / Σ(c_s / a_s) already loses to the best plan.
-            if effort == Effort::Solve {
-                let speed: f64 = count
-                    .iter()
-                    .zip(&floors)
-                    .map(|(&c, a)| f64::from(c) / a)
-                    .sum();
-                let x = f64::from(ctx.job.model.layers) / speed;
-                let bound = (m as f64 + f64::from(pp - 1) / f64::from(v)) * x;
-                if bound > cutoff(out) {
-                    continue;
-                }
+    if v > 1 && seq.len() > 1 {
+        return;
+    }
+    let caps: Vec<u32> = seq
+        .iter()
+        .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / replicas).unwrap_or(u32::MAX))
+        .collect();
+    let k = seq.len() as u64;
+    let counts = if effort == Effort::Exhaustive
+        || binomial(u64::from(pp) - 1, k - 1) <= EXACT_DISTRIBUTIONS
+    {
+        compositions(pp, seq.len() as u32, &caps)
+    } else {
+        let weights: Vec<f64> = seq.iter().map(|&s| ctx.sites[s].slots(tp) as f64).collect();
+        proportional(pp, &weights, &caps).into_iter().collect()
+    };
+    if counts.is_empty() {
+        note(
+            out,
+            GroupFailure::Capacity {
+                needed_slots: u64::from(pp) * replicas,
+                free_slots: caps.iter().map(|&c| u64::from(c) * replicas).sum(),
+            },
+            || format!("tp={tp} pp={pp} dp={dp} on {}", names(ctx, seq)),
+        );
+    }
+    let floors: Vec<f64> = seq
+        .iter()
+        .map(|&s| site_layer_seconds(ctx, s, tp))
+        .collect();
+    let gpus = shape.gpus();
+    let kind = if seq.len() > 1 {
+        "cross-site pipeline"
+    } else {
+        "single-site"
+    };
+    for count in counts {
+        // Skip, before packing, layouts whose continuous balance
+        // L / Σ(c_s / a_s) already loses to the best plan.
+        if effort.prunes() {
+            let speed: f64 = count
+                .iter()
+                .zip(&floors)
+                .map(|(&c, a)| f64::from(c) / a)
+                .sum();
+            let x = f64::from(ctx.job.model.layers) / speed;
+            let bound = (m as f64 + f64::from(pp - 1) / f64::from(v)) * x;
+            if bound > cutoff(out, gpus) {
+                continue;
             }
-            let sites: Vec<(usize, u32)> = seq.iter().copied().zip(count).collect();
-            match cost_group(ctx, effort, (tp, v, m, replicas), &sites, 0.0, cutoff(out)) {
-                Ok(group) => offer(
-                    out,
-                    if seq.len() > 1 {
-                        "cross-site pipeline"
-                    } else {
-                        "single-site"
-                    },
-                    group.eval.total,
-                    u64::from(tp) * u64::from(pp) * u64::from(dp),
-                    || Choice {
-                        tp,
-                        pp,
-                        dp,
-                        v,
-                        m,
-                        mode: CrossSiteMode::Pipeline,
-                        total: group.eval.total,
-                        groups: vec![group],
-                        site_order: seq.clone(),
-                        outer: 0.0,
-                        outer_hops: Vec::new(),
-                        sync: None,
-                    },
-                ),
-                Err(failure) => note(out, failure, || {
-                    format!(
-                        "tp={tp} pp={pp} dp={dp} v={v} pipeline over {}",
-                        names(ctx, &seq)
-                    )
-                }),
-            }
+        }
+        let sites: Vec<(usize, u32)> = seq.iter().copied().zip(count).collect();
+        let limit = cutoff(out, gpus);
+        match cost_group(ctx, effort, (tp, v, m, replicas), &sites, 0.0, limit) {
+            Ok(group) => offer(out, kind, group.eval.total, gpus, || Choice {
+                tp,
+                pp,
+                dp,
+                v,
+                m,
+                mode: CrossSiteMode::Pipeline,
+                total: group.eval.total,
+                groups: vec![group],
+                site_order: seq.to_vec(),
+                outer: 0.0,
+                outer_hops: Vec::new(),
+                sync: None,
+            }),
+            Err(failure) => note(out, failure, || {
+                format!(
+                    "tp={tp} pp={pp} dp={dp} v={v} pipeline over {}",
+                    names(ctx, seq)
+                )
+            }),
         }
     }
 }
@@ -517,11 +555,6 @@ fn subset_links(ctx: &Ctx<'_>, subset: &[usize]) -> Vec<LinkRecord> {
     links
 }
 
-/// The sites of a DiLoCo subset, the bits of its slowest inner step and
-/// the fewest replicas at any of its sites: all the sync planner reads of
-/// a candidate.
-type SyncKey = (Vec<usize>, u64, u64);
-
 /// What the sync planner decides for DiLoCo replicas at `subset` whose
 /// slowest inner step is `inner` seconds, the fewest replicas at any of
 /// them being `fewest`.
@@ -549,30 +582,48 @@ pub(crate) fn plan_subset_sync(
     plan_sync(&input)
 }
 
-#[allow(clippy::too_many_arguments)] // reason: the degrees of one candidate.
-fn diloco_candidates(
-    ctx: &Ctx<'_>,
-    effort: Effort,
-    tp: u32,
-    pp: u32,
-    dp: u32,
-    v: u32,
-    m: u64,
-    out: &mut Outcome,
-) {
-    if ctx.sites.len() < 2 || dp < 2 {
+/// Every DiLoCo plan of these degrees worth costing: site subsets from the
+/// branch and bound ([`sites::diloco_subsets`]), or all of them.
+fn diloco_candidates(ctx: &Ctx<'_>, effort: Effort, shape: Shape, out: &mut Outcome) {
+    if ctx.sites.len() < 2 || shape.dp < 2 {
         return;
     }
-    let extra = ctx.params.diloco_state_bytes_per_parameter;
-    // The sync planner's decision per replica subset, inner step and
-    // fewest replicas: distributions that agree on those share it.
-    let mut sync_memo: BTreeMap<SyncKey, Result<Rc<SyncPlan>, SyncError>> = BTreeMap::new();
-    // Each site's inner step for k replicas, memoised: it depends only on
-    // the site and k once the degrees are fixed.
-    let mut memo: BTreeMap<(usize, u64), Option<Rc<CostedGroup>>> = BTreeMap::new();
-    let mut site_group = |s: usize, k: u64, out: &mut Outcome| -> Option<Rc<CostedGroup>> {
-        let limit = cutoff(out);
-        memo.entry((s, k))
+    let mut memo = DilocoMemo::default();
+    let mut each = |out: &mut Outcome, subset: &[usize]| {
+        diloco_subset(ctx, effort, shape, subset, &mut memo, out)
+    };
+    if effort == Effort::Solve {
+        sites::diloco_subsets(ctx, shape, out, &mut each);
+    } else {
+        for subset in subsets(ctx) {
+            if subset.len() as u32 <= shape.dp {
+                each(out, &subset);
+            }
+        }
+    }
+}
+
+/// What DiLoCo candidates of one set of degrees share: each site's inner
+/// step for k replicas (it depends only on the site and k).
+#[derive(Default)]
+struct DilocoMemo {
+    groups: BTreeMap<(usize, u64), Option<Rc<CostedGroup>>>,
+}
+
+impl DilocoMemo {
+    fn site_group(
+        &mut self,
+        ctx: &Ctx<'_>,
+        effort: Effort,
+        shape: Shape,
+        (s, k): (usize, u64),
+        out: &mut Outcome,
+    ) -> Option<Rc<CostedGroup>> {
+        let Shape { tp, pp, dp, v, m } = shape;
+        let limit = cutoff(out, shape.gpus());
+        let extra = ctx.params.diloco_state_bytes_per_parameter;
+        self.groups
+            .entry((s, k))
             .or_insert_with(|| {
                 match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
                     Ok(g) => Some(Rc::new(g)),
@@ -588,98 +639,102 @@ fn diloco_candidates(
                 }
             })
             .clone()
+    }
+}
+
+/// Costs every replica distribution of DiLoCo over `subset`.
+fn diloco_subset(
+    ctx: &Ctx<'_>,
+    effort: Effort,
+    shape: Shape,
+    subset: &[usize],
+    memo: &mut DilocoMemo,
+    out: &mut Outcome,
+) {
+    let Shape { tp, pp, dp, v, m } = shape;
+    if !has_ring(ctx, subset) {
+        out.failures.no_link += 1;
+        return;
+    }
+    let caps: Vec<u32> = subset
+        .iter()
+        .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / u64::from(pp)).unwrap_or(u32::MAX))
+        .collect();
+    let exact = effort == Effort::Exhaustive
+        || binomial(u64::from(dp) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
+    let distributions = if exact {
+        compositions(dp, subset.len() as u32, &caps)
+    } else {
+        greedy_distribution(dp, subset, &caps, &mut |s, k| {
+            memo.site_group(ctx, effort, shape, (s, k), out)
+                .map(|g| g.eval.total)
+        })
+        .into_iter()
+        .collect()
     };
-    for subset in subsets(ctx, effort, tp) {
-        if (subset.len() as u32) > dp {
+    // The sync planner's decision per inner step and fewest replicas: the
+    // distributions over this subset that agree on those share it.
+    let mut planned: BTreeMap<(u64, u64), Result<Rc<SyncPlan>, SyncError>> = BTreeMap::new();
+    for ks in distributions {
+        let ks: Vec<u64> = ks.into_iter().map(u64::from).collect();
+        let mut groups = Vec::with_capacity(subset.len());
+        for (&s, &k) in subset.iter().zip(&ks) {
+            match memo.site_group(ctx, effort, shape, (s, k), out) {
+                Some(g) => groups.push(g),
+                None => break,
+            }
+        }
+        if groups.len() != subset.len() {
             continue;
         }
-        if rings(ctx, &subset, effort).is_empty() {
-            out.failures.no_link += 1;
+        let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
+        if effort.prunes() && inner > cutoff(out, shape.gpus()) {
             continue;
         }
-        let caps: Vec<u32> = subset
-            .iter()
-            .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / u64::from(pp)).unwrap_or(u32::MAX))
-            .collect();
-        let exact = effort == Effort::Exhaustive
-            || binomial(u64::from(dp) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
-        let distributions = if exact {
-            compositions(dp, subset.len() as u32, &caps)
-        } else {
-            greedy_distribution(dp, &subset, &caps, &mut |s, k| {
-                site_group(s, k, out).map(|g| g.eval.total)
-            })
-            .into_iter()
-            .collect()
+        let fewest = ks.iter().copied().min().unwrap_or(1);
+        let sync = planned
+            .entry((inner.to_bits(), fewest))
+            .or_insert_with(|| plan_subset_sync(ctx, tp, pp, subset, inner, fewest).map(Rc::new))
+            .clone();
+        let sync = match sync {
+            Ok(sync) => sync,
+            Err(error) => {
+                out.failures.sync.get_or_insert_with(|| error.to_string());
+                continue;
+            }
         };
-        for ks in distributions {
-            let ks: Vec<u64> = ks.into_iter().map(u64::from).collect();
-            let mut groups = Vec::with_capacity(subset.len());
-            for (&s, &k) in subset.iter().zip(&ks) {
-                match site_group(s, k, out) {
-                    Some(g) => groups.push(g),
-                    None => break,
-                }
-            }
-            if groups.len() != subset.len() {
-                continue;
-            }
-            let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
-            let fewest = ks.iter().copied().min().unwrap_or(1);
-            let sync = sync_memo
-                .entry((subset.clone(), inner.to_bits(), fewest))
-                .or_insert_with(|| {
-                    plan_subset_sync(ctx, tp, pp, &subset, inner, fewest).map(Rc::new)
-                })
-                .clone();
-            let sync = match sync {
-                Ok(sync) => sync,
-                Err(error) => {
-                    out.failures.sync.get_or_insert_with(|| error.to_string());
-                    continue;
-                }
-            };
-            let index = |id: &str| subset.iter().copied().find(|&s| ctx.sites[s].id == id);
-            let ring: Option<Vec<usize>> =
-                sync.collective.order.iter().map(|id| index(id)).collect();
-            let hops: Option<Vec<HopBytes>> = sync
-                .links
-                .iter()
-                .map(|l| {
-                    Some((
-                        (index(&l.between[0])?, index(&l.between[1])?),
-                        l.bytes_per_outer_step,
-                    ))
-                })
-                .collect();
-            let (Some(ring), Some(hops)) = (ring, hops) else {
-                continue;
-            };
-            let h = sync.inner_steps;
-            let outer =
-                local_reduce(ctx, tp, pp, &subset, &ks) + sync.exposed_seconds_per_outer_step;
-            let total = inner + outer / f64::from(h);
-            offer(
-                out,
-                "diloco",
-                total,
-                u64::from(tp) * u64::from(pp) * u64::from(dp),
-                || Choice {
-                    tp,
-                    pp,
-                    dp,
-                    v,
-                    m,
-                    mode: CrossSiteMode::Diloco { inner_steps: h },
-                    groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
-                    site_order: ring,
-                    outer,
-                    outer_hops: hops,
-                    sync: Some(sync),
-                    total,
-                },
-            );
-        }
+        let index = |id: &str| subset.iter().copied().find(|&s| ctx.sites[s].id == id);
+        let ring: Option<Vec<usize>> = sync.collective.order.iter().map(|id| index(id)).collect();
+        let hops: Option<Vec<HopBytes>> = sync
+            .links
+            .iter()
+            .map(|l| {
+                Some((
+                    (index(&l.between[0])?, index(&l.between[1])?),
+                    l.bytes_per_outer_step,
+                ))
+            })
+            .collect();
+        let (Some(ring), Some(hops)) = (ring, hops) else {
+            continue;
+        };
+        let h = sync.inner_steps;
+        let outer = local_reduce(ctx, tp, pp, subset, &ks) + sync.exposed_seconds_per_outer_step;
+        let total = inner + outer / f64::from(h);
+        offer(out, "diloco", total, shape.gpus(), || Choice {
+            tp,
+            pp,
+            dp,
+            v,
+            m,
+            mode: CrossSiteMode::Diloco { inner_steps: h },
+            groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
+            site_order: ring,
+            outer,
+            outer_hops: hops,
+            sync: Some(sync),
+            total,
+        });
     }
 }
 

@@ -1,0 +1,394 @@
+//! The solver's site search: which sites a pipeline runs through and in
+//! which order, and which sites host DiLoCo replicas.
+//!
+//! Both are depth-first branch and bound. A node is a pipeline's prefix (its
+//! sites in order) or a DiLoCo subset, and its bound holds for it and for
+//! every node below it, so a node whose bound exceeds the best plan so far
+//! is cut with everything it leads to and nothing optimal is lost:
+//!
+//! - pipeline prefix P: the pipeline scale (m + (p−1)/v) times the layers
+//!   over the fastest speed the stages could have (one stage on each site of
+//!   P, the other p − |P| on the fastest slots of any site), plus twice the
+//!   activation latency of P's WAN hops (paid on the first forward and the
+//!   last backward, see [`super::model::GroupModel::lower_bound`]);
+//! - DiLoCo subset S: the compute floor of its slowest site, which paces
+//!   every inner step; adding a site never lowers it, and the outer sync
+//!   only adds.
+//!
+//! Children are visited best bound first, so the first plans found are good
+//! and cut the most. A budget of nodes ([`Budget`]) keeps huge inputs
+//! bounded: once it is spent, each node follows only its best child (a
+//! greedy dive that still finds plans) and the bounds of the children left
+//! out are kept, so the plan can say how far from the optimum it may be.
+
+use super::model::{Ctx, SiteModel};
+use super::search::{Outcome, Shape, cutoff, site_layer_seconds};
+use crate::cost;
+
+/// Site-search nodes the solver expands in all before it only dives; sized
+/// so the 64-site benchmark stays within its time aim.
+pub(crate) const NODE_BUDGET: u64 = 200_000;
+
+/// Nodes one search (one set of degrees, one mode) may expand before it
+/// only dives, so that no set of degrees spends the budget of the others.
+pub(crate) const NODES_PER_SEARCH: u64 = 2_000;
+
+/// Nodes expanded, the budget, and the least bound of any node the budget
+/// left unexplored.
+#[derive(Debug, Clone)]
+pub(crate) struct Budget {
+    pub nodes: u64,
+    pub limit: u64,
+    /// Nodes of the search under way, and its limit.
+    here: u64,
+    per_search: u64,
+    /// `f64::INFINITY` while nothing was left out.
+    pub open_bound: f64,
+}
+
+impl Budget {
+    pub fn new(limit: u64, per_search: u64) -> Self {
+        Self {
+            nodes: 0,
+            limit,
+            here: 0,
+            per_search,
+            open_bound: f64::INFINITY,
+        }
+    }
+
+    /// Starts the count of one search.
+    fn start(&mut self) {
+        self.here = 0;
+    }
+
+    /// Counts a node; false once the budget is spent.
+    fn spend(&mut self) -> bool {
+        self.nodes += 1;
+        self.here += 1;
+        self.nodes <= self.limit && self.here <= self.per_search
+    }
+
+    fn leave(&mut self, bound: f64) {
+        self.open_bound = self.open_bound.min(bound);
+    }
+
+    /// How much slower than the optimum the plan of step `total` may be:
+    /// `None` when the search was exact (nothing left out could beat it).
+    pub fn gap(&self, total: f64) -> Option<f64> {
+        (self.open_bound < total).then(|| total / self.open_bound.max(f64::MIN_POSITIVE) - 1.0)
+    }
+}
+
+/// Sites `0..n` ordered by `key` ascending, ties by index, without those
+/// `usable` rejects.
+fn ordered(n: usize, key: &[f64], usable: impl Fn(usize) -> bool) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).filter(|&s| usable(s)).collect();
+    order.sort_by(|&x, &y| key[x].total_cmp(&key[y]).then(x.cmp(&y)));
+    order
+}
+
+/// The connected component of each site over the WAN links, numbered by
+/// its least site.
+fn components(ctx: &Ctx<'_>) -> Vec<usize> {
+    let n = ctx.sites.len();
+    let mut component = vec![usize::MAX; n];
+    for start in 0..n {
+        if component[start] != usize::MAX {
+            continue;
+        }
+        component[start] = start;
+        let mut stack = vec![start];
+        while let Some(s) = stack.pop() {
+            for &t in ctx.neighbours(s) {
+                if component[t] == usize::MAX {
+                    component[t] = start;
+                    stack.push(t);
+                }
+            }
+        }
+    }
+    component
+}
+
+/// Whether two sites are alike in everything a plan on one of them reads.
+fn alike(a: &SiteModel, b: &SiteModel) -> bool {
+    a.campus_bytes == b.campus_bytes
+        && a.pools.len() == b.pools.len()
+        && a.pools.iter().zip(&b.pools).all(|(x, y)| {
+            (x.domains, x.gpus_per_domain, x.gpus_per_node, x.building)
+                == (y.domains, y.gpus_per_domain, y.gpus_per_node, y.building)
+                && (
+                    x.flops,
+                    x.hbm_bytes,
+                    x.scale_up_bytes,
+                    x.nic_bytes,
+                    x.oversubscription,
+                ) == (
+                    y.flops,
+                    y.hbm_bytes,
+                    y.scale_up_bytes,
+                    y.nic_bytes,
+                    y.oversubscription,
+                )
+        })
+}
+
+/// Visits, best bound first, every pipeline site sequence that could beat
+/// the best plan so far, calling `visit` on each (the caller costs its
+/// stage counts).
+pub(crate) fn pipeline_sequences(
+    ctx: &Ctx<'_>,
+    shape: Shape,
+    out: &mut Outcome,
+    visit: &mut dyn FnMut(&mut Outcome, &[usize]),
+) {
+    let n = ctx.sites.len();
+    let replicas = u64::from(shape.dp);
+    let pp = shape.pp;
+    let speed_of: Vec<f64> = (0..n)
+        .map(|s| site_layer_seconds(ctx, s, shape.tp))
+        .collect();
+    let cap: Vec<u32> = (0..n)
+        .map(|s| u32::try_from(ctx.sites[s].slots(shape.tp) / replicas).map_or(pp, |c| c.min(pp)))
+        .collect();
+    let by_speed = ordered(n, &speed_of, |s| cap[s] > 0 && speed_of[s].is_finite());
+    let component = components(ctx);
+    let search = PipelineSearch {
+        ctx,
+        shape,
+        speed_of,
+        cap,
+        by_speed,
+        component,
+        streams: u64::from(shape.tp) * u64::from(ctx.params.wan_streams_per_gpu),
+        scale: shape.m as f64 + f64::from(pp - 1) / f64::from(shape.v.max(1)),
+    };
+    out.budget.start();
+    let mut in_prefix = vec![false; n];
+    // Sites without links and with the same pools give the same plans: one
+    // of each kind is a root.
+    let mut lone_kinds: Vec<&SiteModel> = Vec::new();
+    let roots: Vec<(f64, usize, f64)> = search
+        .by_speed
+        .iter()
+        .filter(|&&s| {
+            if !ctx.neighbours(s).is_empty() {
+                return true;
+            }
+            let site = &ctx.sites[s];
+            let seen = lone_kinds.iter().any(|k| alike(k, site));
+            if !seen {
+                lone_kinds.push(site);
+            }
+            !seen
+        })
+        .map(|&s| {
+            in_prefix[s] = true;
+            let bound = search.bound(&[s], &in_prefix, 0.0);
+            in_prefix[s] = false;
+            (bound, s, 0.0)
+        })
+        .collect();
+    search.descend(roots, &mut Vec::new(), &mut in_prefix, out, visit);
+}
+
+struct PipelineSearch<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    shape: Shape,
+    /// Least seconds per layer and micro-batch of a stage at each site.
+    speed_of: Vec<f64>,
+    /// Stages each site can hold at these degrees (at most p).
+    cap: Vec<u32>,
+    by_speed: Vec<usize>,
+    /// The connected component of each site: a pipeline never leaves its
+    /// first site's.
+    component: Vec<usize>,
+    streams: u64,
+    scale: f64,
+}
+
+impl PipelineSearch<'_, '_> {
+    /// The bound of every sequence starting with `prefix` (whose sites are
+    /// marked in `in_prefix` and whose WAN hops add `latency`).
+    fn bound(&self, prefix: &[usize], in_prefix: &[bool], latency: f64) -> f64 {
+        let pp = self.shape.pp as usize;
+        if prefix.len() > pp {
+            return f64::INFINITY;
+        }
+        let mut speed: f64 = prefix.iter().map(|&s| 1.0 / self.speed_of[s]).sum();
+        let mut left = pp - prefix.len();
+        let here = self.component[prefix[0]];
+        for &s in &self.by_speed {
+            if left == 0 {
+                break;
+            }
+            if self.component[s] != here {
+                continue;
+            }
+            let room = self.cap[s] as usize - usize::from(in_prefix[s]);
+            let take = room.min(left);
+            speed += take as f64 / self.speed_of[s];
+            left -= take;
+        }
+        if left > 0 {
+            return f64::INFINITY;
+        }
+        let layers = f64::from(self.ctx.job.model.layers);
+        self.scale * layers / speed + 2.0 * f64::from(self.shape.v.max(1)) * latency
+    }
+
+    /// The activation latency of the WAN hop a → b.
+    fn hop(&self, a: usize, b: usize) -> Option<f64> {
+        let wan = self.ctx.link(a, b)?;
+        let link = cost::wan_link(wan, self.streams, u64::from(self.shape.dp));
+        Some(link.transfer(self.ctx.activation_bytes))
+    }
+
+    /// Explores `kids` (bound, site, prefix latency with it), best first.
+    fn descend(
+        &self,
+        mut kids: Vec<(f64, usize, f64)>,
+        prefix: &mut Vec<usize>,
+        in_prefix: &mut [bool],
+        out: &mut Outcome,
+        visit: &mut dyn FnMut(&mut Outcome, &[usize]),
+    ) {
+        kids.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
+        let gpus = self.shape.gpus();
+        for (i, &(bound, s, latency)) in kids.iter().enumerate() {
+            if bound > cutoff(out, gpus) {
+                break;
+            }
+            if i > 0 && !out.budget.spend() {
+                out.budget.leave(bound);
+                break;
+            }
+            prefix.push(s);
+            in_prefix[s] = true;
+            self.node(prefix, in_prefix, latency, out, visit);
+            in_prefix[s] = false;
+            prefix.pop();
+        }
+    }
+
+    fn node(
+        &self,
+        prefix: &mut Vec<usize>,
+        in_prefix: &mut [bool],
+        latency: f64,
+        out: &mut Outcome,
+        visit: &mut dyn FnMut(&mut Outcome, &[usize]),
+    ) {
+        visit(out, prefix);
+        // Interleaving stays inside one site.
+        if prefix.len() >= self.shape.pp as usize || self.shape.v > 1 {
+            return;
+        }
+        let last = prefix[prefix.len() - 1];
+        let mut kids = Vec::new();
+        for &s in self.ctx.neighbours(last) {
+            if in_prefix[s] || self.cap[s] == 0 || !self.speed_of[s].is_finite() {
+                continue;
+            }
+            let Some(hop) = self.hop(last, s) else {
+                continue;
+            };
+            prefix.push(s);
+            in_prefix[s] = true;
+            let bound = self.bound(prefix, in_prefix, latency + hop);
+            in_prefix[s] = false;
+            prefix.pop();
+            kids.push((bound, s, latency + hop));
+        }
+        self.descend(kids, prefix, in_prefix, out, visit);
+    }
+}
+
+/// Visits every DiLoCo site subset (of two sites or more, with room for
+/// dp replicas) that could beat the best plan so far, slowest-site floor
+/// first, calling `visit` on each with its sites in index order.
+pub(crate) fn diloco_subsets(
+    ctx: &Ctx<'_>,
+    shape: Shape,
+    out: &mut Outcome,
+    visit: &mut dyn FnMut(&mut Outcome, &[usize]),
+) {
+    let n = ctx.sites.len();
+    let layers = ctx.job.model.layers;
+    let scale = shape.m as f64 + f64::from(shape.pp - 1) / f64::from(shape.v.max(1));
+    let per_stage = f64::from(layers.div_ceil(shape.pp));
+    let floor: Vec<f64> = (0..n)
+        .map(|s| scale * per_stage * site_layer_seconds(ctx, s, shape.tp))
+        .collect();
+    let cap: Vec<u64> = (0..n)
+        .map(|s| ctx.sites[s].slots(shape.tp) / u64::from(shape.pp))
+        .collect();
+    // A site without links is in no subset's ring.
+    let order = ordered(n, &floor, |s| {
+        cap[s] > 0 && floor[s].is_finite() && !ctx.neighbours(s).is_empty()
+    });
+    // Replicas the sites from position i on can hold, for cutting subsets
+    // that can never reach dp.
+    let mut room_from = vec![0u64; order.len() + 1];
+    for i in (0..order.len()).rev() {
+        room_from[i] = room_from[i + 1].saturating_add(cap[order[i]]);
+    }
+    let search = DilocoSearch {
+        shape,
+        floor,
+        cap,
+        order,
+        room_from,
+    };
+    out.budget.start();
+    search.node(0, &mut Vec::new(), 0, out, visit);
+}
+
+struct DilocoSearch {
+    shape: Shape,
+    floor: Vec<f64>,
+    cap: Vec<u64>,
+    order: Vec<usize>,
+    room_from: Vec<u64>,
+}
+
+impl DilocoSearch {
+    /// Visits `subset` (sites taken from `order` before position `next`)
+    /// and the subsets that extend it with sites from `next` on.
+    fn node(
+        &self,
+        next: usize,
+        subset: &mut Vec<usize>,
+        room: u64,
+        out: &mut Outcome,
+        visit: &mut dyn FnMut(&mut Outcome, &[usize]),
+    ) {
+        let dp = u64::from(self.shape.dp);
+        if subset.len() >= 2 && room >= dp {
+            let mut sites = subset.clone();
+            sites.sort_unstable();
+            visit(out, &sites);
+        }
+        if subset.len() as u64 >= dp {
+            return;
+        }
+        let gpus = self.shape.gpus();
+        for i in next..self.order.len() {
+            // Sorted by floor: a child's bound is its own site's floor, and
+            // every later child's is at least as high.
+            let s = self.order[i];
+            let bound = self.floor[s];
+            if bound > cutoff(out, gpus) || room.saturating_add(self.room_from[i]) < dp {
+                break;
+            }
+            if i > next && !out.budget.spend() {
+                out.budget.leave(bound);
+                break;
+            }
+            subset.push(s);
+            self.node(i + 1, subset, room.saturating_add(self.cap[s]), out, visit);
+            subset.pop();
+        }
+    }
+}
