@@ -7,7 +7,8 @@
 //! and name the field; the core's validation then runs on the result.
 
 use longhaul_core::job::{
-    Batch, Constraints, Diloco, JobSpec, ModeConstraint, ModelShape, Precision, Training,
+    Batch, Constraints, Diloco, Goal, JobSpec, ModeConstraint, ModelShape, Objective, Precision,
+    Training,
 };
 use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Location, Site, WanLink};
 use longhaul_core::units::{ByteSize, DataRate, Distance, Duration};
@@ -222,6 +223,41 @@ pub fn job_from_wire(spec: &pb::JobSpec, field: &str) -> Result<JobSpec, Status>
             },
         },
         diloco: diloco_from_wire(spec.inner_steps, spec.diloco_policy.as_ref(), field)?,
+        objective: objective_from_wire(spec.objective.as_ref(), field)?,
+    })
+}
+
+fn objective_from_wire(
+    objective: Option<&pb::Objective>,
+    field: &str,
+) -> Result<Objective, Status> {
+    let Some(objective) = objective else {
+        return Ok(Objective::default());
+    };
+    let goal = match objective.goal.as_str() {
+        "" => Goal::StepTime,
+        name => Goal::parse(name).ok_or_else(|| {
+            invalid(
+                &format!("{field}.objective.goal"),
+                format!(
+                    "unknown goal {}: expected \"step-time\", \"throughput-per-gpu\", \"fewest-gpus\" or empty",
+                    longhaul_core::limits::quote(name)
+                ),
+            )
+        })?,
+    };
+    Ok(Objective {
+        goal,
+        max_gpus: (objective.max_gpus != 0).then_some(objective.max_gpus),
+        within: (objective.within != 0.0).then_some(objective.within),
+    })
+}
+
+fn objective_to_wire(objective: &Objective) -> Option<pb::Objective> {
+    (!objective.is_default()).then(|| pb::Objective {
+        goal: objective.goal.as_str().to_string(),
+        max_gpus: objective.max_gpus.unwrap_or(0),
+        within: objective.within.unwrap_or(0.0),
     })
 }
 
@@ -305,6 +341,7 @@ pub fn job_to_wire(spec: &JobSpec) -> pb::JobSpec {
         }),
         inner_steps: spec.diloco.as_ref().map_or(0, |d| d.inner_steps),
         diloco_policy: spec.diloco.as_ref().and_then(diloco_to_wire),
+        objective: objective_to_wire(&spec.objective),
     }
 }
 
@@ -335,6 +372,10 @@ bits = 8
 error_feedback = false
 link_budget = "40 Gbit/s"
 zstd_ratio = 1.2
+[objective]
+goal = "fewest-gpus"
+within = 0.1
+max_gpus = 4096
 "#;
 
     #[test]
@@ -379,5 +420,32 @@ zstd_ratio = 1.2
             "{}",
             error.message()
         );
+        let mut wire = job_to_wire(&job);
+        if let Some(o) = wire.objective.as_mut() {
+            o.goal = "cheapest".into();
+        }
+        let error = job_from_wire(&wire, "spec").expect_err("refused");
+        assert!(
+            error.message().contains("spec.objective.goal"),
+            "{}",
+            error.message()
+        );
+    }
+
+    #[test]
+    fn a_job_objective_crosses_the_wire_and_the_default_sends_nothing() {
+        let job = JobSpec::from_toml("j.toml", JOB).expect("parses");
+        assert_eq!(job.objective.goal, Goal::FewestGpus);
+        let wire = job_to_wire(&job);
+        assert_eq!(
+            wire.objective.as_ref().map(|o| o.goal.as_str()),
+            Some("fewest-gpus")
+        );
+        assert_eq!(job_from_wire(&wire, "spec").expect("converts back"), job);
+        let mut plain = job.clone();
+        plain.objective = Objective::default();
+        let wire = job_to_wire(&plain);
+        assert_eq!(wire.objective, None);
+        assert_eq!(job_from_wire(&wire, "spec").expect("converts back"), plain);
     }
 }

@@ -22,6 +22,111 @@ pub struct JobSpec {
     pub constraints: Constraints,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diloco: Option<Diloco>,
+    /// What placement optimises; the fastest step when absent.
+    #[serde(default, skip_serializing_if = "Objective::is_default")]
+    pub objective: Objective,
+}
+
+/// What placement optimises among the feasible plans (`[objective]`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Objective {
+    #[serde(default)]
+    pub goal: Goal,
+    /// Plans using more GPUs are not considered, whatever the goal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_gpus: Option<u64>,
+    /// With `goal = "fewest-gpus"`: how much slower than the fastest plan
+    /// the step may be, as a fraction ([`DEFAULT_WITHIN`] when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<f64>,
+}
+
+/// The slowdown `goal = "fewest-gpus"` accepts when `within` is unset.
+pub const DEFAULT_WITHIN: f64 = 0.05;
+
+impl Objective {
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `within`, or its default.
+    pub fn within(&self) -> f64 {
+        self.within.unwrap_or(DEFAULT_WITHIN)
+    }
+
+    /// The objective in words, as plans state it.
+    pub fn describe(&self) -> String {
+        let goal = match self.goal {
+            Goal::StepTime => "fastest step".to_string(),
+            Goal::ThroughputPerGpu => "most tokens/s per GPU".to_string(),
+            Goal::FewestGpus => format!(
+                "fewest GPUs within {} % of the fastest step",
+                100.0 * self.within()
+            ),
+        };
+        match self.max_gpus {
+            Some(max) => format!("{goal}, at most {max} GPUs"),
+            None => goal,
+        }
+    }
+
+    fn problems(&self, path: &FieldPath, out: &mut Vec<Violation>) {
+        if let Some(max) = self.max_gpus
+            && !(1..=crate::limits::MAX_GPUS).contains(&max)
+        {
+            out.push(Violation::new(
+                path.key("max_gpus"),
+                format!(
+                    "must be between 1 and {}, found {max}",
+                    crate::limits::MAX_GPUS
+                ),
+            ));
+        }
+        if let Some(within) = self.within {
+            if self.goal != Goal::FewestGpus {
+                out.push(Violation::new(
+                    path.key("within"),
+                    "applies only with goal = \"fewest-gpus\"",
+                ));
+            } else if !(within > 0.0 && within <= 10.0) {
+                out.push(Violation::new(
+                    path.key("within"),
+                    format!("must be a fraction in (0, 10], found {within}"),
+                ));
+            }
+        }
+    }
+}
+
+/// The measure placement minimises or maximises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Goal {
+    /// The shortest predicted step (ties: fewer GPUs).
+    #[default]
+    StepTime,
+    /// The most tokens per second per GPU: the least step time × GPUs.
+    ThroughputPerGpu,
+    /// The fewest GPUs whose step is within `within` of the fastest plan's.
+    FewestGpus,
+}
+
+impl Goal {
+    /// The name used in job files and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::StepTime => "step-time",
+            Self::ThroughputPerGpu => "throughput-per-gpu",
+            Self::FewestGpus => "fewest-gpus",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::StepTime, Self::ThroughputPerGpu, Self::FewestGpus]
+            .into_iter()
+            .find(|g| g.as_str() == name)
+    }
 }
 
 /// The shape of a dense decoder-only transformer.
@@ -674,6 +779,65 @@ impl Validate for JobSpec {
                 out.push(Violation::new(root.key("diloco").key(field), message));
             }
         }
+        self.objective.problems(&root.key("objective"), &mut out);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JOB: &str = r#"
+name = "j"
+[model]
+parameters = 1_000_000_000
+layers = 16
+hidden_size = 2048
+attention_heads = 16
+sequence_length = 4096
+[batch]
+global_batch = 64
+micro_batch = 1
+"#;
+
+    fn refused(objective: &str) -> String {
+        let text = format!("{JOB}[objective]\n{objective}\n");
+        match JobSpec::from_toml("j.toml", &text) {
+            Ok(job) => panic!("{objective:?} was accepted: {:?}", job.objective),
+            Err(error) => error.to_string(),
+        }
+    }
+
+    #[test]
+    fn an_objective_out_of_bounds_is_refused_naming_its_field() {
+        for (objective, field) in [
+            ("within = 0.1", "objective.within"),
+            ("goal = \"fewest-gpus\"\nwithin = 0", "objective.within"),
+            ("goal = \"fewest-gpus\"\nwithin = 11.0", "objective.within"),
+            ("goal = \"fewest-gpus\"\nwithin = nan", "objective.within"),
+            ("max_gpus = 0", "objective.max_gpus"),
+            ("max_gpus = 10_000_001", "objective.max_gpus"),
+            ("goal = \"cheapest\"", "goal"),
+            ("budget = 4", "budget"),
+        ] {
+            let error = refused(objective);
+            assert!(error.contains(field), "{objective:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn an_objective_is_optional_and_reads_as_written() {
+        let plain = JobSpec::from_toml("j.toml", JOB).expect("parses");
+        assert!(plain.objective.is_default());
+        let text = format!("{JOB}[objective]\ngoal = \"fewest-gpus\"\nmax_gpus = 512\n");
+        let job = JobSpec::from_toml("j.toml", &text).expect("parses");
+        assert_eq!(job.objective.goal, Goal::FewestGpus);
+        assert_eq!(job.objective.max_gpus, Some(512));
+        assert_eq!(job.objective.within(), DEFAULT_WITHIN);
+        assert_eq!(
+            job.objective.describe(),
+            "fewest GPUs within 5 % of the fastest step, at most 512 GPUs"
+        );
     }
 }

@@ -4,10 +4,12 @@
 use longhaul_core::JobSpec;
 use longhaul_core::cost::CostParams;
 use longhaul_core::gpu::GpuType;
-use longhaul_core::job::{Batch, Constraints, Diloco, ModelShape, Precision, Training};
+use longhaul_core::job::{
+    Batch, Constraints, Diloco, Goal, ModelShape, Objective, Precision, Training,
+};
 use longhaul_core::placement::{
-    PlacementError, brute_force_place, every_site_order_place, place, place_with, validate_plan,
-    validate_plan_with,
+    PlacementError, Plan, brute_force_place, every_site_order_place, place, place_with,
+    validate_plan, validate_plan_with,
 };
 use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Site, Topology, WanLink};
 use longhaul_core::units::{ByteSize, DataRate, Distance, Duration, Throughput};
@@ -134,6 +136,7 @@ fn job(
         },
         constraints,
         diloco: inner_steps.map(Diloco::new),
+        objective: Objective::default(),
     }
 }
 
@@ -226,17 +229,49 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
 }
 
+fn objective() -> impl Strategy<Value = Objective> {
+    (
+        prop::sample::select(vec![
+            Goal::StepTime,
+            Goal::ThroughputPerGpu,
+            Goal::FewestGpus,
+        ]),
+        prop::option::of(prop::sample::select(vec![2u64, 4, 6])),
+        prop::option::of(prop::sample::select(vec![0.01, 0.3])),
+    )
+        .prop_map(|(goal, max_gpus, within)| Objective {
+            goal,
+            max_gpus,
+            within: within.filter(|_| goal == Goal::FewestGpus),
+        })
+}
+
+/// A plan's score under `objective`, lower is better, with its tie-break.
+fn score(objective: &Objective, plan: &Plan) -> (f64, f64) {
+    let (total, gpus) = (plan.step.total, plan.gpus() as f64);
+    match objective.goal {
+        Goal::StepTime => (total, gpus),
+        Goal::ThroughputPerGpu => (total * gpus, gpus),
+        Goal::FewestGpus => (gpus, total),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn solver_matches_brute_force_and_plans_are_valid((topology, job) in instance()) {
+    fn solver_matches_brute_force_and_plans_are_valid((topology, mut job) in instance(), objective in objective()) {
+        job.objective = objective;
         let params = CostParams::default();
         let solved = place_with(&topology, &job, &params);
         let brute = brute_force_place(&topology, &job, &params);
         match (&solved, &brute) {
             (Ok(s), Ok(b)) => {
-                prop_assert!(close(s.step.total, b.step.total), "solver {} vs brute force {}", s.step.total, b.step.total);
+                let (x, y) = (score(&objective, s), score(&objective, b));
+                prop_assert!(close(x.0, y.0), "{objective:?}: solver {x:?} vs brute force {y:?}");
+                if let Some(max) = objective.max_gpus {
+                    prop_assert!(s.gpus() <= max, "{} GPUs over the budget {max}", s.gpus());
+                }
                 prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
                 prop_assert_eq!(validate_plan_with(&topology, &job, b, &params), Ok(()));
                 let parts = s.step.compute + s.step.tensor_parallel + s.step.exposed_pipeline + s.step.bubble + s.step.exposed_data_parallel + s.step.outer_sync_amortised;

@@ -107,3 +107,62 @@ fn llama_70b_without_model_parallelism_is_rejected_with_the_memory_shortfall() {
     }
     println!("{error}");
 }
+
+/// The 70B job on the hyperscale example under each objective: the
+/// fastest plan uses the most GPUs; `fewest-gpus` stays within its slowdown
+/// on fewer; `throughput-per-gpu` gets the most tokens per GPU; a GPU
+/// budget is never exceeded; each plan states its objective and the
+/// runner-up it rejected.
+#[test]
+fn each_objective_on_the_hyperscale_example_gets_what_it_asks() {
+    use longhaul_core::job::{Goal, Objective};
+    let (topology, job) = load(
+        "hyperscale-plus-two.toml",
+        include_str!("../../../deploy/examples/hyperscale-plus-two.toml"),
+        "llama-70b.job.toml",
+        include_str!("../../../deploy/examples/llama-70b.job.toml"),
+    );
+    let with = |objective: Objective| {
+        let mut job = job.clone();
+        job.objective = objective;
+        let plan = place(&topology, &job).expect("feasible");
+        check_common(&topology, &job, &plan);
+        let stated = plan.reason("objective").expect("the objective is stated");
+        assert_eq!(stated.choice, objective.describe());
+        assert!(stated.reason.contains("GPUs"), "{}", stated.reason);
+        plan
+    };
+    let per_gpu = |p: &Plan| 1.0 / (p.step.total * p.gpus() as f64);
+    let fastest = with(Objective::default());
+    let fewest = with(Objective {
+        goal: Goal::FewestGpus,
+        within: Some(0.05),
+        max_gpus: None,
+    });
+    let efficient = with(Objective {
+        goal: Goal::ThroughputPerGpu,
+        ..Objective::default()
+    });
+    let budget = with(Objective {
+        max_gpus: Some(20_000),
+        ..Objective::default()
+    });
+    for (name, p) in [
+        ("fewest", &fewest),
+        ("efficient", &efficient),
+        ("budget", &budget),
+    ] {
+        assert!(p.step.total >= fastest.step.total * (1.0 - 1e-12), "{name}");
+        assert!(p.gpus() < fastest.gpus(), "{name}: {} GPUs", p.gpus());
+    }
+    assert!(fewest.step.total <= fastest.step.total * 1.05);
+    assert!(budget.gpus() <= 20_000);
+    for p in [&fastest, &fewest, &budget] {
+        assert!(per_gpu(&efficient) >= per_gpu(p) * (1.0 - 1e-12));
+    }
+    let rejected = &fastest.reason("objective").expect("stated").reason;
+    assert!(
+        rejected.contains("rejected the most GPU-efficient plan"),
+        "{rejected}"
+    );
+}

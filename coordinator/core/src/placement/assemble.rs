@@ -7,10 +7,17 @@ use super::plan::{
     CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown, WanTraffic,
 };
 use super::search::{Choice, Outcome};
+use crate::job::Goal;
 use crate::topology::Topology;
 use crate::units::{human_bytes, human_seconds};
 
-pub(crate) fn plan(ctx: &Ctx<'_>, topology: &Topology, choice: &Choice, outcome: &Outcome) -> Plan {
+pub(crate) fn plan(
+    ctx: &Ctx<'_>,
+    topology: &Topology,
+    choice: &Choice,
+    outcome: &Outcome,
+    runner_up: Option<&Choice>,
+) -> Plan {
     let job = ctx.job;
     let mut groups = Vec::with_capacity(choice.groups.len());
     let mut first_replica = 0u32;
@@ -90,7 +97,8 @@ pub(crate) fn plan(ctx: &Ctx<'_>, topology: &Topology, choice: &Choice, outcome:
         .iter()
         .map(|&s| ctx.sites[s].id.clone())
         .collect();
-    let reasons = reasons(ctx, choice, outcome, &site_names, &groups, min_slack);
+    let mut reasons = reasons(ctx, choice, outcome, &site_names, &groups, min_slack);
+    reasons.insert(0, objective_reason(ctx, choice, runner_up));
     Plan {
         job: job.name.clone(),
         topology: topology.name.clone(),
@@ -146,6 +154,52 @@ fn wan_traffic(ctx: &Ctx<'_>, choice: &Choice, inner_steps: u32) -> Vec<WanTraff
             what: what.to_string(),
         })
         .collect()
+}
+
+/// Tokens per second per GPU of a plan.
+fn tokens_per_gpu_second(ctx: &Ctx<'_>, choice: &Choice) -> f64 {
+    let tokens = f64::from(ctx.job.batch.global_batch) * f64::from(ctx.job.model.sequence_length);
+    tokens / (choice.total * choice.gpus().max(1) as f64)
+}
+
+/// What the plan optimised, and the best plan of the other measure that it
+/// rejected.
+fn objective_reason(ctx: &Ctx<'_>, choice: &Choice, runner_up: Option<&Choice>) -> Reason {
+    let objective = &ctx.job.objective;
+    let describe = |c: &Choice| {
+        format!(
+            "{} on {} GPUs, {:.0} tokens/s per GPU",
+            human_seconds(c.total),
+            c.gpus(),
+            tokens_per_gpu_second(ctx, c)
+        )
+    };
+    let chosen = describe(choice);
+    let why = match (objective.goal, runner_up) {
+        (_, None) => format!("{chosen}; no other plan to compare"),
+        (Goal::StepTime, Some(other)) if other.gpus() >= choice.gpus() => {
+            format!("{chosen}; no plan gets more tokens/s per GPU")
+        }
+        (Goal::StepTime, Some(other)) => format!(
+            "{chosen}; rejected the most GPU-efficient plan, {} ({:+.1} % step, {:.3}× the \
+             GPUs): set [objective] goal = \"throughput-per-gpu\" or \"fewest-gpus\" to prefer \
+             such plans",
+            describe(other),
+            100.0 * (other.total / choice.total - 1.0),
+            other.gpus() as f64 / choice.gpus() as f64
+        ),
+        (_, Some(other)) if other.gpus() <= choice.gpus() => {
+            format!("{chosen}; it is also the fastest plan")
+        }
+        (_, Some(other)) => format!(
+            "{chosen} ({:+.1} % step against the fastest); rejected the fastest plan, {}, which \
+             needs {:.2}× the GPUs",
+            100.0 * (choice.total / other.total - 1.0),
+            describe(other),
+            other.gpus() as f64 / choice.gpus() as f64
+        ),
+    };
+    reason("objective", objective.describe(), why)
 }
 
 fn reason(decision: &str, choice: String, reason: String) -> Reason {
@@ -238,8 +292,9 @@ fn reasons(
             "degrees",
             format!("tp={} pp={} dp={}", choice.tp, choice.pp, choice.dp),
             format!(
-                "lowest predicted step ({}) of {} feasible candidates; TP {} divides {} and \
-                 stays inside one scale-up domain (largest {} GPUs) so its collectives ride NVLink",
+                "best for the objective (step {}) of {} feasible candidates; TP {} divides {} \
+                 and stays inside one scale-up domain (largest {} GPUs) so its collectives ride \
+                 NVLink",
                 human_seconds(choice.total),
                 outcome.candidates,
                 choice.tp,
@@ -302,21 +357,22 @@ fn reasons(
         ),
         reason(
             "site search",
-            match outcome.budget.gap(choice.total) {
+            match outcome.gap() {
                 None => "exact".to_string(),
                 Some(gap) => format!("within {:.1} % of the optimum", 100.0 * gap),
             },
-            match outcome.budget.gap(choice.total) {
+            match outcome.gap() {
                 None => format!(
                     "branch and bound over site orders and subsets ({} nodes): every plan it cut \
                      had a lower bound above this one's step",
                     outcome.budget.nodes
                 ),
                 Some(_) => format!(
-                    "the node budget ({}) ran out before the branch and bound finished, so the \
-                     rest was searched greedily; no plan left unexplored can be faster than {}",
+                    "the node budget ({} nodes, {} per set of degrees) ran out before the branch \
+                     and bound finished, so the rest was searched greedily; the gap is this \
+                     plan's objective against the best bound of any plan left unexplored",
                     outcome.budget.limit,
-                    human_seconds(outcome.budget.open_bound)
+                    super::sites::NODES_PER_SEARCH,
                 ),
             },
         ),

@@ -66,9 +66,10 @@ use thiserror::Error;
 
 use crate::config::Validate;
 use crate::cost::CostParams;
-use crate::job::{JobSpec, ModeConstraint};
+use crate::job::{Goal, JobSpec, ModeConstraint};
 use crate::state::LinkRecord;
 use crate::topology::Topology;
+use search::Aim;
 
 pub use plan::{
     Binding, CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown,
@@ -223,9 +224,43 @@ fn run(
     }
     let ctx = model::Ctx::new(topology, job, params).with_measurements(links);
     let space = search::Space::new(&ctx)?;
-    let outcome = search::search(&ctx, &space, effort);
+    // The fastest plan first: the default objective's answer, and the
+    // measure of the others (the runner-up they rejected, and the step
+    // `fewest-gpus` must stay within).
+    let fastest = search::search(&ctx, &space, effort, Aim::StepTime);
+    let (outcome, runner_up) = match (job.objective.goal, &fastest.best) {
+        (_, None) => (fastest, None),
+        (Goal::StepTime, Some(_)) => {
+            let efficient = search::search(&ctx, &space, effort, Aim::GpuSeconds);
+            (fastest, efficient.best)
+        }
+        (Goal::ThroughputPerGpu, Some(quickest)) => {
+            let quickest = quickest.clone();
+            let efficient = search::search(&ctx, &space, effort, Aim::GpuSeconds);
+            if efficient.best.is_some() {
+                (efficient, Some(quickest))
+            } else {
+                (fastest, None)
+            }
+        }
+        (Goal::FewestGpus, Some(quickest)) => {
+            let quickest = quickest.clone();
+            let threshold = quickest.total * (1.0 + job.objective.within());
+            let fewest = search::search(&ctx, &space, effort, Aim::FewestGpus { threshold });
+            match &fewest.best {
+                Some(best) if best.total <= threshold => (fewest, Some(quickest)),
+                _ => (fastest, None),
+            }
+        }
+    };
     match &outcome.best {
-        Some(choice) => Ok(assemble::plan(&ctx, topology, choice, &outcome)),
+        Some(choice) => Ok(assemble::plan(
+            &ctx,
+            topology,
+            choice,
+            &outcome,
+            runner_up.as_ref(),
+        )),
         None if job.constraints.cross_site_mode == Some(ModeConstraint::Diloco)
             && ctx.sites.len() < 2 =>
         {
@@ -239,7 +274,21 @@ fn run(
     }
 }
 
-fn explain(f: search::Failures) -> PlacementError {
+fn explain(mut f: search::Failures) -> PlacementError {
+    let Some((least, max)) = f.over_budget.take() else {
+        return explain_within(f);
+    };
+    let within = match explain_within(f) {
+        PlacementError::NoFeasiblePlan(why) => why,
+        other => other.to_string(),
+    };
+    PlacementError::NoFeasiblePlan(format!(
+        "within objective.max_gpus ({max} GPUs): {within}; the smallest set of degrees above \
+         it needs {least} GPUs"
+    ))
+}
+
+fn explain_within(f: search::Failures) -> PlacementError {
     if let Some((short_bytes, candidate)) = f.memory {
         return PlacementError::OutOfMemory {
             short_bytes,

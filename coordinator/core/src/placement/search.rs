@@ -40,6 +40,40 @@ impl Effort {
     }
 }
 
+/// What one pass of the search minimises.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Aim {
+    /// The step time (ties: fewer GPUs).
+    StepTime,
+    /// Step time × GPUs, the inverse of tokens/s per GPU (ties: fewer GPUs).
+    GpuSeconds,
+    /// The fewest GPUs whose step is at most `threshold` seconds (ties: the
+    /// shorter step).
+    FewestGpus { threshold: f64 },
+}
+
+impl Aim {
+    /// A plan's score: lower is better.
+    pub fn score(self, total: f64, gpus: u64) -> f64 {
+        match self {
+            Self::StepTime => total,
+            Self::GpuSeconds => total * gpus as f64,
+            Self::FewestGpus { threshold } if total <= threshold => gpus as f64,
+            Self::FewestGpus { .. } => f64::INFINITY,
+        }
+    }
+
+    fn better(self, total: f64, gpus: u64, best: &Choice) -> bool {
+        let (a, b) = (self.score(total, gpus), self.score(best.total, best.gpus()));
+        a < b
+            || (a == b
+                && match self {
+                    Self::FewestGpus { .. } => total < best.total,
+                    Self::StepTime | Self::GpuSeconds => gpus < best.gpus(),
+                })
+    }
+}
+
 /// The degrees of one candidate and its micro-batches per replica.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -110,6 +144,9 @@ pub(crate) struct Failures {
     pub no_link: u64,
     /// The first reason the sync planner gave for refusing a DiLoCo candidate.
     pub sync: Option<String>,
+    /// The fewest GPUs of a set of degrees the GPU budget ruled out, and
+    /// the budget.
+    pub over_budget: Option<(u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -119,8 +156,24 @@ pub(crate) struct Outcome {
     pub best_by_kind: BTreeMap<&'static str, f64>,
     pub candidates: u64,
     pub failures: Failures,
-    /// The site search's nodes and what its budget left out.
+    /// The site search's nodes and what its budget left out (as scores).
     pub budget: Budget,
+    pub aim: Aim,
+}
+
+impl Outcome {
+    /// Keeps the bound of a node of `gpus` GPUs the budget left out.
+    pub fn leave(&mut self, bound: f64, gpus: u64) {
+        let score = self.aim.score(bound, gpus);
+        self.budget.leave(score);
+    }
+
+    /// How much worse than the optimum the best plan's score may be; `None`
+    /// when the search was exact.
+    pub fn gap(&self) -> Option<f64> {
+        let best = self.best.as_ref()?;
+        self.budget.gap(self.aim.score(best.total, best.gpus()))
+    }
 }
 
 /// The degrees the job and topology admit.
@@ -190,14 +243,16 @@ impl Space {
 }
 
 /// Runs the search.
-pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
+pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> Outcome {
     let mut out = Outcome {
         best: None,
         best_by_kind: BTreeMap::new(),
         candidates: 0,
         failures: Failures::default(),
         budget: Budget::new(sites::NODE_BUDGET, sites::NODES_PER_SEARCH),
+        aim,
     };
+    let max_gpus = ctx.job.objective.max_gpus.unwrap_or(u64::MAX);
     let available: u64 = ctx.sites.iter().map(|s| s.gpus()).sum();
     let layers = ctx.job.model.layers;
     let micro = u64::from(ctx.job.batch.micro_batch.max(1));
@@ -221,6 +276,19 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort) -> Outcome {
                     if better {
                         out.failures.gpus = Some((gpus, available));
                     }
+                    continue;
+                }
+                if gpus > max_gpus {
+                    let fewer = out
+                        .failures
+                        .over_budget
+                        .is_none_or(|(least, _)| gpus < least);
+                    if fewer {
+                        out.failures.over_budget = Some((gpus, max_gpus));
+                    }
+                    continue;
+                }
+                if cutoff(&out, gpus) < 0.0 {
                     continue;
                 }
                 let m = u64::from(ctx.job.batch.global_batch) / (u64::from(dp) * micro);
@@ -296,14 +364,27 @@ pub(crate) fn site_layer_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
         .fold(f64::INFINITY, f64::min)
 }
 
-/// The step time a candidate of `gpus` GPUs must beat to matter.
-pub(crate) fn cutoff(out: &Outcome, _gpus: u64) -> f64 {
-    out.best.as_ref().map_or(f64::INFINITY, |b| b.total)
+/// The step time a candidate of `gpus` GPUs must not exceed to matter
+/// (negative: no step time would do).
+pub(crate) fn cutoff(out: &Outcome, gpus: u64) -> f64 {
+    let Some(best) = &out.best else {
+        return match out.aim {
+            Aim::FewestGpus { threshold } => threshold,
+            Aim::StepTime | Aim::GpuSeconds => f64::INFINITY,
+        };
+    };
+    match out.aim {
+        Aim::StepTime => best.total,
+        Aim::GpuSeconds => best.total * best.gpus() as f64 / gpus.max(1) as f64,
+        Aim::FewestGpus { threshold } if best.total > threshold || gpus < best.gpus() => threshold,
+        Aim::FewestGpus { .. } if gpus == best.gpus() => best.total,
+        Aim::FewestGpus { .. } => -1.0,
+    }
 }
 
 /// Records a candidate's total and keeps it if it beats the best so far
-/// (ties go to fewer GPUs, then to the earlier candidate). The choice is
-/// only built when kept: most candidates lose.
+/// under the pass's aim (ties as [`Aim`] says, then the earlier candidate).
+/// The choice is only built when kept: most candidates lose.
 fn offer(
     out: &mut Outcome,
     kind: &'static str,
@@ -316,7 +397,7 @@ fn offer(
     *entry = entry.min(total);
     let better = match &out.best {
         None => true,
-        Some(best) => total < best.total || (total == best.total && gpus < best.gpus()),
+        Some(best) => out.aim.better(total, gpus, best),
     };
     if better {
         out.best = Some(build());

@@ -42,7 +42,8 @@ pub(crate) struct Budget {
     /// Nodes of the search under way, and its limit.
     here: u64,
     per_search: u64,
-    /// `f64::INFINITY` while nothing was left out.
+    /// As a score of the pass's aim; `f64::INFINITY` while nothing was
+    /// left out.
     pub open_bound: f64,
 }
 
@@ -69,14 +70,15 @@ impl Budget {
         self.nodes <= self.limit && self.here <= self.per_search
     }
 
-    fn leave(&mut self, bound: f64) {
+    /// Keeps the score bound of a node left out.
+    pub fn leave(&mut self, bound: f64) {
         self.open_bound = self.open_bound.min(bound);
     }
 
-    /// How much slower than the optimum the plan of step `total` may be:
-    /// `None` when the search was exact (nothing left out could beat it).
-    pub fn gap(&self, total: f64) -> Option<f64> {
-        (self.open_bound < total).then(|| total / self.open_bound.max(f64::MIN_POSITIVE) - 1.0)
+    /// How much worse than the optimum a plan of `score` may be: `None`
+    /// when the search was exact (nothing left out could beat it).
+    pub fn gap(&self, score: f64) -> Option<f64> {
+        (self.open_bound < score).then(|| score / self.open_bound.max(f64::MIN_POSITIVE) - 1.0)
     }
 }
 
@@ -261,7 +263,7 @@ impl PipelineSearch<'_, '_> {
                 break;
             }
             if i > 0 && !out.budget.spend() {
-                out.budget.leave(bound);
+                out.leave(bound, gpus);
                 break;
             }
             prefix.push(s);
@@ -383,7 +385,7 @@ impl DilocoSearch {
                 break;
             }
             if i > next && !out.budget.spend() {
-                out.budget.leave(bound);
+                out.leave(bound, gpus);
                 break;
             }
             subset.push(s);
