@@ -172,7 +172,9 @@ fn plan_without_files_places_the_bundled_job_on_the_bundled_topology() {
         "{out}"
     );
     assert!(out.contains("predicted step time"), "{out}");
-    assert!(out.contains("\nwhy\n  mode: "), "{out}");
+    assert!(out.contains("\nwhy\n  objective: fastest step — "), "{out}");
+    assert!(out.contains("\n  mode: "), "{out}");
+    assert!(out.contains("\n  site search: exact — "), "{out}");
 }
 
 #[test]

@@ -3,14 +3,17 @@
 //! 1F1B pipeline (plain and interleaved) and per-GPU memory.
 //!
 //! Everything is a closed form in seconds and bytes, so tests can assert it
-//! exactly. The assumptions are written next to each formula; the placement
+//! exactly. The embedding and the untied LM head (`vocabulary_size` ×
+//! hidden parameters each) sit on the first and last pipeline stage
+//! ([`end_stage_bytes`], [`head_training_flops`]); the layers share the
+//! rest evenly. The assumptions are written next to each formula; the placement
 //! solver, the brute-force placer and the plan checker all call these same
 //! functions, which is what makes "solver == brute force" meaningful.
 //!
 //! Deliberately conservative or absent: the data-parallel all-reduce is not
 //! overlapped with the backward pass; every pipeline stage is paced by the
-//! slowest one; embeddings and the LM head are spread evenly over the layers
-//! (`vocabulary_size` is unused); no activation recomputation; DiLoCo
+//! slowest one; no activation recomputation; the TP communication of the
+//! LM head is not counted; DiLoCo
 //! pseudo-gradients travel at the training precision, uncompressed and not
 //! streamed (the sync planner, [`crate::sync`], refines that); NVLink, fabric and campus
 //! latencies are single α values from [`CostParams`].
@@ -174,8 +177,7 @@ pub fn loss_limited_rate(bytes_per_second: f64, rtt_seconds: f64, loss: f64, str
 pub fn layer_training_flops(job: &JobSpec) -> f64 {
     let m = &job.model;
     let tokens = f64::from(job.batch.micro_batch) * f64::from(m.sequence_length);
-    let per_layer_params = m.parameters as f64 / f64::from(m.layers);
-    6.0 * per_layer_params * tokens
+    6.0 * layer_parameters(job) * tokens
         + 12.0 * tokens * f64::from(m.sequence_length) * f64::from(m.hidden_size)
 }
 
@@ -221,10 +223,75 @@ pub fn in_flight_chunks(stage: u32, p: u32, m: u64, v: u32) -> u64 {
 /// optimizer (plus DiLoCo) state additionally sharded across the stage's
 /// data-parallel group (ZeRO-1 / distributed optimizer).
 pub fn state_bytes_per_layer(job: &JobSpec, tp: u32, dp_shard: u64, extra_per_param: f64) -> f64 {
-    let per_layer_params = job.model.parameters as f64 / f64::from(job.model.layers);
+    state_bytes(job, layer_parameters(job), tp, dp_shard, extra_per_param)
+}
+
+/// Weights, gradients and optimizer state of `parameters` parameters on
+/// one GPU: split over tp, the optimizer state (and `extra_per_param`)
+/// sharded dp_shard ways.
+fn state_bytes(
+    job: &JobSpec,
+    parameters: f64,
+    tp: u32,
+    dp_shard: u64,
+    extra_per_param: f64,
+) -> f64 {
     let element = f64::from(job.training.precision.bytes());
     let sharded = job.training.optimizer_state_bytes_per_parameter + extra_per_param;
-    per_layer_params / f64::from(tp.max(1)) * (2.0 * element + sharded / dp_shard.max(1) as f64)
+    parameters / f64::from(tp.max(1)) * (2.0 * element + sharded / dp_shard.max(1) as f64)
+}
+
+/// Parameters of the token embedding, and as many again of the untied LM
+/// head: vocabulary × hidden. Zero without `vocabulary_size`, and zero when
+/// the two would hold half the model's parameters or more (such a count
+/// cannot include them; it is then read as the layers' alone).
+pub fn embedding_parameters(job: &JobSpec) -> f64 {
+    let m = &job.model;
+    let embedding = f64::from(m.vocabulary_size.unwrap_or(0)) * f64::from(m.hidden_size);
+    if 2.0 * embedding < 0.5 * m.parameters as f64 {
+        embedding
+    } else {
+        0.0
+    }
+}
+
+/// Parameters of one transformer layer: what the embedding and the LM head
+/// leave, over the layers.
+pub fn layer_parameters(job: &JobSpec) -> f64 {
+    let m = &job.model;
+    (m.parameters as f64 - 2.0 * embedding_parameters(job)) / f64::from(m.layers.max(1))
+}
+
+/// Training FLOPs of the LM head per micro-batch (forward and backward:
+/// 6 per parameter and token). The embedding lookup costs next to none.
+pub fn head_training_flops(job: &JobSpec) -> f64 {
+    let tokens = f64::from(job.batch.micro_batch) * f64::from(job.model.sequence_length);
+    6.0 * embedding_parameters(job) * tokens
+}
+
+/// Bytes per GPU the end stages hold beyond their layers, split over tp
+/// (vocabulary-parallel, as Megatron-LM does): the first stage the
+/// embedding's state, the last the LM head's state and one micro-batch of
+/// fp32 logits. A stage that is both holds both.
+pub fn end_stage_bytes(
+    job: &JobSpec,
+    tp: u32,
+    dp_shard: u64,
+    extra_per_param: f64,
+    (first, last): (bool, bool),
+) -> f64 {
+    let embedding = embedding_parameters(job);
+    if embedding == 0.0 {
+        return 0.0;
+    }
+    let state = state_bytes(job, embedding, tp, dp_shard, extra_per_param);
+    let m = &job.model;
+    let logits = f64::from(job.batch.micro_batch)
+        * f64::from(m.sequence_length)
+        * f64::from(m.vocabulary_size.unwrap_or(0))
+        * 4.0
+        / f64::from(tp.max(1));
+    f64::from(u8::from(first)) * state + f64::from(u8::from(last)) * (state + logits)
 }
 
 /// The cost of one pipeline boundary for one micro-batch in one direction.

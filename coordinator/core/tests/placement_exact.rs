@@ -198,11 +198,19 @@ fn instance() -> impl Strategy<Value = Instance> {
             prop::option::of(prop::sample::select(vec![1u32, 2, 4])),
             prop::option::of(prop::sample::select(vec![1u32, 2, 3])),
             prop::option::of(prop::sample::select(vec![2u32, 10, 100])),
+            prop::option::of(prop::sample::select(vec![32_000u32, 256_000])),
         ),
     )
         .prop_filter("at most 12 GPUs", |(sites, ..)| gpus(sites) <= 12)
         .prop_map(
-            |(sites, links, hbm, (p, layers, heads, hph), (gb, mb), (max_tp, fixed_pp, h))| {
+            |(
+                sites,
+                links,
+                hbm,
+                (p, layers, heads, hph),
+                (gb, mb),
+                (max_tp, fixed_pp, h, vocabulary),
+            )| {
                 let gb = if gb % mb == 0 { gb } else { gb * mb };
                 let constraints = Constraints {
                     max_tensor_parallel: max_tp,
@@ -217,10 +225,9 @@ fn instance() -> impl Strategy<Value = Instance> {
                     .filter(|(_, (a, b, ..))| *a || *b)
                     .map(|(&(x, y), (_, _, km, gbit, loss))| (x, y, km, gbit, loss))
                     .collect();
-                (
-                    topology(&sites, &links, hbm),
-                    job(p, layers, heads, hph, gb, mb, constraints, h),
-                )
+                let mut job = job(p, layers, heads, hph, gb, mb, constraints, h);
+                job.model.vocabulary_size = vocabulary;
+                (topology(&sites, &links, hbm), job)
             },
         )
 }
@@ -661,4 +668,95 @@ fn no_allowed_sites_subset_beats_the_plan_over_twelve_sites() {
         }
     }
     assert!(compared >= 8, "only {compared} subsets were feasible");
+}
+
+/// The embedding and the LM head sit on the end stages: with a large
+/// vocabulary the last stage (which also runs the head) takes fewer layers
+/// than without one, the first stage holds more memory per layer than a
+/// middle one, and the checker agrees with the memory the plan states.
+#[test]
+fn embeddings_and_the_lm_head_weigh_on_the_end_stages() {
+    let sites = [SiteShape {
+        groups: vec![(4, 8, "h100")],
+        oversubscription: 1.0,
+        split_buildings: false,
+    }];
+    let topology = topology(&sites, &[], 80);
+    let constraints = Constraints {
+        tensor_parallel: Some(8),
+        pipeline_parallel: Some(4),
+        ..Constraints::default()
+    };
+    let plain = job(8.0, 32, 16, 128, 32, 1, constraints, None);
+    let mut wide = plain.clone();
+    wide.model.vocabulary_size = Some(256_000);
+    let layers =
+        |plan: &Plan| -> Vec<u32> { plan.groups[0].stages.iter().map(|s| s.layers).collect() };
+    let without = place(&topology, &plain).expect("feasible");
+    let with = place(&topology, &wide).expect("feasible");
+    assert_eq!(validate_plan(&topology, &wide, &with), Ok(()));
+    let (a, b) = (layers(&without), layers(&with));
+    assert_eq!(a, vec![8, 8, 8, 8], "no vocabulary: an even split");
+    assert!(
+        b[3] < b[1] && b[3] < b[2],
+        "the head's stage takes fewer layers: {b:?}"
+    );
+    let per_layer = |plan: &Plan, j: usize| {
+        let stage = &plan.groups[0].stages[j];
+        stage.memory_bytes_per_gpu / f64::from(stage.layers)
+    };
+    // Stage 0 holds the most in-flight activations anyway; the embedding
+    // adds to it beyond what it holds without a vocabulary.
+    assert!(
+        per_layer(&with, 0) > per_layer(&without, 0),
+        "{} vs {}",
+        per_layer(&with, 0),
+        per_layer(&without, 0)
+    );
+    assert!(with.step.total > without.step.total);
+}
+
+/// Sixty meshed sites whose fastest fifty-six cannot hold the job (1 GiB
+/// of HBM): the site search spends its budget on them, and must still try
+/// the four that can, not report the job as out of memory.
+#[test]
+fn a_spent_budget_still_tries_every_first_site() {
+    let shapes: Vec<SiteShape> = (0..60)
+        .map(|i| SiteShape {
+            groups: vec![(4, 1, if i < 56 { "tiny" } else { "roomy" })],
+            oversubscription: 1.0,
+            split_buildings: false,
+        })
+        .collect();
+    let mut links = Vec::new();
+    for a in 0..60 {
+        for b in a + 1..60 {
+            links.push((a, b, 300.0, 100, 0.0));
+        }
+    }
+    let mut topology = topology(&shapes, &links, 80);
+    let mut tiny = small_gpu(1, 2000.0);
+    tiny.name = "tiny".to_string();
+    let mut roomy = small_gpu(80, 200.0);
+    roomy.name = "roomy".to_string();
+    topology.gpu_types = vec![tiny, roomy];
+    let constraints = Constraints {
+        cross_site_mode: Some(longhaul_core::job::ModeConstraint::Pipeline),
+        ..Constraints::default()
+    };
+    let mut job = job(12.0, 12, 4, 128, 16, 1, constraints, None);
+    let params = CostParams {
+        max_virtual_stages: 1,
+        ..CostParams::default()
+    };
+    let plan = place_with(&topology, &job, &params).expect("the roomy sites hold it");
+    assert_eq!(validate_plan_with(&topology, &job, &plan, &params), Ok(()));
+    job.constraints.allowed_sites = (56..60).map(|s| format!("s{s}")).collect();
+    let alone = place_with(&topology, &job, &params).expect("feasible on the roomy four");
+    assert!(
+        plan.step.total <= alone.step.total * (1.0 + 1e-9),
+        "all sites {} s, the roomy four alone {} s",
+        plan.step.total,
+        alone.step.total
+    );
 }

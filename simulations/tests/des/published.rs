@@ -24,7 +24,7 @@
 //!   a quarter (M = 4);
 //! - **the inner step**: the cost model predicts it from the batch and its
 //!   MFU (0.4), and the batch is not what we compare, so the global batch
-//!   (1,456 sequences of 8,192 tokens, 104 per node) is chosen to put the
+//!   (1,512 sequences of 8,192 tokens, 108 per node) is chosen to put the
 //!   predicted inner step at the published 22.8 s (38 min / 100), checked
 //!   within 2 %; each replica stays in its node (no pipeline stages), as
 //!   the run's did, which also spares the comparison a search of pipeline
@@ -118,7 +118,7 @@ fn intellect_1() -> JobSpec {
     let text = "name = \"intellect-1\"\n\
         [model]\nparameters = 10_000_000_000\nlayers = 42\nhidden_size = 4096\n\
         attention_heads = 32\nsequence_length = 8192\nvocabulary_size = 128256\n\
-        [batch]\nglobal_batch = 1456\nmicro_batch = 1\n\
+        [batch]\nglobal_batch = 1512\nmicro_batch = 1\n\
         [training]\nprecision = \"bf16\"\noptimizer_state_bytes_per_parameter = 12\n\
         [constraints]\nmax_tensor_parallel = 8\npipeline_parallel = 1\ncross_site_mode = \"diloco\"\n\
         [diloco]\ninner_steps = 100\nmax_inner_steps = 100\nfragments = 1\n\

@@ -362,6 +362,10 @@ fn reasons(
                 Some(gap) => format!("within {:.1} % of the optimum", 100.0 * gap),
             },
             match outcome.gap() {
+                None if outcome.budget.enumerated => {
+                    "every site order and subset enumerated, without the branch and bound"
+                        .to_string()
+                }
                 None => format!(
                     "branch and bound over site orders and subsets ({} nodes): every plan it cut \
                      had a lower bound above this one's step",

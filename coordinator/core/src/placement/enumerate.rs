@@ -91,7 +91,7 @@ pub(crate) fn site_sequences(ctx: &Ctx<'_>, max_len: usize) -> Vec<Vec<usize>> {
 
 /// Steps of the ring search before [`has_ring`] leaves the question to the
 /// sync planner, which refuses a subset it finds no collective for.
-const RING_STEPS: u64 = 100_000;
+const RING_STEPS: u64 = 10_000;
 
 /// Whether the outer sync can run over `subset`: its sites are fully
 /// meshed, or some ring through all of them has every hop linked. A search

@@ -136,10 +136,12 @@ pub fn place(topology: &Topology, job: &JobSpec) -> Result<Plan, PlacementError>
     place_with(topology, job, &CostParams::default())
 }
 
-/// Places `job` on `topology`: the plan with the lowest predicted step
-/// time, ties broken towards fewer GPUs, then by enumeration order (TP
-/// descending, PP ascending, DP descending, interleaving, sites in topology order), so
-/// the same inputs always give the same plan.
+/// Places `job` on `topology`: the best plan for the job's objective (by
+/// default the lowest predicted step time, ties broken towards fewer
+/// GPUs), further ties going to the first found in search order (TP
+/// descending, PP ascending, DP descending, interleaving, then the site
+/// search's best-bound-first order), so the same inputs always give the
+/// same plan.
 pub fn place_with(
     topology: &Topology,
     job: &JobSpec,

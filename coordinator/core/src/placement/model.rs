@@ -244,6 +244,12 @@ pub(crate) struct StageModel {
     pub in_flight: u64,
     pub dp: DpCollective,
     pub grad_bytes_per_layer: f64,
+    /// What an end stage adds beyond its layers (zero elsewhere): the LM
+    /// head's compute on the last, the embedding's and the head's memory
+    /// and gradients ([`cost::end_stage_bytes`]).
+    pub end_seconds: f64,
+    pub end_bytes: f64,
+    pub end_grad_bytes: f64,
 }
 
 /// A group of `replicas` identical pipelines whose stages are laid out along
@@ -354,18 +360,38 @@ impl GroupModel {
 
     pub fn stage_seconds(&self, j: usize, layers: u32) -> f64 {
         let s = &self.stages[j];
-        f64::from(layers) * (s.compute_per_layer + s.tp_per_layer)
+        f64::from(layers) * self.slope(j) + s.end_seconds
+    }
+
+    /// Seconds per layer of stage `j` (its time less the end stage's part).
+    fn slope(&self, j: usize) -> f64 {
+        let s = &self.stages[j];
+        s.compute_per_layer + s.tp_per_layer
     }
 
     pub fn dp_seconds(&self, j: usize, layers: u32) -> f64 {
         let s = &self.stages[j];
-        s.dp.all_reduce(self.replicas, f64::from(layers) * s.grad_bytes_per_layer)
+        let bytes = f64::from(layers) * s.grad_bytes_per_layer + s.end_grad_bytes;
+        s.dp.all_reduce(self.replicas, bytes)
     }
 
     pub fn memory(&self, j: usize, layers: u32) -> f64 {
         let s = &self.stages[j];
         f64::from(layers) * s.state_per_layer
             + s.activation_per_layer * s.in_flight as f64 * f64::from(layers) / f64::from(self.v)
+            + s.end_bytes
+    }
+
+    /// The least slowest-stage time X that can hold `units` chunks of `v`
+    /// layers: Σ_j (X − end_j) / (v · slope_j) ≥ units.
+    fn balance(&self, units: f64, v: f64) -> f64 {
+        let (mut inverse, mut offset) = (0.0, 0.0);
+        for j in 0..self.stages.len() {
+            let per_unit = v * self.slope(j);
+            inverse += 1.0 / per_unit;
+            offset += self.stages[j].end_seconds / per_unit;
+        }
+        (units + offset) / inverse
     }
 
     /// The cost of the split `layers` (one count per stage), or by how much
@@ -395,7 +421,7 @@ impl GroupModel {
         let m = self.m as f64;
         Ok(GroupEval {
             pipeline,
-            compute: m * l * s.compute_per_layer,
+            compute: m * (l * s.compute_per_layer + s.end_seconds),
             tensor_parallel: m * l * s.tp_per_layer,
             exposed_dp,
             total: pipeline.total + exposed_dp,
@@ -404,13 +430,13 @@ impl GroupModel {
     }
 
     /// A lower bound on any split's total: the slowest stage is at least
-    /// the continuous balance L / Σ(1/a_j), every boundary's latency is paid
-    /// on the first forward and last backward.
+    /// the continuous balance (L + Σ e_j/a_j) / Σ(1/a_j) (a_j seconds per
+    /// layer, e_j an end stage's extra), every boundary's latency is paid on
+    /// the first forward and last backward.
     pub fn lower_bound(&self, total_layers: u32) -> f64 {
         let p = self.stages.len();
         let v = f64::from(self.v.max(1));
-        let speed: f64 = (0..p).map(|j| 1.0 / self.stage_seconds(j, 1)).sum();
-        let x = f64::from(total_layers) / speed;
+        let x = self.balance(f64::from(total_layers), 1.0);
         let latency: f64 = self.boundaries.iter().map(|b| b.latency_seconds).sum();
         (self.m as f64 + (p as f64 - 1.0) / v) * x + 2.0 * v * latency
     }
@@ -435,9 +461,9 @@ impl GroupModel {
 
     fn time_cap(&self, j: usize, x: f64, memory_cap: u32) -> u32 {
         let v = self.v.max(1);
-        let per_unit = self.stage_seconds(j, v);
+        let per_unit = f64::from(v) * self.slope(j);
         let estimate = if per_unit > 0.0 {
-            x / per_unit
+            (x - self.stages[j].end_seconds) / per_unit
         } else {
             f64::INFINITY
         };
@@ -468,10 +494,11 @@ impl GroupModel {
         let limit = units - (p as u32 - 1);
         let memory_cap: Vec<u32> = (0..p)
             .map(|j| {
-                let per_unit = self.memory(j, v);
+                let fixed = self.memory(j, 0);
+                let per_unit = self.memory(j, v) - fixed;
                 let room = self.stages[j].usable_hbm;
                 let estimate = if per_unit > 0.0 {
-                    room / per_unit
+                    (room - fixed) / per_unit
                 } else {
                     f64::INFINITY
                 };
@@ -510,18 +537,22 @@ impl GroupModel {
             .fold(0.0, f64::max);
         let latency: f64 = self.boundaries.iter().map(|b| b.latency_seconds).sum();
         let scale = self.m as f64 + (p as f64 - 1.0) / f64::from(v);
-        // Stages with the same time per unit yield the same candidates, and
-        // no X below the continuous balance can hold every layer.
-        let mut per_unit: Vec<(f64, usize, u32)> = (0..p)
-            .map(|j| (self.stage_seconds(j, 1), j, memory_cap[j]))
+        // Stages with the same time per unit and end-stage extra yield the
+        // same candidates, and no X below the continuous balance can hold
+        // every layer.
+        let mut per_unit: Vec<(f64, f64, usize, u32)> = (0..p)
+            .map(|j| (self.slope(j), self.stages[j].end_seconds, j, memory_cap[j]))
             .collect();
-        per_unit.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.2.cmp(&a.2)));
-        per_unit.dedup_by(|later, earlier| later.0 == earlier.0);
-        let speed: f64 = (0..p).map(|j| 1.0 / self.stage_seconds(j, v)).sum();
-        let x_floor = f64::from(units) / speed * (1.0 - 1e-9);
+        per_unit.sort_by(|a, b| {
+            a.0.total_cmp(&b.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(b.3.cmp(&a.3))
+        });
+        per_unit.dedup_by(|later, earlier| later.0 == earlier.0 && later.1 == earlier.1);
+        let x_floor = self.balance(f64::from(units), f64::from(v)) * (1.0 - 1e-9);
         let mut candidates: Vec<f64> = per_unit
             .iter()
-            .flat_map(|&(_, j, cap)| (1..=cap).map(move |u| (j, u)))
+            .flat_map(|&(_, _, j, cap)| (1..=cap).map(move |u| (j, u)))
             .map(|(j, u)| self.stage_seconds(j, u * v))
             .filter(|&x| x >= x_floor)
             .collect();
@@ -592,7 +623,18 @@ fn stage_model(
     let job = ctx.job;
     let params = ctx.params;
     let tp_link = Link::new(params.scale_up_latency_seconds, scale_up);
+    let ends = (index == 0, index + 1 == p);
+    let element = f64::from(job.training.precision.bytes());
+    let end_parameters =
+        cost::embedding_parameters(job) * f64::from(u8::from(ends.0) + u8::from(ends.1));
     StageModel {
+        end_seconds: if ends.1 {
+            cost::head_training_flops(job) / (f64::from(tp) * flops * params.mfu)
+        } else {
+            0.0
+        },
+        end_bytes: cost::end_stage_bytes(job, tp, replicas, extra_state, ends),
+        end_grad_bytes: end_parameters / f64::from(tp) * element,
         site,
         compute_per_layer: ctx.layer_flops / (f64::from(tp) * flops * params.mfu),
         tp_per_layer: cost::tp_seconds_per_layer(job, tp, tp_link),
@@ -601,10 +643,7 @@ fn stage_model(
         activation_per_layer: cost::activation_bytes_per_layer(job, tp),
         in_flight: in_flight_chunks(index, p, m, v),
         dp: dp_collective(ctx, site, &slices, tp, tp_link),
-        grad_bytes_per_layer: job.model.parameters as f64
-            / f64::from(job.model.layers)
-            / f64::from(tp)
-            * f64::from(job.training.precision.bytes()),
+        grad_bytes_per_layer: cost::layer_parameters(job) / f64::from(tp) * element,
         slices,
     }
 }

@@ -252,6 +252,7 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
         budget: Budget::new(sites::NODE_BUDGET, sites::NODES_PER_SEARCH),
         aim,
     };
+    out.budget.enumerated = effort != Effort::Solve;
     let max_gpus = ctx.job.objective.max_gpus.unwrap_or(u64::MAX);
     let available: u64 = ctx.sites.iter().map(|s| s.gpus()).sum();
     let layers = ctx.job.model.layers;
@@ -297,10 +298,18 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                     // state (sharded at best dp ways) and one chunk of
                     // activations; if even that overflows the largest HBM,
                     // no layout of these degrees fits.
+                    // One stage is both ends and holds the embedding and
+                    // the LM head too.
                     let layers_here = f64::from(layers.div_ceil(pp));
+                    let ends = if pp == 1 {
+                        cost::end_stage_bytes(ctx.job, tp, u64::from(dp), 0.0, (true, true))
+                    } else {
+                        0.0
+                    };
                     let least = layers_here
                         * (cost::state_bytes_per_layer(ctx.job, tp, u64::from(dp), 0.0)
-                            + cost::activation_bytes_per_layer(ctx.job, tp) / f64::from(max_v));
+                            + cost::activation_bytes_per_layer(ctx.job, tp) / f64::from(max_v))
+                        + ends;
                     if least > largest_hbm {
                         note(
                             &mut out,
@@ -733,7 +742,15 @@ fn diloco_subset(
     out: &mut Outcome,
 ) {
     let Shape { tp, pp, dp, v, m } = shape;
-    if !has_ring(ctx, subset) {
+    let ring = match out.budget.rings.get(subset) {
+        Some(&known) => known,
+        None => {
+            let found = has_ring(ctx, subset);
+            out.budget.rings.insert(subset.to_vec(), found);
+            found
+        }
+    };
+    if !ring {
         out.failures.no_link += 1;
         return;
     }

@@ -17,9 +17,10 @@
 //!
 //! Children are visited best bound first, so the first plans found are good
 //! and cut the most. A budget of nodes ([`Budget`]) keeps huge inputs
-//! bounded: once it is spent, each node follows only its best child (a
-//! greedy dive that still finds plans) and the bounds of the children left
-//! out are kept, so the plan can say how far from the optimum it may be.
+//! bounded: once it is spent, every root is still tried but each node below
+//! follows only its best child (a greedy dive), and the bounds of the
+//! children left out are kept, so the plan can say how far from the optimum
+//! it may be.
 
 use super::model::{Ctx, SiteModel};
 use super::search::{Outcome, Shape, cutoff, site_layer_seconds};
@@ -45,6 +46,11 @@ pub(crate) struct Budget {
     /// As a score of the pass's aim; `f64::INFINITY` while nothing was
     /// left out.
     pub open_bound: f64,
+    /// Whether the ring check answered each DiLoCo subset: it depends only
+    /// on the subset, and every set of degrees asks again.
+    pub rings: std::collections::HashMap<Vec<usize>, bool>,
+    /// Set when every site order and subset was enumerated instead.
+    pub enumerated: bool,
 }
 
 impl Budget {
@@ -55,6 +61,8 @@ impl Budget {
             here: 0,
             per_search,
             open_bound: f64::INFINITY,
+            rings: std::collections::HashMap::new(),
+            enumerated: false,
         }
     }
 
@@ -113,6 +121,17 @@ fn components(ctx: &Ctx<'_>) -> Vec<usize> {
     component
 }
 
+/// The most HBM a GPU of `site` that can take part in TP groups of `tp`
+/// leaves usable.
+fn largest_hbm(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
+    ctx.sites[site]
+        .pools
+        .iter()
+        .filter(|p| p.gpus_per_domain >= u64::from(tp))
+        .map(|p| p.hbm_bytes * (1.0 - ctx.params.hbm_headroom))
+        .fold(0.0, f64::max)
+}
+
 /// Whether two sites are alike in everything a plan on one of them reads.
 fn alike(a: &SiteModel, b: &SiteModel) -> bool {
     a.campus_bytes == b.campus_bytes
@@ -151,8 +170,18 @@ pub(crate) fn pipeline_sequences(
     let speed_of: Vec<f64> = (0..n)
         .map(|s| site_layer_seconds(ctx, s, shape.tp))
         .collect();
+    // A stage holds at least one chunk of v layers and one micro-batch of
+    // its activations; a site whose HBM cannot even hold that takes none.
+    let v = f64::from(shape.v.max(1));
+    let least = v * cost::state_bytes_per_layer(ctx.job, shape.tp, replicas, 0.0)
+        + cost::activation_bytes_per_layer(ctx.job, shape.tp);
     let cap: Vec<u32> = (0..n)
-        .map(|s| u32::try_from(ctx.sites[s].slots(shape.tp) / replicas).map_or(pp, |c| c.min(pp)))
+        .map(|s| {
+            if largest_hbm(ctx, s, shape.tp) < least {
+                return 0;
+            }
+            u32::try_from(ctx.sites[s].slots(shape.tp) / replicas).map_or(pp, |c| c.min(pp))
+        })
         .collect();
     let by_speed = ordered(n, &speed_of, |s| cap[s] > 0 && speed_of[s].is_finite());
     let component = components(ctx);
@@ -258,11 +287,14 @@ impl PipelineSearch<'_, '_> {
     ) {
         kids.sort_by(|x, y| x.0.total_cmp(&y.0).then(x.1.cmp(&y.1)));
         let gpus = self.shape.gpus();
+        // Every root is tried, budget or not: a root whose subtree fits no
+        // plan (memory, say) must not hide the others.
+        let roots = prefix.is_empty();
         for (i, &(bound, s, latency)) in kids.iter().enumerate() {
             if bound > cutoff(out, gpus) {
                 break;
             }
-            if i > 0 && !out.budget.spend() {
+            if i > 0 && !out.budget.spend() && !roots {
                 out.leave(bound, gpus);
                 break;
             }
@@ -323,8 +355,24 @@ pub(crate) fn diloco_subsets(
     let floor: Vec<f64> = (0..n)
         .map(|s| scale * per_stage * site_layer_seconds(ctx, s, shape.tp))
         .collect();
+    // A site's most loaded stage holds at least ⌈L/p⌉ layers of state,
+    // sharded at best over every replica the site can hold, and one
+    // micro-batch of activations; a site whose HBM cannot hold that hosts
+    // no replica.
+    let extra = ctx.params.diloco_state_bytes_per_parameter;
     let cap: Vec<u64> = (0..n)
-        .map(|s| ctx.sites[s].slots(shape.tp) / u64::from(shape.pp))
+        .map(|s| {
+            let room = ctx.sites[s].slots(shape.tp) / u64::from(shape.pp);
+            let least = per_stage
+                * (cost::state_bytes_per_layer(ctx.job, shape.tp, room.max(1), extra)
+                    + cost::activation_bytes_per_layer(ctx.job, shape.tp)
+                        / f64::from(shape.v.max(1)));
+            if largest_hbm(ctx, s, shape.tp) < least {
+                0
+            } else {
+                room
+            }
+        })
         .collect();
     // A site without links is in no subset's ring.
     let order = ordered(n, &floor, |s| {
@@ -384,7 +432,8 @@ impl DilocoSearch {
             if bound > cutoff(out, gpus) || room.saturating_add(self.room_from[i]) < dp {
                 break;
             }
-            if i > next && !out.budget.spend() {
+            // Every first site is tried, budget or not (as pipeline roots).
+            if i > next && !out.budget.spend() && !subset.is_empty() {
                 out.leave(bound, gpus);
                 break;
             }

@@ -196,9 +196,11 @@ pub fn validate_plan_with(
             };
             let chunks = cost::in_flight_chunks(j as u32, pp, d.micro_batches, v);
             let layers = f64::from(stage.layers);
-            let memory = layers
-                * cost::state_bytes_per_layer(job, tp, u64::from(group.replicas), extra)
-                + cost::activation_bytes_per_layer(job, tp) * chunks as f64 * layers / f64::from(v);
+            let replicas = u64::from(group.replicas);
+            let ends = (j == 0, j + 1 == group.stages.len());
+            let memory = layers * cost::state_bytes_per_layer(job, tp, replicas, extra)
+                + cost::activation_bytes_per_layer(job, tp) * chunks as f64 * layers / f64::from(v)
+                + cost::end_stage_bytes(job, tp, replicas, extra, ends);
             let usable = hbm * (1.0 - params.hbm_headroom);
             if memory > usable * (1.0 + 1e-9) {
                 errors.push(format!(
