@@ -45,7 +45,7 @@
 use longhaul_core::cost::CostParams;
 use longhaul_core::job::{Diloco, JobSpec, ModeConstraint};
 use longhaul_core::placement::{Plan, place_with, recost};
-use longhaul_core::sync::{Codec, SyncInput, configured_links, plan_sync};
+use longhaul_core::sync::{Codec, configured_links, plan_sync_dp};
 use longhaul_core::topology::Topology;
 use longhaul_core::units::{DataRate, Distance};
 use serde::Serialize;
@@ -412,25 +412,8 @@ impl Comparison {
         // exposed time.
         let local = (plan.outer_sync_seconds - placed_sync.exposed_seconds_per_outer_step).max(0.0);
         let exchange = |topology: &Topology| -> Result<(f64, f64), String> {
-            let mut input =
-                SyncInput::from_plan(plan, &self.job, &configured_links(topology), &self.params)
-                    .map_err(|e| e.to_string())?;
-            let bits = input.sync_dp_bits;
-            input.codecs = vec![Codec {
-                bits,
-                block_size: 0,
-                scale_bits: 0,
-                zstd_ratio: 1.0,
-            }];
-            input.policy = Diloco {
-                max_inner_steps: Some(1),
-                fragments: Some(1),
-                max_overlap_steps: Some(0),
-                bits: Some(bits),
-                error_feedback: Some(false),
-                ..Diloco::new(1)
-            };
-            let sync = plan_sync(&input).map_err(|e| e.to_string())?;
+            let sync = plan_sync_dp(plan, &self.job, &configured_links(topology), &self.params)
+                .map_err(|e| e.to_string())?;
             Ok((
                 sync.exposed_seconds_per_outer_step,
                 sync.bytes_per_outer_step,

@@ -77,6 +77,20 @@ fn dense_400b_on_two_continents_uses_diloco() {
     let plan = place(&topology, &job).expect("feasible");
     println!("{}", summary(&plan));
     check_common(&topology, &job, &plan);
+    // It says what synchronous data parallelism on the same sites costs:
+    // the whole bf16 gradient every step, much slower across an ocean.
+    let dp = plan
+        .reason("synchronous data parallelism")
+        .expect("a DiLoCo plan states what sync DP would cost");
+    assert!(dp.reason.contains("at 16 bits: step "), "{}", dp.reason);
+    let worse: f64 = dp
+        .reason
+        .split(" (+")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|p| p.parse().ok())
+        .expect("a positive percentage");
+    assert!(worse > 50.0, "{}", dp.reason);
     assert!(matches!(
         plan.mode,
         CrossSiteMode::Diloco { inner_steps: 100 }

@@ -6,7 +6,7 @@ use super::model::Ctx;
 use super::plan::{
     CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown, WanTraffic,
 };
-use super::search::{Choice, Outcome};
+use super::search::{Choice, Outcome, subset_links};
 use crate::job::Goal;
 use crate::topology::Topology;
 use crate::units::{human_bytes, human_seconds};
@@ -99,7 +99,7 @@ pub(crate) fn plan(
         .collect();
     let mut reasons = reasons(ctx, choice, outcome, &site_names, &groups, min_slack);
     reasons.insert(0, objective_reason(ctx, choice, runner_up));
-    Plan {
+    let mut plan = Plan {
         job: job.name.clone(),
         topology: topology.name.clone(),
         mode: choice.mode,
@@ -120,7 +120,41 @@ pub(crate) fn plan(
         min_memory_slack_bytes: min_slack,
         reasons,
         sync: choice.sync.as_deref().cloned(),
+    };
+    if let Some(why) = sync_dp_reason(ctx, choice, &plan) {
+        plan.reasons.push(why);
     }
+    plan
+}
+
+/// For a DiLoCo plan, what synchronous data parallelism on the same replica
+/// sites would cost ([`crate::sync::plan_sync_dp`]): the mode DiLoCo beat.
+fn sync_dp_reason(ctx: &Ctx<'_>, choice: &Choice, plan: &Plan) -> Option<Reason> {
+    let placed = choice.sync.as_ref()?;
+    let links = subset_links(ctx, &choice.site_order);
+    let reason = match crate::sync::plan_sync_dp(plan, ctx.job, &links, ctx.params) {
+        Ok(dp) => {
+            let inner = choice.total - choice.outer / f64::from(placed.inner_steps);
+            let local = choice.outer - placed.exposed_seconds_per_outer_step;
+            let step = inner + local + dp.exposed_seconds_per_outer_step;
+            format!(
+                "the same replicas with the whole gradient exchanged every step at {} bits: \
+                 step {} ({:+.1} % against this plan), {} over the WAN per step against {} \
+                 amortised here",
+                ctx.job.training.precision.bytes() * 8,
+                human_seconds(step),
+                100.0 * (step / choice.total - 1.0),
+                human_bytes(dp.bytes_per_outer_step),
+                human_bytes(placed.bytes_per_outer_step / f64::from(placed.inner_steps)),
+            )
+        }
+        Err(error) => format!("could not be costed on these sites: {error}"),
+    };
+    Some(self::reason(
+        "synchronous data parallelism",
+        "not chosen".to_string(),
+        reason,
+    ))
 }
 
 fn wan_traffic(ctx: &Ctx<'_>, choice: &Choice, inner_steps: u32) -> Vec<WanTraffic> {

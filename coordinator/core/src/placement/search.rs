@@ -620,7 +620,7 @@ pub(crate) fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks
 
 /// The WAN links among `subset` as the sync planner reads them: as
 /// configured, with the latest probe of each where the caller gave one.
-fn subset_links(ctx: &Ctx<'_>, subset: &[usize]) -> Vec<LinkRecord> {
+pub(crate) fn subset_links(ctx: &Ctx<'_>, subset: &[usize]) -> Vec<LinkRecord> {
     let mut links = Vec::new();
     for (i, &a) in subset.iter().enumerate() {
         for &b in &subset[i + 1..] {
