@@ -176,7 +176,7 @@ fn each_objective_on_the_hyperscale_example_gets_what_it_asks() {
     }
     let rejected = &fastest.reason("objective").expect("stated").reason;
     assert!(
-        rejected.contains("rejected the most GPU-efficient plan"),
+        rejected.contains("rejected the fewest-GPU plan within 5 % of this step"),
         "{rejected}"
     );
 }

@@ -211,13 +211,15 @@ fn objective_reason(ctx: &Ctx<'_>, choice: &Choice, runner_up: Option<&Choice>) 
     let chosen = describe(choice);
     let why = match (objective.goal, runner_up) {
         (_, None) => format!("{chosen}; no other plan to compare"),
-        (Goal::StepTime, Some(other)) if other.gpus() >= choice.gpus() => {
-            format!("{chosen}; no plan gets more tokens/s per GPU")
-        }
+        (Goal::StepTime, Some(other)) if other.gpus() >= choice.gpus() => format!(
+            "{chosen}; no plan within {} % of this step uses fewer GPUs",
+            100.0 * crate::job::DEFAULT_WITHIN
+        ),
         (Goal::StepTime, Some(other)) => format!(
-            "{chosen}; rejected the most GPU-efficient plan, {} ({:+.1} % step, {:.3}× the \
-             GPUs): set [objective] goal = \"throughput-per-gpu\" or \"fewest-gpus\" to prefer \
-             such plans",
+            "{chosen}; rejected the fewest-GPU plan within {} % of this step, {} ({:+.1} % \
+             step, {:.2}× the GPUs): set [objective] goal = \"fewest-gpus\" (or \
+             \"throughput-per-gpu\") to prefer such plans",
+            100.0 * crate::job::DEFAULT_WITHIN,
             describe(other),
             100.0 * (other.total / choice.total - 1.0),
             other.gpus() as f64 / choice.gpus() as f64
@@ -406,11 +408,13 @@ fn reasons(
                     outcome.budget.nodes
                 ),
                 Some(_) => format!(
-                    "the node budget ({} nodes, {} per set of degrees) ran out before the branch \
-                     and bound finished, so the rest was searched greedily; the gap is this \
-                     plan's objective against the best bound of any plan left unexplored",
+                    "the search's budget ({} site-search nodes, {} per set of degrees, {} groups \
+                     costed) ran out before the branch and bound finished, so the rest was \
+                     searched greedily; the gap is this plan's objective against the best bound \
+                     of any plan left unexplored",
                     outcome.budget.limit,
                     super::sites::NODES_PER_SEARCH,
+                    super::sites::EVALUATION_BUDGET,
                 ),
             },
         ),

@@ -228,13 +228,16 @@ fn run(
     let space = search::Space::new(&ctx)?;
     // The fastest plan first: the default objective's answer, and the
     // measure of the others (the runner-up they rejected, and the step
-    // `fewest-gpus` must stay within).
+    // `fewest-gpus` must stay within). The fastest plan's runner-up is the
+    // one with the fewest GPUs within the default slowdown.
     let fastest = search::search(&ctx, &space, effort, Aim::StepTime);
     let (outcome, runner_up) = match (job.objective.goal, &fastest.best) {
         (_, None) => (fastest, None),
-        (Goal::StepTime, Some(_)) => {
-            let efficient = search::search(&ctx, &space, effort, Aim::GpuSeconds);
-            (fastest, efficient.best)
+        (Goal::StepTime, Some(quickest)) => {
+            // The runner-up: the fewest GPUs within the default slowdown.
+            let threshold = quickest.total * (1.0 + crate::job::DEFAULT_WITHIN);
+            let fewest = search::search(&ctx, &space, effort, Aim::FewestGpus { threshold });
+            (fastest, fewest.best)
         }
         (Goal::ThroughputPerGpu, Some(quickest)) => {
             let quickest = quickest.clone();

@@ -253,6 +253,7 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
         aim,
     };
     out.budget.enumerated = effort != Effort::Solve;
+
     let max_gpus = ctx.job.objective.max_gpus.unwrap_or(u64::MAX);
     let available: u64 = ctx.sites.iter().map(|s| s.gpus()).sum();
     let layers = ctx.job.model.layers;
@@ -321,12 +322,17 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                         continue;
                     }
                 }
-                if effort.prunes() {
-                    let per_stage = f64::from(layers.div_ceil(pp)) * fastest_layer;
-                    let bound = (m as f64 + f64::from(pp - 1) / f64::from(max_v)) * per_stage;
-                    if bound > cutoff(&out, gpus) {
-                        continue;
-                    }
+                let per_stage = f64::from(layers.div_ceil(pp)) * fastest_layer;
+                let bound = (m as f64 + f64::from(pp - 1) / f64::from(max_v)) * per_stage;
+                if effort.prunes() && bound > cutoff(&out, gpus) {
+                    continue;
+                }
+                // Past the budget of groups costed, the degrees still
+                // unexplored are left out with their bound (once an
+                // incumbent exists, so that a plan is always found).
+                if effort == Effort::Solve && out.best.is_some() && out.budget.evaluations_spent() {
+                    out.leave(bound, gpus);
+                    continue;
                 }
                 for v in 1..=max_v {
                     // Interleaving needs whole chunks per stage, m divisible
@@ -369,6 +375,39 @@ pub(crate) fn site_layer_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
             let link = Link::new(ctx.params.scale_up_latency_seconds, p.scale_up_bytes);
             ctx.layer_flops / (f64::from(tp) * p.flops * ctx.params.mfu)
                 + cost::tp_seconds_per_layer(ctx.job, tp, link)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The least time the LM head adds to the last stage at `site` per
+/// micro-batch: its FLOPs at the site's fastest pool.
+pub(crate) fn site_head_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
+    let head = cost::head_training_flops(ctx.job);
+    ctx.sites[site]
+        .pools
+        .iter()
+        .filter(|p| p.gpus_per_domain >= u64::from(tp))
+        .map(|p| head / (f64::from(tp) * p.flops * ctx.params.mfu))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The least the LM head adds to a last stage at `site`, in that stage's
+/// own layers: head / per-layer time is H / (f · (L_f + c·tp·mfu)) for a
+/// stage of the slowest flops f and slowest TP rate c of its pools, never
+/// below that of the pool with the slowest TP rate, so the least over the
+/// pools bounds it.
+pub(crate) fn site_head_layers(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
+    let head = cost::head_training_flops(ctx.job);
+    ctx.sites[site]
+        .pools
+        .iter()
+        .filter(|p| p.gpus_per_domain >= u64::from(tp))
+        .map(|p| {
+            let compute = f64::from(tp) * p.flops * ctx.params.mfu;
+            let link = Link::new(ctx.params.scale_up_latency_seconds, p.scale_up_bytes);
+            let per_layer =
+                ctx.layer_flops / compute + cost::tp_seconds_per_layer(ctx.job, tp, link);
+            head / compute / per_layer
         })
         .fold(f64::INFINITY, f64::min)
 }
@@ -562,6 +601,7 @@ fn pipeline_sequence(
         }
         let sites: Vec<(usize, u32)> = seq.iter().copied().zip(count).collect();
         let limit = cutoff(out, gpus);
+        out.budget.evaluations += 1;
         match cost_group(ctx, effort, (tp, v, m, replicas), &sites, 0.0, limit) {
             Ok(group) => offer(out, kind, group.eval.total, gpus, || Choice {
                 tp,
@@ -715,6 +755,7 @@ impl DilocoMemo {
         self.groups
             .entry((s, k))
             .or_insert_with(|| {
+                out.budget.evaluations += 1;
                 match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
                     Ok(g) => Some(Rc::new(g)),
                     Err(f) => {

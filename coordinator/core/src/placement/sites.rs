@@ -23,7 +23,9 @@
 //! it may be.
 
 use super::model::{Ctx, SiteModel};
-use super::search::{Outcome, Shape, cutoff, site_layer_seconds};
+use super::search::{
+    Outcome, Shape, cutoff, site_head_layers, site_head_seconds, site_layer_seconds,
+};
 use crate::cost;
 
 /// Site-search nodes the solver expands in all before it only dives; sized
@@ -32,7 +34,12 @@ pub(crate) const NODE_BUDGET: u64 = 200_000;
 
 /// Nodes one search (one set of degrees, one mode) may expand before it
 /// only dives, so that no set of degrees spends the budget of the others.
-pub(crate) const NODES_PER_SEARCH: u64 = 2_000;
+pub(crate) const NODES_PER_SEARCH: u64 = 4_000;
+
+/// Groups (a site layout of one set of degrees, split and costed) the
+/// solver costs in all; past it, degrees not yet explored are left out
+/// with their bound.
+pub(crate) const EVALUATION_BUDGET: u64 = 1_000_000_000_000;
 
 /// Nodes expanded, the budget, and the least bound of any node the budget
 /// left unexplored.
@@ -51,6 +58,8 @@ pub(crate) struct Budget {
     pub rings: std::collections::HashMap<Vec<usize>, bool>,
     /// Set when every site order and subset was enumerated instead.
     pub enumerated: bool,
+    /// Groups costed so far.
+    pub evaluations: u64,
 }
 
 impl Budget {
@@ -63,7 +72,13 @@ impl Budget {
             open_bound: f64::INFINITY,
             rings: std::collections::HashMap::new(),
             enumerated: false,
+            evaluations: 0,
         }
+    }
+
+    /// Whether the solver has costed all the groups it may.
+    pub fn evaluations_spent(&self) -> bool {
+        self.evaluations > EVALUATION_BUDGET
     }
 
     /// Starts the count of one search.
@@ -75,7 +90,7 @@ impl Budget {
     fn spend(&mut self) -> bool {
         self.nodes += 1;
         self.here += 1;
-        self.nodes <= self.limit && self.here <= self.per_search
+        self.nodes <= self.limit && self.here <= self.per_search && !self.evaluations_spent()
     }
 
     /// Keeps the score bound of a node left out.
@@ -185,6 +200,12 @@ pub(crate) fn pipeline_sequences(
         .collect();
     let by_speed = ordered(n, &speed_of, |s| cap[s] > 0 && speed_of[s].is_finite());
     let component = components(ctx);
+    // The LM head sits on some stage, at the least as many layers' worth
+    // of time as at any usable site.
+    let head_layers = by_speed
+        .iter()
+        .map(|&s| site_head_layers(ctx, s, shape.tp))
+        .fold(f64::INFINITY, f64::min);
     let search = PipelineSearch {
         ctx,
         shape,
@@ -192,6 +213,11 @@ pub(crate) fn pipeline_sequences(
         cap,
         by_speed,
         component,
+        head_layers: if head_layers.is_finite() {
+            head_layers
+        } else {
+            0.0
+        },
         streams: u64::from(shape.tp) * u64::from(ctx.params.wan_streams_per_gpu),
         scale: shape.m as f64 + f64::from(pp - 1) / f64::from(shape.v.max(1)),
     };
@@ -235,6 +261,9 @@ struct PipelineSearch<'c, 'a> {
     /// The connected component of each site: a pipeline never leaves its
     /// first site's.
     component: Vec<usize>,
+    /// The LM head's time on the last stage, in that stage's layers: the
+    /// least over the usable sites.
+    head_layers: f64,
     streams: u64,
     scale: f64,
 }
@@ -265,7 +294,9 @@ impl PipelineSearch<'_, '_> {
         if left > 0 {
             return f64::INFINITY;
         }
-        let layers = f64::from(self.ctx.job.model.layers);
+        // Σ_j (X − e_j) / a_j ≥ L for stage times X, per-layer times a_j
+        // and the head's e on the last stage.
+        let layers = f64::from(self.ctx.job.model.layers) + self.head_layers;
         self.scale * layers / speed + 2.0 * f64::from(self.shape.v.max(1)) * latency
     }
 
@@ -352,8 +383,15 @@ pub(crate) fn diloco_subsets(
     let layers = ctx.job.model.layers;
     let scale = shape.m as f64 + f64::from(shape.pp - 1) / f64::from(shape.v.max(1));
     let per_stage = f64::from(layers.div_ceil(shape.pp));
+    // The slowest stage at a site holds ⌈L/p⌉ layers or more, and the p
+    // stages together hold every layer and the LM head.
+    let pp = f64::from(shape.pp);
     let floor: Vec<f64> = (0..n)
-        .map(|s| scale * per_stage * site_layer_seconds(ctx, s, shape.tp))
+        .map(|s| {
+            let a = site_layer_seconds(ctx, s, shape.tp);
+            let spread = (f64::from(layers) * a + site_head_seconds(ctx, s, shape.tp)) / pp;
+            scale * (per_stage * a).max(spread)
+        })
         .collect();
     // A site's most loaded stage holds at least ⌈L/p⌉ layers of state,
     // sharded at best over every replica the site can hold, and one
