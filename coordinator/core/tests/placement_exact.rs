@@ -253,6 +253,10 @@ fn objective() -> impl Strategy<Value = Objective> {
         })
 }
 
+fn vocabulary() -> impl Strategy<Value = Option<u32>> {
+    prop::option::of(prop::sample::select(vec![32_000u32, 128_000, 256_000]))
+}
+
 /// A plan's score under `objective`, lower is better, with its tie-break.
 fn score(objective: &Objective, plan: &Plan) -> (f64, f64) {
     let (total, gpus) = (plan.step.total, plan.gpus() as f64);
@@ -275,7 +279,7 @@ proptest! {
         match (&solved, &brute) {
             (Ok(s), Ok(b)) => {
                 let (x, y) = (score(&objective, s), score(&objective, b));
-                prop_assert!(close(x.0, y.0), "{objective:?}: solver {x:?} vs brute force {y:?}");
+                prop_assert!(close(x.0, y.0) && close(x.1, y.1), "{objective:?}: solver {x:?} vs brute force {y:?}");
                 if let Some(max) = objective.max_gpus {
                     prop_assert!(s.gpus() <= max, "{} GPUs over the budget {max}", s.gpus());
                 }
@@ -340,13 +344,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 150, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn solver_matches_brute_force_across_sites((topology, job) in multi_site_instance()) {
+    fn solver_matches_brute_force_across_sites((topology, mut job) in multi_site_instance(), vocabulary in vocabulary(), objective in objective()) {
+        job.model.vocabulary_size = vocabulary;
+        job.objective = objective;
         let params = CostParams::default();
         let solved = place_with(&topology, &job, &params);
         let brute = brute_force_place(&topology, &job, &params);
         match (&solved, &brute) {
             (Ok(s), Ok(b)) => {
-                prop_assert!(close(s.step.total, b.step.total), "solver {} vs brute force {}", s.step.total, b.step.total);
+                let (x, y) = (score(&objective, s), score(&objective, b));
+                prop_assert!(close(x.0, y.0) && close(x.1, y.1), "{objective:?}, vocabulary {vocabulary:?}: solver {x:?} vs brute force {y:?}");
                 prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
             }
             (Err(_), Err(_)) => {}
@@ -586,18 +593,21 @@ fn many_site_instance() -> impl Strategy<Value = Instance> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, max_shrink_iters: 100, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 100, ..ProptestConfig::default() })]
 
     /// The branch and bound over sites cuts nothing optimal: it finds the
     /// same step as the solver with every site order and subset enumerated.
     #[test]
-    fn site_branch_and_bound_matches_every_site_order((topology, job) in many_site_instance()) {
+    fn site_branch_and_bound_matches_every_site_order((topology, mut job) in many_site_instance(), vocabulary in vocabulary(), objective in objective()) {
+        job.model.vocabulary_size = vocabulary;
+        job.objective = objective;
         let params = CostParams::default();
         let solved = place_with(&topology, &job, &params);
         let every = every_site_order_place(&topology, &job, &params);
         match (&solved, &every) {
             (Ok(s), Ok(e)) => {
-                prop_assert!(close(s.step.total, e.step.total), "branch and bound {} vs every order {}", s.step.total, e.step.total);
+                let (x, y) = (score(&objective, s), score(&objective, e));
+                prop_assert!(close(x.0, y.0) && close(x.1, y.1), "{objective:?}, vocabulary {vocabulary:?}: branch and bound {x:?} vs every order {y:?}");
                 prop_assert_eq!(s.reason("site search").map(|r| r.choice.as_str()), Some("exact"));
                 prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
             }

@@ -237,7 +237,8 @@ fn run(
             // The runner-up: the fewest GPUs within the default slowdown.
             let threshold = quickest.total * (1.0 + crate::job::DEFAULT_WITHIN);
             let fewest = search::search(&ctx, &space, effort, Aim::FewestGpus { threshold });
-            (fastest, fewest.best)
+            let within = fewest.best.filter(|b| b.total <= threshold);
+            (fastest, within)
         }
         (Goal::ThroughputPerGpu, Some(quickest)) => {
             let quickest = quickest.clone();

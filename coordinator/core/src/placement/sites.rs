@@ -39,7 +39,7 @@ pub(crate) const NODES_PER_SEARCH: u64 = 4_000;
 /// Groups (a site layout of one set of degrees, split and costed) the
 /// solver costs in all; past it, degrees not yet explored are left out
 /// with their bound.
-pub(crate) const EVALUATION_BUDGET: u64 = 1_000_000_000_000;
+pub(crate) const EVALUATION_BUDGET: u64 = 1_000_000;
 
 /// Nodes expanded, the budget, and the least bound of any node the budget
 /// left unexplored.
