@@ -770,3 +770,36 @@ fn a_spent_budget_still_tries_every_first_site() {
         alone.step.total
     );
 }
+
+/// More allowed sites than placement searches: a clear refusal naming the
+/// limit and the field to narrow, at once.
+#[test]
+fn more_sites_than_placement_searches_are_refused_with_the_limit() {
+    use longhaul_core::placement::MAX_PLACEMENT_SITES;
+    let n = MAX_PLACEMENT_SITES + 1;
+    let shapes: Vec<SiteShape> = (0..n)
+        .map(|_| SiteShape {
+            groups: vec![(1, 4, "h100")],
+            oversubscription: 1.0,
+            split_buildings: false,
+        })
+        .collect();
+    let links: Vec<_> = (1..n).map(|a| (a - 1, a, 100.0, 100, 0.0)).collect();
+    let topology = topology(&shapes, &links, 80);
+    let job = job(3.0, 8, 8, 128, 16, 1, Constraints::default(), None);
+    let error = place(&topology, &job).expect_err("too many sites");
+    assert_eq!(
+        error,
+        PlacementError::TooManySites {
+            sites: n,
+            limit: MAX_PLACEMENT_SITES
+        }
+    );
+    assert!(
+        error.to_string().contains("constraints.allowed_sites"),
+        "{error}"
+    );
+    let mut narrowed = job.clone();
+    narrowed.constraints.allowed_sites = (0..8).map(|s| format!("s{s}")).collect();
+    assert!(place(&topology, &narrowed).is_ok());
+}

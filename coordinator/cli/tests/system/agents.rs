@@ -284,7 +284,6 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         .unwrap();
     let used = plan_sites(&placed);
     assert!(used.len() >= 2, "the bundled job spans sites: {used:?}");
-    let victim_site = used[used.len() - 1].clone();
     for agent in agents.iter().filter(|a| used.iter().any(|u| u == a.site)) {
         let status = eventually(
             Duration::from_secs(60),
@@ -371,8 +370,34 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
         );
     }
 
-    // SIGKILL the agent of a site the job uses.
+    // SIGKILL the agent of a site the job uses now: a site transition since
+    // it was submitted may have re-placed it on the links as probed.
+    let current = {
+        let mut c = client(any(&replicas)).await;
+        c.get_job(pb::GetJobRequest {
+            job_id: placed.id.clone(),
+            allow_stale: false,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .job
+        .unwrap()
+    };
+    let now_used = plan_sites(&current);
+    let victim_site = now_used[now_used.len() - 1].clone();
     let victim = agents.iter().position(|a| a.site == victim_site).unwrap();
+    eventually(
+        Duration::from_secs(60),
+        "the victim's agent to hold the job's current assignment",
+        || async {
+            let status = agents[victim].status().await?;
+            (status.last_revision >= current.revision
+                && status.assignments.iter().any(|a| a.job_id == placed.id))
+            .then_some(())
+        },
+    )
+    .await;
     let revision_before_death = {
         let status = agents[victim].status().await.unwrap();
         status.last_revision
@@ -415,7 +440,7 @@ async fn agents_keep_their_leases_through_a_leader_kill_and_a_dead_agent_is_dete
                 .ok()?
                 .into_inner()
                 .job?;
-            (job.revision > placed.revision).then_some(job)
+            (job.revision > current.revision).then_some(job)
         },
     )
     .await;

@@ -129,7 +129,17 @@ pub enum PlacementError {
     NoFeasiblePlan(String),
     #[error("too large for brute force: {0}")]
     TooLarge(String),
+    #[error(
+        "{sites} allowed sites with a usable scale-up domain; placement searches at most \
+         {limit}: narrow constraints.allowed_sites"
+    )]
+    TooManySites { sites: usize, limit: usize },
 }
+
+/// Allowed sites (with a usable scale-up domain) placement searches at
+/// most: beyond, the site search's per-node work (linear in the sites, for
+/// every set of degrees) no longer finishes in minutes.
+pub const MAX_PLACEMENT_SITES: usize = 256;
 
 /// Places `job` on `topology` with the default cost assumptions.
 pub fn place(topology: &Topology, job: &JobSpec) -> Result<Plan, PlacementError> {
@@ -225,6 +235,12 @@ fn run(
         return Err(PlacementError::InvalidJob(problems.join("; ")));
     }
     let ctx = model::Ctx::new(topology, job, params).with_measurements(links);
+    if ctx.sites.len() > MAX_PLACEMENT_SITES {
+        return Err(PlacementError::TooManySites {
+            sites: ctx.sites.len(),
+            limit: MAX_PLACEMENT_SITES,
+        });
+    }
     let space = search::Space::new(&ctx)?;
     // The fastest plan first: the default objective's answer, and the
     // measure of the others (the runner-up they rejected, and the step
