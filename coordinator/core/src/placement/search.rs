@@ -367,28 +367,13 @@ fn fastest_layer_seconds(ctx: &Ctx<'_>, tp: u32) -> f64 {
 /// a stage runs at its slowest pool's flops and scale-up rate, so it is
 /// never faster than the site's best pool.
 pub(crate) fn site_layer_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
-    ctx.sites[site]
-        .pools
-        .iter()
-        .filter(|p| p.gpus_per_domain >= u64::from(tp))
-        .map(|p| {
-            let link = Link::new(ctx.params.scale_up_latency_seconds, p.scale_up_bytes);
-            ctx.layer_flops / (f64::from(tp) * p.flops * ctx.params.mfu)
-                + cost::tp_seconds_per_layer(ctx.job, tp, link)
-        })
-        .fold(f64::INFINITY, f64::min)
+    least_over_pools(ctx, site, tp, |pool| pool.layer_seconds)
 }
 
 /// The least time the LM head adds to the last stage at `site` per
 /// micro-batch: its FLOPs at the site's fastest pool.
 pub(crate) fn site_head_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
-    let head = cost::head_training_flops(ctx.job);
-    ctx.sites[site]
-        .pools
-        .iter()
-        .filter(|p| p.gpus_per_domain >= u64::from(tp))
-        .map(|p| head / (f64::from(tp) * p.flops * ctx.params.mfu))
-        .fold(f64::INFINITY, f64::min)
+    least_over_pools(ctx, site, tp, |pool| pool.head_seconds)
 }
 
 /// The least the LM head adds to a last stage at `site`, in that stage's
@@ -397,6 +382,25 @@ pub(crate) fn site_head_seconds(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
 /// below that of the pool with the slowest TP rate, so the least over the
 /// pools bounds it.
 pub(crate) fn site_head_layers(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
+    least_over_pools(ctx, site, tp, |pool| pool.head_seconds / pool.layer_seconds)
+}
+
+/// A stage's times on one pool at TP degree `tp`, per micro-batch.
+struct PoolTimes {
+    /// One layer: compute and TP communication.
+    layer_seconds: f64,
+    /// The LM head's compute.
+    head_seconds: f64,
+}
+
+/// The least of `figure` over the pools of `site` whose domains hold a TP
+/// group of `tp` (infinite when none does).
+fn least_over_pools(
+    ctx: &Ctx<'_>,
+    site: usize,
+    tp: u32,
+    figure: impl Fn(&PoolTimes) -> f64,
+) -> f64 {
     let head = cost::head_training_flops(ctx.job);
     ctx.sites[site]
         .pools
@@ -405,9 +409,11 @@ pub(crate) fn site_head_layers(ctx: &Ctx<'_>, site: usize, tp: u32) -> f64 {
         .map(|p| {
             let compute = f64::from(tp) * p.flops * ctx.params.mfu;
             let link = Link::new(ctx.params.scale_up_latency_seconds, p.scale_up_bytes);
-            let per_layer =
-                ctx.layer_flops / compute + cost::tp_seconds_per_layer(ctx.job, tp, link);
-            head / compute / per_layer
+            figure(&PoolTimes {
+                layer_seconds: ctx.layer_flops / compute
+                    + cost::tp_seconds_per_layer(ctx.job, tp, link),
+                head_seconds: head / compute,
+            })
         })
         .fold(f64::INFINITY, f64::min)
 }
