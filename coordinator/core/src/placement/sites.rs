@@ -7,13 +7,19 @@
 //! is cut with everything it leads to and nothing optimal is lost:
 //!
 //! - pipeline prefix P: the pipeline scale (m + (p−1)/v) times the layers
-//!   over the fastest speed the stages could have (one stage on each site of
-//!   P, the other p − |P| on the fastest slots of any site), plus twice the
-//!   activation latency of P's WAN hops (paid on the first forward and the
-//!   last backward, see [`super::model::GroupModel::lower_bound`]);
-//! - DiLoCo subset S: the compute floor of its slowest site, which paces
-//!   every inner step; adding a site never lowers it, and the outer sync
-//!   only adds.
+//!   (plus the LM head, in layers of the stage that runs it) over the
+//!   fastest speed the stages could have (one stage on each site of P, the
+//!   other p − |P| on the fastest slots of any site in P's connected
+//!   component), plus twice the activation latency of P's WAN hops (paid on
+//!   the first forward and the last backward, see
+//!   [`super::model::GroupModel::lower_bound`]);
+//! - DiLoCo subset S: the compute floor of its slowest site (its most
+//!   loaded stage, or every layer and the head over its p stages), which
+//!   paces every inner step; adding a site never lowers it, and the outer
+//!   sync only adds.
+//!
+//! A site whose HBM cannot hold the least any stage of these degrees needs
+//! takes no stage.
 //!
 //! Children are visited best bound first, so the first plans found are good
 //! and cut the most. A budget of nodes ([`Budget`]) keeps huge inputs
