@@ -429,7 +429,9 @@ pub(crate) fn cutoff(out: &Outcome, gpus: u64) -> f64 {
     };
     match out.aim {
         Aim::StepTime => best.total,
-        Aim::GpuSeconds => best.total * best.gpus() as f64 / gpus.max(1) as f64,
+        // With a relative slack of a few ulps: the quotient may round below
+        // the step of a plan that ties the incumbent's score on fewer GPUs.
+        Aim::GpuSeconds => best.total * best.gpus() as f64 / gpus.max(1) as f64 * (1.0 + 1e-12),
         Aim::FewestGpus { threshold } if best.total > threshold || gpus < best.gpus() => threshold,
         Aim::FewestGpus { .. } if gpus == best.gpus() => best.total,
         Aim::FewestGpus { .. } => -1.0,
