@@ -20,6 +20,10 @@ pub const MODE_PIPELINE: &str = "pipeline";
 /// The `mode` of a DiLoCo assignment: per-site replicas that average their
 /// pseudo-gradients every `inner_steps` steps.
 pub const MODE_DILOCO: &str = "diloco";
+/// The `mode` of a cross-site data-parallel assignment: per-site replicas
+/// that all-reduce the whole gradient across sites every step (the
+/// training framework's own collective; no outer rounds).
+pub const MODE_DATA_PARALLEL: &str = "data-parallel";
 
 /// What one site must run for one job, as the coordinator assigned it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,11 +88,14 @@ pub enum AssignmentError {
         product: u128,
         world_size: u64,
     },
-    #[error("assignment field `mode` is {mode:?}; expected \"pipeline\" or \"diloco\"")]
+    #[error(
+        "assignment field `mode` is {mode:?}; expected \"pipeline\", \"diloco\" or \
+         \"data-parallel\""
+    )]
     UnknownMode { mode: String },
     #[error(
         "assignment field `inner_steps` is {inner_steps} in {mode} mode; \
-         it must be 0 in pipeline mode and at least 1 in diloco mode"
+         it must be 0 in pipeline and data-parallel modes and at least 1 in diloco mode"
     )]
     InnerSteps { mode: String, inner_steps: u32 },
     #[error(
@@ -177,6 +184,7 @@ impl SiteAssignment {
         let (mode, inner_steps) = match plan.mode {
             CrossSiteMode::Pipeline => (MODE_PIPELINE, 0),
             CrossSiteMode::Diloco { inner_steps } => (MODE_DILOCO, inner_steps),
+            CrossSiteMode::DataParallel => (MODE_DATA_PARALLEL, 0),
         };
         let ranks: Vec<RankBinding> = plan
             .bindings()
@@ -244,7 +252,7 @@ impl SiteAssignment {
             });
         }
         let inner_steps_ok = match self.mode.as_str() {
-            MODE_PIPELINE => self.inner_steps == 0,
+            MODE_PIPELINE | MODE_DATA_PARALLEL => self.inner_steps == 0,
             MODE_DILOCO => self.inner_steps > 0,
             _ => {
                 return Err(AssignmentError::UnknownMode {
@@ -402,6 +410,9 @@ mod tests {
     #[test]
     fn a_consistent_assignment_is_valid() {
         assert_eq!(assignment().validate(), Ok(()));
+        let mut data_parallel = assignment();
+        data_parallel.mode = MODE_DATA_PARALLEL.into();
+        assert_eq!(data_parallel.validate(), Ok(()));
     }
 
     #[test]
@@ -427,17 +438,26 @@ mod tests {
         );
         check(
             |a| a.mode = "async".into(),
-            "assignment field `mode` is \"async\"; expected \"pipeline\" or \"diloco\"",
+            "assignment field `mode` is \"async\"; expected \"pipeline\", \"diloco\" or \
+             \"data-parallel\"",
         );
         check(
             |a| a.inner_steps = 10,
             "assignment field `inner_steps` is 10 in pipeline mode; it must be 0 in pipeline \
-             mode and at least 1 in diloco mode",
+             and data-parallel modes and at least 1 in diloco mode",
         );
         check(
             |a| a.mode = "diloco".into(),
-            "assignment field `inner_steps` is 0 in diloco mode; it must be 0 in pipeline mode \
-             and at least 1 in diloco mode",
+            "assignment field `inner_steps` is 0 in diloco mode; it must be 0 in pipeline and \
+             data-parallel modes and at least 1 in diloco mode",
+        );
+        check(
+            |a| {
+                a.mode = "data-parallel".into();
+                a.inner_steps = 1;
+            },
+            "assignment field `inner_steps` is 1 in data-parallel mode; it must be 0 in \
+             pipeline and data-parallel modes and at least 1 in diloco mode",
         );
         check(
             |a| a.ranks[3].rank = 8,

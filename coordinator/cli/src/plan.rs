@@ -83,6 +83,9 @@ fn mode(plan: &Plan) -> String {
         CrossSiteMode::Diloco { inner_steps } => {
             format!("DiLoCo replicas per site, outer sync every {inner_steps} steps")
         }
+        CrossSiteMode::DataParallel => {
+            "replicas per site, the gradient all-reduced across sites every step".to_string()
+        }
     }
 }
 

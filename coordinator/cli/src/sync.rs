@@ -76,15 +76,19 @@ fn what_if(args: &SyncPlanArgs) -> Result<WhatIf, Failure> {
             preferred: None,
         });
     }
-    if job.constraints.cross_site_mode == Some(ModeConstraint::Pipeline) {
+    if let Some(mode @ (ModeConstraint::Pipeline | ModeConstraint::DataParallel)) =
+        job.constraints.cross_site_mode
+    {
         return Err(anyhow::anyhow!(
-            "job {:?} sets constraints.cross_site_mode = \"pipeline\": it has no outer sync to plan",
-            job.name
+            "job {:?} sets constraints.cross_site_mode = \"{}\": it has no outer sync to plan",
+            job.name,
+            mode.as_str()
         )
         .into());
     }
     let mode = match best.mode {
         CrossSiteMode::Pipeline if best.site_order.len() > 1 => "a cross-site pipeline",
+        CrossSiteMode::DataParallel => "cross-site data parallelism",
         _ => "one site",
     };
     let mut as_diloco = job.clone();

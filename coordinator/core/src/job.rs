@@ -239,8 +239,11 @@ pub struct Constraints {
 pub enum ModeConstraint {
     /// DiLoCo replicas at two or more sites, nothing else.
     Diloco,
-    /// Never DiLoCo: one site, or pipeline stages across sites.
+    /// Never replicas per site: one site, or pipeline stages across sites.
     Pipeline,
+    /// Synchronous data parallelism across two or more sites: replicas per
+    /// site, the whole gradient all-reduced across the WAN every step.
+    DataParallel,
 }
 
 impl ModeConstraint {
@@ -249,6 +252,7 @@ impl ModeConstraint {
         match self {
             Self::Diloco => "diloco",
             Self::Pipeline => "pipeline",
+            Self::DataParallel => "data-parallel",
         }
     }
 
@@ -257,6 +261,7 @@ impl ModeConstraint {
         match name {
             "diloco" => Some(Self::Diloco),
             "pipeline" => Some(Self::Pipeline),
+            "data-parallel" => Some(Self::DataParallel),
             _ => None,
         }
     }
@@ -757,10 +762,16 @@ impl Validate for JobSpec {
                 ));
             }
         }
-        if c.cross_site_mode == Some(ModeConstraint::Diloco) && c.allowed_sites.len() == 1 {
+        if let Some(mode @ (ModeConstraint::Diloco | ModeConstraint::DataParallel)) =
+            c.cross_site_mode
+            && c.allowed_sites.len() == 1
+        {
             out.push(Violation::new(
                 constraints.key("cross_site_mode"),
-                "\"diloco\" needs replicas at two or more sites, but allowed_sites names one",
+                format!(
+                    "\"{}\" needs replicas at two or more sites, but allowed_sites names one",
+                    mode.as_str()
+                ),
             ));
         }
         if let Some(pp) = c.pipeline_parallel

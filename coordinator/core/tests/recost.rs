@@ -43,6 +43,7 @@ fn plans() -> Vec<(String, Topology, JobSpec, Plan)> {
                 None,
                 Some(ModeConstraint::Diloco),
                 Some(ModeConstraint::Pipeline),
+                Some(ModeConstraint::DataParallel),
             ] {
                 let mut job = JobSpec::from_toml(jname, jtext).expect("example job parses");
                 job.constraints.cross_site_mode = mode;
@@ -67,9 +68,13 @@ fn a_plan_recosted_on_its_own_topology_is_the_plan() {
         .iter()
         .filter(|(_, _, _, p)| matches!(p.mode, CrossSiteMode::Diloco { .. }))
         .count();
+    let data_parallel = plans
+        .iter()
+        .filter(|(_, _, _, p)| p.mode == CrossSiteMode::DataParallel)
+        .count();
     assert!(
-        diloco >= 2 && plans.len() - diloco >= 2,
-        "both modes are covered"
+        diloco >= 2 && data_parallel >= 2 && plans.len() - diloco - data_parallel >= 2,
+        "every mode is covered"
     );
     for (what, topology, job, plan) in &plans {
         let again = recost(topology, job, &CostParams::default(), plan).unwrap();

@@ -146,6 +146,7 @@ pub fn assignment_for(job: &JobRecord, site: &str, revision: u64) -> pb::Assignm
         mode: match plan.mode {
             CrossSiteMode::Pipeline => "pipeline".to_string(),
             CrossSiteMode::Diloco { .. } => "diloco".to_string(),
+            CrossSiteMode::DataParallel => "data-parallel".to_string(),
         },
     }
 }

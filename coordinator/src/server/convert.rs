@@ -118,6 +118,7 @@ pub fn plan_to_wire(plan: &longhaul_core::placement::Plan) -> Result<pb::Plan, S
     let (mode, inner_steps) = match plan.mode {
         CrossSiteMode::Pipeline => ("synchronous", 0),
         CrossSiteMode::Diloco { inner_steps } => ("diloco", inner_steps),
+        CrossSiteMode::DataParallel => ("data-parallel", 0),
     };
     let step = &plan.step;
     Ok(pb::Plan {

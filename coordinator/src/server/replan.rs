@@ -91,7 +91,8 @@ pub fn place_live(
         .map_err(|error| error.to_string())
 }
 
-/// Whether a DiLoCo plan leaves out a site that is up and that the job
+/// Whether a plan with replicas per site (DiLoCo, cross-site data
+/// parallelism) leaves out a site that is up and that the job
 /// allows: a site that came back after the job was re-placed without it.
 /// Placing the job again tells whether it is worth using (placement is
 /// deterministic, so a site left out by choice is left out again).
@@ -101,12 +102,11 @@ fn leaves_out_a_site_that_is_up(
     topology: &longhaul_core::Topology,
 ) -> bool {
     let allowed = &job.spec.constraints.allowed_sites;
-    matches!(
-        plan.mode,
-        longhaul_core::placement::CrossSiteMode::Diloco { .. }
-    ) && topology.sites.iter().any(|site| {
-        (allowed.is_empty() || allowed.contains(&site.id)) && !plan.site_order.contains(&site.id)
-    })
+    plan.mode.replicas_per_site()
+        && topology.sites.iter().any(|site| {
+            (allowed.is_empty() || allowed.contains(&site.id))
+                && !plan.site_order.contains(&site.id)
+        })
 }
 
 fn replan(

@@ -6,8 +6,10 @@ use super::model::Ctx;
 use super::plan::{
     CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown, WanTraffic,
 };
-use super::search::{Choice, Outcome, subset_links};
-use crate::job::Goal;
+use super::recost::{DATA_PARALLEL_TRAFFIC, DILOCO_TRAFFIC};
+use super::replicas::{DATA_PARALLEL, subset_links};
+use super::search::{Choice, Outcome};
+use crate::job::{Goal, ModeConstraint};
 use crate::topology::Topology;
 use crate::units::{human_bytes, human_seconds};
 
@@ -73,7 +75,7 @@ pub(crate) fn plan(
         .map(|g| &g.eval);
     let inner_steps = match choice.mode {
         CrossSiteMode::Diloco { inner_steps } => inner_steps,
-        CrossSiteMode::Pipeline => 1,
+        CrossSiteMode::Pipeline | CrossSiteMode::DataParallel => 1,
     };
     let amortised = if choice.outer > 0.0 {
         choice.outer / f64::from(inner_steps)
@@ -119,7 +121,11 @@ pub(crate) fn plan(
         wan,
         min_memory_slack_bytes: min_slack,
         reasons,
-        sync: choice.sync.as_deref().cloned(),
+        // Only DiLoCo has outer rounds to schedule.
+        sync: match choice.mode {
+            CrossSiteMode::Diloco { .. } => choice.sync.as_deref().cloned(),
+            CrossSiteMode::Pipeline | CrossSiteMode::DataParallel => None,
+        },
     };
     if let Some(why) = sync_dp_reason(ctx, choice, &plan) {
         plan.reasons.push(why);
@@ -130,13 +136,17 @@ pub(crate) fn plan(
 /// For a DiLoCo plan, what synchronous data parallelism on the same replica
 /// sites would cost ([`crate::sync::plan_sync_dp`]): the mode DiLoCo beat.
 fn sync_dp_reason(ctx: &Ctx<'_>, choice: &Choice, plan: &Plan) -> Option<Reason> {
+    let CrossSiteMode::Diloco { inner_steps } = choice.mode else {
+        return None;
+    };
     let placed = choice.sync.as_ref()?;
     let links = subset_links(ctx, &choice.site_order);
     let reason = match crate::sync::plan_sync_dp(plan, ctx.job, &links, ctx.params) {
         Ok(dp) => {
-            let inner = choice.total - choice.outer / f64::from(placed.inner_steps);
-            let local = choice.outer - placed.exposed_seconds_per_outer_step;
-            let step = inner + local + dp.exposed_seconds_per_outer_step;
+            // As the search costs cross-site data parallelism: the inner
+            // step, and the WAN exchange of every step.
+            let inner = choice.total - choice.outer / f64::from(inner_steps);
+            let step = inner + dp.exposed_seconds_per_outer_step;
             format!(
                 "the same replicas with the whole gradient exchanged every step at {} bits: \
                  step {} ({:+.1} % against this plan), {} over the WAN per step against {} \
@@ -145,7 +155,7 @@ fn sync_dp_reason(ctx: &Ctx<'_>, choice: &Choice, plan: &Plan) -> Option<Reason>
                 human_seconds(step),
                 100.0 * (step / choice.total - 1.0),
                 human_bytes(dp.bytes_per_outer_step),
-                human_bytes(placed.bytes_per_outer_step / f64::from(placed.inner_steps)),
+                human_bytes(placed.bytes_per_outer_step / f64::from(inner_steps)),
             )
         }
         Err(error) => format!("could not be costed on these sites: {error}"),
@@ -171,14 +181,12 @@ fn wan_traffic(ctx: &Ctx<'_>, choice: &Choice, inner_steps: u32) -> Vec<WanTraff
                 .0 += bytes;
         }
     }
+    let what = match choice.mode {
+        CrossSiteMode::DataParallel => DATA_PARALLEL_TRAFFIC,
+        CrossSiteMode::Diloco { .. } | CrossSiteMode::Pipeline => DILOCO_TRAFFIC,
+    };
     for &((a, b), bytes) in &choice.outer_hops {
-        by_pair
-            .entry(key(a, b))
-            .or_insert((
-                0.0,
-                "DiLoCo outer sync (as the sync planner encodes it), amortised",
-            ))
-            .0 += bytes / f64::from(inner_steps);
+        by_pair.entry(key(a, b)).or_insert((0.0, what)).0 += bytes / f64::from(inner_steps);
     }
     by_pair
         .into_iter()
@@ -265,11 +273,20 @@ fn reasons(
     // Kinds the search considered but never costed were infeasible or cut
     // by a lower bound that already lost to the chosen plan.
     let multi_site = ctx.sites.len() >= 2;
+    let allowed = |mode: ModeConstraint| job.constraints.cross_site_mode.is_none_or(|m| m == mode);
+    let replicated = multi_site && choice.dp >= 2;
     let mut alternatives = alternatives;
     for (considered, other) in [
-        (true, "single-site"),
-        (multi_site, "cross-site pipeline"),
-        (multi_site && choice.dp >= 2, "diloco"),
+        (allowed(ModeConstraint::Pipeline), "single-site"),
+        (
+            multi_site && allowed(ModeConstraint::Pipeline),
+            "cross-site pipeline",
+        ),
+        (replicated && allowed(ModeConstraint::Diloco), "diloco"),
+        (
+            replicated && allowed(ModeConstraint::DataParallel),
+            DATA_PARALLEL,
+        ),
     ] {
         if considered && other != kind && !outcome.best_by_kind.contains_key(other) {
             alternatives.push(format!(
@@ -289,6 +306,11 @@ fn reasons(
              crossing the WAN every step; {alternatives}",
             human_seconds(choice.outer),
             human_seconds(choice.outer / f64::from(inner_steps))
+        ),
+        CrossSiteMode::DataParallel => format!(
+            "replicas train per site and all-reduce the whole gradient across the WAN every \
+             step, the synchronous algorithm: {} of each step waits for it; {alternatives}",
+            human_seconds(choice.outer),
         ),
         CrossSiteMode::Pipeline if sites.len() > 1 => format!(
             "stages span {} with only activations crossing the WAN each micro-batch, each \
@@ -377,14 +399,16 @@ fn reasons(
             "site order",
             sites.join("→"),
             match choice.mode {
-                CrossSiteMode::Diloco { .. } => choice.sync.as_ref().map_or_else(
-                    || "the outer sync's collective".to_string(),
-                    |sync| {
-                        sync.reason("collective")
-                            .map_or("the sync planner's collective", |r| r.reason.as_str())
-                            .to_string()
-                    },
-                ),
+                CrossSiteMode::Diloco { .. } | CrossSiteMode::DataParallel => {
+                    choice.sync.as_ref().map_or_else(
+                        || "the outer sync's collective".to_string(),
+                        |sync| {
+                            sync.reason("collective")
+                                .map_or("the sync planner's collective", |r| r.reason.as_str())
+                                .to_string()
+                        },
+                    )
+                }
                 CrossSiteMode::Pipeline => {
                     "pipeline order with consecutive sites linked, chosen by predicted step time"
                         .to_string()

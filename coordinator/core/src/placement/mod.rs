@@ -2,8 +2,8 @@
 //!
 //! [`place`] searches tensor, pipeline and data-parallel degrees, the
 //! interleaving degree, the cross-site mode (one synchronous pipeline
-//! across sites, or DiLoCo replicas per site with an outer sync every H
-//! steps), the site order, the replica distribution and the layer split,
+//! across sites, DiLoCo replicas per site with an outer sync every H
+//! steps, or replicas per site all-reducing every step), the site order, the replica distribution and the layer split,
 //! and returns the plan with the lowest predicted step time under
 //! [`crate::cost`]. [`brute_force_place`] enumerates the same space without
 //! the solver's shortcuts, for tiny instances; [`validate_plan`] checks
@@ -27,8 +27,18 @@
 //!   and collective for that subset and t; its exposed time per outer step
 //!   is what the WAN adds. The local reduce is the reduce-scatter and
 //!   all-gather among a site's own replicas on its fabric. The plan keeps
-//!   the planner's schedule (`Plan::sync`). `constraints.cross_site_mode`
-//!   restricts the search to DiLoCo or to everything else.
+//!   the planner's schedule (`Plan::sync`).
+//! - Cross-site data-parallel mode: replicas laid out as in DiLoCo, without
+//!   DiLoCo's outer state; every step all-reduces the whole gradient across
+//!   the sites at the training precision. The step is the slowest site's
+//!   inner step (whose in-site DP all-reduce is the reduce-scatter and
+//!   all-gather around the WAN exchange) plus the WAN exchange as the sync
+//!   planner costs it held to H = 1, one fragment, no overlap and no
+//!   quantisation ([`crate::sync::SyncInput::sync_dp`]): the exchange is
+//!   not overlapped with the backward pass, which overstates its cost
+//!   where buckets would hide some of it. `constraints.cross_site_mode`
+//!   restricts the search to one of DiLoCo, cross-site data parallelism, or
+//!   single-site and pipeline plans.
 //! - Within a site, TP groups are packed by one canonical rule: pools
 //!   ordered fastest GPU first (then larger HBM, then declaration order),
 //!   slots of tp GPUs inside a domain, stage after stage from one cursor.
@@ -58,6 +68,7 @@ mod enumerate;
 mod model;
 mod plan;
 mod recost;
+mod replicas;
 mod search;
 mod sites;
 mod validate;

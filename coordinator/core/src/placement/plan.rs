@@ -16,6 +16,20 @@ pub enum CrossSiteMode {
     /// Each participating site trains its own replicas; sites average their
     /// pseudo-gradients every `inner_steps` steps.
     Diloco { inner_steps: u32 },
+    /// Synchronous data parallelism across sites: each participating site
+    /// holds whole replicas (laid out as in DiLoCo), and every step
+    /// all-reduces the whole gradient across the WAN. The exact algorithm,
+    /// and no outer rounds.
+    DataParallel,
+}
+
+impl CrossSiteMode {
+    /// Whether each participating site holds whole replicas of its own
+    /// (DiLoCo, cross-site data parallelism), rather than one pipeline
+    /// spanning the sites.
+    pub fn replicas_per_site(&self) -> bool {
+        matches!(self, Self::Diloco { .. } | Self::DataParallel)
+    }
 }
 
 /// Parallel degrees of the plan.
@@ -86,7 +100,8 @@ pub struct StepBreakdown {
     pub exposed_pipeline: f64,
     pub bubble: f64,
     pub exposed_data_parallel: f64,
-    /// One outer sync divided by the inner steps between syncs.
+    /// One outer sync divided by the inner steps between syncs (cross-site
+    /// data parallelism: the WAN all-reduce of every step).
     pub outer_sync_amortised: f64,
     pub total: f64,
 }
@@ -123,7 +138,8 @@ pub struct Plan {
     pub step: StepBreakdown,
     /// The exposed part of one DiLoCo outer step's sync (the sync
     /// planner's exposed WAN time plus the reduce among each site's own
-    /// replicas), not amortised; zero in pipeline mode.
+    /// replicas), not amortised; in cross-site data parallelism, the WAN
+    /// all-reduce every step waits for; zero in pipeline mode.
     pub outer_sync_seconds: f64,
     pub wan: Vec<WanTraffic>,
     pub min_memory_slack_bytes: f64,

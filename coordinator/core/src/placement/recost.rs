@@ -15,9 +15,10 @@
 use super::PlacementError;
 use super::model::{Ctx, GroupModel};
 use super::plan::{CrossSiteMode, Plan, WanTraffic};
-use super::search::{local_reduce, plan_subset_sync};
+use super::replicas::{Sync, outer_seconds, plan_subset_sync};
 use crate::cost::CostParams;
 use crate::job::JobSpec;
+use crate::sync::SyncPlan;
 use crate::topology::Topology;
 
 /// `plan` with its step, outer sync and WAN traffic as predicted on
@@ -85,7 +86,7 @@ pub fn recost(
                 out.step.total = total;
             }
         }
-        CrossSiteMode::Diloco { .. } => {
+        CrossSiteMode::Diloco { .. } | CrossSiteMode::DataParallel => {
             let d = &plan.degrees;
             let mut subset = Vec::with_capacity(plan.groups.len());
             let mut ks = Vec::with_capacity(plan.groups.len());
@@ -100,30 +101,53 @@ pub fn recost(
                 .map(|g| g.step_seconds)
                 .fold(0.0, f64::max);
             let fewest = ks.iter().copied().min().unwrap_or(1);
-            let (tp, pp) = (d.tensor_parallel, d.pipeline_parallel);
-            let sync = plan_subset_sync(&ctx, tp, pp, &subset, inner, fewest).map_err(|e| {
-                PlacementError::NoFeasiblePlan(format!("the sync planner refused: {e}"))
-            })?;
-            let h = sync.inner_steps;
-            let outer =
-                local_reduce(&ctx, tp, pp, &subset, &ks) + sync.exposed_seconds_per_outer_step;
-            out.mode = CrossSiteMode::Diloco { inner_steps: h };
+            let degrees = (d.tensor_parallel, d.pipeline_parallel);
+            let sync = match plan.mode {
+                CrossSiteMode::DataParallel => Sync::DataParallel,
+                _ => Sync::Diloco,
+            };
+            let schedule =
+                plan_subset_sync(&ctx, sync, degrees, &subset, inner, fewest).map_err(|e| {
+                    PlacementError::NoFeasiblePlan(format!("the sync planner refused: {e}"))
+                })?;
+            let outer = outer_seconds(&ctx, sync, degrees, &subset, &ks, &schedule);
+            out.site_order = schedule.collective.order.clone();
+            // Cross-site data parallelism syncs every step.
+            let (h, what) = match sync {
+                Sync::Diloco => (schedule.inner_steps, DILOCO_TRAFFIC),
+                Sync::DataParallel => (1, DATA_PARALLEL_TRAFFIC),
+            };
             out.outer_sync_seconds = outer;
             out.step.outer_sync_amortised = outer / f64::from(h);
             out.step.total = inner + outer / f64::from(h);
-            out.site_order = sync.collective.order.clone();
-            out.wan = sync
-                .links
-                .iter()
-                .map(|l| WanTraffic {
-                    between: l.between.clone(),
-                    bytes_per_step: l.bytes_per_outer_step / f64::from(h),
-                    what: "DiLoCo outer sync (as the sync planner encodes it), amortised"
-                        .to_string(),
-                })
-                .collect();
-            out.sync = Some(sync);
+            out.wan = wan_of(&schedule, h, what);
+            if sync == Sync::Diloco {
+                out.mode = CrossSiteMode::Diloco { inner_steps: h };
+                out.sync = Some(schedule);
+            }
         }
     }
     Ok(out)
+}
+
+/// What a DiLoCo plan's outer sync moves over the WAN, as a plan says it.
+pub(crate) const DILOCO_TRAFFIC: &str =
+    "DiLoCo outer sync (as the sync planner encodes it), amortised";
+
+/// What cross-site data parallelism moves over the WAN, as a plan says it.
+pub(crate) const DATA_PARALLEL_TRAFFIC: &str =
+    "gradient all-reduce every step, at the training precision";
+
+/// The WAN traffic per (inner) step of a schedule whose outer step comes
+/// every `h` steps.
+fn wan_of(schedule: &SyncPlan, h: u32, what: &str) -> Vec<WanTraffic> {
+    schedule
+        .links
+        .iter()
+        .map(|l| WanTraffic {
+            between: l.between.clone(),
+            bytes_per_step: l.bytes_per_outer_step / f64::from(h),
+            what: what.to_string(),
+        })
+        .collect()
 }

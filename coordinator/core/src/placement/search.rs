@@ -9,18 +9,18 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::PlacementError;
-use super::enumerate::{binomial, compositions, has_ring, proportional, site_sequences, subsets};
+use super::enumerate::{binomial, compositions, proportional, site_sequences};
 use super::model::{Ctx, GroupEval, GroupFailure, GroupModel};
+use super::replicas::{self, Sync};
 use super::sites::{self, Budget};
-use crate::cost::{self, Link, ring_reduce_scatter};
+use crate::cost::{self, Link};
 use crate::job::ModeConstraint;
 use crate::placement::plan::CrossSiteMode;
-use crate::state::LinkRecord;
-use crate::sync::{ShardHolders, SyncError, SyncInput, SyncPlan, plan_sync};
+use crate::sync::SyncPlan;
 
 /// Stage-count compositions or replica distributions enumerated exactly
 /// by the solver before it falls back to a heuristic.
-const EXACT_DISTRIBUTIONS: u64 = 4096;
+pub(crate) const EXACT_DISTRIBUTIONS: u64 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Effort {
@@ -35,7 +35,7 @@ pub(crate) enum Effort {
 
 impl Effort {
     /// Whether lower bounds prune degrees, stage counts and groups.
-    fn prunes(self) -> bool {
+    pub(crate) fn prunes(self) -> bool {
         self != Self::Exhaustive
     }
 }
@@ -125,10 +125,12 @@ impl Choice {
     pub fn gpus(&self) -> u64 {
         u64::from(self.tp) * u64::from(self.pp) * u64::from(self.dp)
     }
-    /// `single-site`, `cross-site pipeline` or `diloco`.
+    /// `single-site`, `cross-site pipeline`, `diloco` or
+    /// `cross-site data-parallel`.
     pub fn kind(&self) -> &'static str {
         match self.mode {
-            CrossSiteMode::Diloco { .. } => "diloco",
+            CrossSiteMode::Diloco { .. } => Sync::Diloco.kind(),
+            CrossSiteMode::DataParallel => Sync::DataParallel.kind(),
             CrossSiteMode::Pipeline if self.site_order.len() > 1 => "cross-site pipeline",
             CrossSiteMode::Pipeline => "single-site",
         }
@@ -259,6 +261,12 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
     let layers = ctx.job.model.layers;
     let micro = u64::from(ctx.job.batch.micro_batch.max(1));
     let max_v = ctx.params.max_virtual_stages.max(1);
+    let (pipelines, syncs): (bool, &[Sync]) = match ctx.job.constraints.cross_site_mode {
+        None => (true, &[Sync::Diloco, Sync::DataParallel]),
+        Some(ModeConstraint::Pipeline) => (true, &[]),
+        Some(ModeConstraint::Diloco) => (false, &[Sync::Diloco]),
+        Some(ModeConstraint::DataParallel) => (false, &[Sync::DataParallel]),
+    };
     // Widest TP and DP first: they usually fit and run fast, so the
     // incumbent is good early and the lower bounds prune the rest.
     for &tp in space.tps.iter().rev() {
@@ -343,13 +351,10 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                         continue;
                     }
                     let shape = Shape { tp, pp, dp, v, m };
-                    let mode = ctx.job.constraints.cross_site_mode;
-                    if mode != Some(ModeConstraint::Diloco) {
+                    if pipelines {
                         pipeline_candidates(ctx, effort, shape, &mut out);
                     }
-                    if mode != Some(ModeConstraint::Pipeline) {
-                        diloco_candidates(ctx, effort, shape, &mut out);
-                    }
+                    replicas::candidates(ctx, effort, shape, syncs, &mut out);
                 }
             }
         }
@@ -441,7 +446,7 @@ pub(crate) fn cutoff(out: &Outcome, gpus: u64) -> f64 {
 /// Records a candidate's total and keeps it if it beats the best so far
 /// under the pass's aim (ties as [`Aim`] says, then the earlier candidate).
 /// The choice is only built when kept: most candidates lose.
-fn offer(
+pub(crate) fn offer(
     out: &mut Outcome,
     kind: &'static str,
     total: f64,
@@ -460,7 +465,7 @@ fn offer(
     }
 }
 
-fn note(out: &mut Outcome, failure: GroupFailure, what: impl FnOnce() -> String) {
+pub(crate) fn note(out: &mut Outcome, failure: GroupFailure, what: impl FnOnce() -> String) {
     match failure {
         GroupFailure::Memory { short_bytes } => {
             if out
@@ -486,7 +491,7 @@ fn note(out: &mut Outcome, failure: GroupFailure, what: impl FnOnce() -> String)
 }
 
 /// Builds and splits one group.
-fn cost_group(
+pub(crate) fn cost_group(
     ctx: &Ctx<'_>,
     effort: Effort,
     (tp, v, m, replicas): (u32, u32, u64, u64),
@@ -641,282 +646,6 @@ fn names(ctx: &Ctx<'_>, sites: &[usize]) -> String {
         .map(|&s| ctx.sites[s].id.as_str())
         .collect::<Vec<_>>()
         .join("→")
-}
-
-/// The reduce-scatter and all-gather among each site's own replicas
-/// around the WAN exchange (the pseudo-gradient, P elements at the
-/// training precision, split over the tp·pp shard holders), on the site's
-/// fabric: the slowest site's. It runs before and after the exchange and
-/// is counted as exposed; the sync planner leaves it out
-/// ([`crate::sync`]).
-pub(crate) fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks: &[u64]) -> f64 {
-    let job = ctx.job;
-    let bytes = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
-    let shard_holders = u64::from(tp) * u64::from(pp);
-    let mut local = 0.0f64;
-    for (&s, &k) in subset.iter().zip(ks) {
-        let fabric = ctx.sites[s]
-            .pools
-            .iter()
-            .map(|p| p.nic_bytes / p.oversubscription)
-            .fold(f64::INFINITY, f64::min);
-        let link = Link::new(ctx.params.fabric_latency_seconds, fabric);
-        local = local.max(2.0 * ring_reduce_scatter(k, bytes / shard_holders as f64, link));
-    }
-    local
-}
-
-/// The WAN links among `subset` as the sync planner reads them: as
-/// configured, with the latest probe of each where the caller gave one.
-pub(crate) fn subset_links(ctx: &Ctx<'_>, subset: &[usize]) -> Vec<LinkRecord> {
-    let mut links = Vec::new();
-    for (i, &a) in subset.iter().enumerate() {
-        for &b in &subset[i + 1..] {
-            let Some(link) = ctx.link(a, b) else {
-                continue;
-            };
-            let (x, y) = (&ctx.sites[a].id, &ctx.sites[b].id);
-            let measured = ctx
-                .measurements
-                .iter()
-                .find(|r| {
-                    let [p, q] = &r.configured.between;
-                    (p == x && q == y) || (p == y && q == x)
-                })
-                .and_then(|r| r.measured);
-            links.push(LinkRecord {
-                configured: link.clone(),
-                measured,
-            });
-        }
-    }
-    links
-}
-
-/// What the sync planner decides for DiLoCo replicas at `subset` whose
-/// slowest inner step is `inner` seconds, the fewest replicas at any of
-/// them being `fewest`.
-pub(crate) fn plan_subset_sync(
-    ctx: &Ctx<'_>,
-    tp: u32,
-    pp: u32,
-    subset: &[usize],
-    inner: f64,
-    fewest: u64,
-) -> Result<SyncPlan, SyncError> {
-    let sites = subset.iter().map(|&s| ctx.sites[s].id.clone()).collect();
-    let input = SyncInput::for_replicas(
-        ctx.job,
-        ctx.params,
-        sites,
-        &subset_links(ctx, subset),
-        inner,
-        ShardHolders {
-            tensor_parallel: tp,
-            pipeline_parallel: pp,
-            fewest_replicas: fewest,
-        },
-    );
-    plan_sync(&input)
-}
-
-/// Every DiLoCo plan of these degrees worth costing: site subsets from the
-/// branch and bound ([`sites::diloco_subsets`]), or all of them.
-fn diloco_candidates(ctx: &Ctx<'_>, effort: Effort, shape: Shape, out: &mut Outcome) {
-    if ctx.sites.len() < 2 || shape.dp < 2 {
-        return;
-    }
-    let mut memo = DilocoMemo::default();
-    let mut each = |out: &mut Outcome, subset: &[usize]| {
-        diloco_subset(ctx, effort, shape, subset, &mut memo, out)
-    };
-    if effort == Effort::Solve {
-        sites::diloco_subsets(ctx, shape, out, &mut each);
-    } else {
-        for subset in subsets(ctx) {
-            if subset.len() as u32 <= shape.dp {
-                each(out, &subset);
-            }
-        }
-    }
-}
-
-/// What DiLoCo candidates of one set of degrees share: each site's inner
-/// step for k replicas (it depends only on the site and k).
-#[derive(Default)]
-struct DilocoMemo {
-    groups: BTreeMap<(usize, u64), Option<Rc<CostedGroup>>>,
-}
-
-impl DilocoMemo {
-    fn site_group(
-        &mut self,
-        ctx: &Ctx<'_>,
-        effort: Effort,
-        shape: Shape,
-        (s, k): (usize, u64),
-        out: &mut Outcome,
-    ) -> Option<Rc<CostedGroup>> {
-        let Shape { tp, pp, dp, v, m } = shape;
-        let limit = cutoff(out, shape.gpus());
-        let extra = ctx.params.diloco_state_bytes_per_parameter;
-        self.groups
-            .entry((s, k))
-            .or_insert_with(|| {
-                out.budget.evaluations += 1;
-                match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
-                    Ok(g) => Some(Rc::new(g)),
-                    Err(f) => {
-                        note(out, f, || {
-                            format!(
-                                "tp={tp} pp={pp} dp={dp} v={v} diloco, {k} replicas at {}",
-                                ctx.sites[s].id
-                            )
-                        });
-                        None
-                    }
-                }
-            })
-            .clone()
-    }
-}
-
-/// Costs every replica distribution of DiLoCo over `subset`.
-fn diloco_subset(
-    ctx: &Ctx<'_>,
-    effort: Effort,
-    shape: Shape,
-    subset: &[usize],
-    memo: &mut DilocoMemo,
-    out: &mut Outcome,
-) {
-    let Shape { tp, pp, dp, v, m } = shape;
-    let ring = match out.budget.rings.get(subset) {
-        Some(&known) => known,
-        None => {
-            let found = has_ring(ctx, subset);
-            out.budget.rings.insert(subset.to_vec(), found);
-            found
-        }
-    };
-    if !ring {
-        out.failures.no_link += 1;
-        return;
-    }
-    let caps: Vec<u32> = subset
-        .iter()
-        .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / u64::from(pp)).unwrap_or(u32::MAX))
-        .collect();
-    let exact = effort == Effort::Exhaustive
-        || binomial(u64::from(dp) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
-    let distributions = if exact {
-        compositions(dp, subset.len() as u32, &caps)
-    } else {
-        greedy_distribution(dp, subset, &caps, &mut |s, k| {
-            memo.site_group(ctx, effort, shape, (s, k), out)
-                .map(|g| g.eval.total)
-        })
-        .into_iter()
-        .collect()
-    };
-    // The sync planner's decision per inner step and fewest replicas: the
-    // distributions over this subset that agree on those share it.
-    let mut planned: BTreeMap<(u64, u64), Result<Rc<SyncPlan>, SyncError>> = BTreeMap::new();
-    for ks in distributions {
-        let ks: Vec<u64> = ks.into_iter().map(u64::from).collect();
-        let mut groups = Vec::with_capacity(subset.len());
-        for (&s, &k) in subset.iter().zip(&ks) {
-            match memo.site_group(ctx, effort, shape, (s, k), out) {
-                Some(g) => groups.push(g),
-                None => break,
-            }
-        }
-        if groups.len() != subset.len() {
-            continue;
-        }
-        let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
-        if effort.prunes() && inner > cutoff(out, shape.gpus()) {
-            continue;
-        }
-        let fewest = ks.iter().copied().min().unwrap_or(1);
-        let sync = planned
-            .entry((inner.to_bits(), fewest))
-            .or_insert_with(|| plan_subset_sync(ctx, tp, pp, subset, inner, fewest).map(Rc::new))
-            .clone();
-        let sync = match sync {
-            Ok(sync) => sync,
-            Err(error) => {
-                out.failures.sync.get_or_insert_with(|| error.to_string());
-                continue;
-            }
-        };
-        let index = |id: &str| subset.iter().copied().find(|&s| ctx.sites[s].id == id);
-        let ring: Option<Vec<usize>> = sync.collective.order.iter().map(|id| index(id)).collect();
-        let hops: Option<Vec<HopBytes>> = sync
-            .links
-            .iter()
-            .map(|l| {
-                Some((
-                    (index(&l.between[0])?, index(&l.between[1])?),
-                    l.bytes_per_outer_step,
-                ))
-            })
-            .collect();
-        let (Some(ring), Some(hops)) = (ring, hops) else {
-            continue;
-        };
-        let h = sync.inner_steps;
-        let outer = local_reduce(ctx, tp, pp, subset, &ks) + sync.exposed_seconds_per_outer_step;
-        let total = inner + outer / f64::from(h);
-        offer(out, "diloco", total, shape.gpus(), || Choice {
-            tp,
-            pp,
-            dp,
-            v,
-            m,
-            mode: CrossSiteMode::Diloco { inner_steps: h },
-            groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
-            site_order: ring,
-            outer,
-            outer_hops: hops,
-            sync: Some(sync),
-            total,
-        });
-    }
-}
-
-/// Replicas per site minimising the slowest site's inner step: start every
-/// site at one replica and give each further replica to the site whose
-/// step stays shortest (a min-max of non-decreasing functions), or split by
-/// capacity when there are too many replicas to hand out one by one.
-fn greedy_distribution(
-    dp: u32,
-    subset: &[usize],
-    caps: &[u32],
-    step: &mut impl FnMut(usize, u64) -> Option<f64>,
-) -> Option<Vec<u32>> {
-    if dp > 512 {
-        let weights: Vec<f64> = caps.iter().map(|&c| f64::from(c)).collect();
-        return proportional(dp, &weights, caps);
-    }
-    let mut ks = vec![1u32; subset.len()];
-    if caps.contains(&0) {
-        return None;
-    }
-    for _ in subset.len() as u32..dp {
-        let mut pick: Option<(usize, f64)> = None;
-        for (i, &s) in subset.iter().enumerate() {
-            if ks[i] < caps[i]
-                && let Some(t) = step(s, u64::from(ks[i]) + 1)
-                && pick.is_none_or(|(_, best)| t < best)
-            {
-                pick = Some((i, t));
-            }
-        }
-        let (i, _) = pick?;
-        ks[i] += 1;
-    }
-    Some(ks)
 }
 
 #[cfg(test)]

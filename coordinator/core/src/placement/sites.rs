@@ -379,9 +379,10 @@ impl PipelineSearch<'_, '_> {
 /// Visits every DiLoCo site subset (of two sites or more, with room for
 /// dp replicas) that could beat the best plan so far, slowest-site floor
 /// first, calling `visit` on each with its sites in index order.
-pub(crate) fn diloco_subsets(
+pub(crate) fn replica_subsets(
     ctx: &Ctx<'_>,
     shape: Shape,
+    extra: f64,
     out: &mut Outcome,
     visit: &mut dyn FnMut(&mut Outcome, &[usize]),
 ) {
@@ -402,8 +403,8 @@ pub(crate) fn diloco_subsets(
     // A site's most loaded stage holds at least ⌈L/p⌉ layers of state,
     // sharded at best over every replica the site can hold, and one
     // micro-batch of activations; a site whose HBM cannot hold that hosts
-    // no replica.
-    let extra = ctx.params.diloco_state_bytes_per_parameter;
+    // no replica. `extra` is the least optimiser state per parameter a
+    // replica of the modes searched keeps beyond synchronous training.
     let cap: Vec<u64> = (0..n)
         .map(|s| {
             let room = ctx.sites[s].slots(shape.tp) / u64::from(shape.pp);

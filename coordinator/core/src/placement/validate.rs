@@ -192,7 +192,7 @@ pub fn validate_plan_with(
             // Memory, recomputed from the cost model.
             let extra = match plan.mode {
                 CrossSiteMode::Diloco { .. } => params.diloco_state_bytes_per_parameter,
-                CrossSiteMode::Pipeline => 0.0,
+                CrossSiteMode::Pipeline | CrossSiteMode::DataParallel => 0.0,
             };
             let chunks = cost::in_flight_chunks(j as u32, pp, d.micro_batches, v);
             let layers = f64::from(stage.layers);
@@ -257,23 +257,21 @@ pub fn validate_plan_with(
                     ));
                 }
             }
-            let mut seen = Vec::new();
-            for (g, sites) in group_sites.iter().enumerate() {
-                if sites.windows(2).any(|w| w[0] != w[1]) {
-                    errors.push(format!("DiLoCo group {g} spans sites {sites:?}"));
-                }
-                if let Some(site) = sites.first() {
-                    if seen.contains(site) {
-                        errors.push(format!("DiLoCo site {site} has two groups"));
-                    }
-                    seen.push(site);
-                }
+            replicas_per_site(&group_sites, "DiLoCo", &mut errors);
+        }
+        CrossSiteMode::DataParallel => {
+            replicas_per_site(&group_sites, "data-parallel", &mut errors);
+            if group_sites.len() < 2 {
+                errors.push(format!(
+                    "cross-site data parallelism needs two or more sites, found {}",
+                    group_sites.len()
+                ));
             }
         }
         CrossSiteMode::Pipeline => {}
     }
-    if plan.mode == CrossSiteMode::Pipeline && plan.sync.is_some() {
-        errors.push("a pipeline plan has no outer sync, but a sync schedule is attached".into());
+    if !matches!(plan.mode, CrossSiteMode::Diloco { .. }) && plan.sync.is_some() {
+        errors.push("only DiLoCo has an outer sync, but a sync schedule is attached".into());
     }
     for ((site, building, group), mut ranges) in used {
         ranges.sort_unstable();
@@ -290,5 +288,22 @@ pub fn validate_plan_with(
         Ok(())
     } else {
         Err(errors)
+    }
+}
+
+/// Each group of a replicas-per-site plan sits in one site, one group per
+/// site.
+fn replicas_per_site(group_sites: &[Vec<&str>], mode: &str, errors: &mut Vec<String>) {
+    let mut seen = Vec::new();
+    for (g, sites) in group_sites.iter().enumerate() {
+        if sites.windows(2).any(|w| w[0] != w[1]) {
+            errors.push(format!("{mode} group {g} spans sites {sites:?}"));
+        }
+        if let Some(site) = sites.first() {
+            if seen.contains(site) {
+                errors.push(format!("{mode} site {site} has two groups"));
+            }
+            seen.push(site);
+        }
     }
 }

@@ -192,6 +192,32 @@ impl SyncInput {
     }
 }
 
+impl SyncInput {
+    /// The same replicas in synchronous data parallelism: the whole
+    /// gradient exchanged every step at the training precision, i.e. the
+    /// planner held to H = 1, one fragment, τ = 0 and no quantisation, on
+    /// the same collective and loss-limited rates DiLoCo's sync is costed
+    /// with. Placement costs cross-site data parallelism with it.
+    pub fn sync_dp(mut self) -> Self {
+        let bits = self.sync_dp_bits;
+        self.codecs = vec![Codec {
+            bits,
+            block_size: 0,
+            scale_bits: 0,
+            zstd_ratio: 1.0,
+        }];
+        self.policy = Diloco {
+            max_inner_steps: Some(1),
+            fragments: Some(1),
+            max_overlap_steps: Some(0),
+            bits: Some(bits),
+            error_feedback: Some(false),
+            ..Diloco::new(1)
+        };
+        self
+    }
+}
+
 /// Who exchanges a site's pseudo-gradient over the WAN: every GPU of one
 /// replica holds a shard (TP × PP of them) and each replica of the site
 /// holds a copy, so the shards of the site with the fewest replicas open

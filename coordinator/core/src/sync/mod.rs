@@ -101,7 +101,7 @@ mod tests;
 use thiserror::Error;
 
 use crate::cost::CostParams;
-use crate::job::{Diloco, JobSpec};
+use crate::job::JobSpec;
 use crate::placement::Plan;
 use crate::state::LinkRecord;
 
@@ -145,33 +145,15 @@ pub fn plan_sync(input: &SyncInput) -> Result<SyncPlan, SyncError> {
 }
 
 /// Synchronous data parallelism on a DiLoCo plan's layout: the same
-/// replicas exchanging the whole gradient every step at the training
-/// precision, i.e. the planner held to H = 1, one fragment, τ = 0 and no
-/// quantisation, on the same collective and loss-limited rates DiLoCo's
-/// sync is costed with. Its exposed time is what every step waits for.
+/// replicas exchanging the whole gradient every step
+/// ([`SyncInput::sync_dp`]). Its exposed time is what every step waits for.
 pub fn plan_sync_dp(
     plan: &Plan,
     job: &JobSpec,
     links: &[LinkRecord],
     params: &CostParams,
 ) -> Result<SyncPlan, SyncError> {
-    let mut input = SyncInput::from_plan(plan, job, links, params)?;
-    let bits = input.sync_dp_bits;
-    input.codecs = vec![Codec {
-        bits,
-        block_size: 0,
-        scale_bits: 0,
-        zstd_ratio: 1.0,
-    }];
-    input.policy = Diloco {
-        max_inner_steps: Some(1),
-        fragments: Some(1),
-        max_overlap_steps: Some(0),
-        bits: Some(bits),
-        error_feedback: Some(false),
-        ..Diloco::new(1)
-    };
-    plan_sync(&input)
+    plan_sync(&SyncInput::from_plan(plan, job, links, params)?.sync_dp())
 }
 
 /// Plans the sync of a small instance by enumerating every H, P, τ and

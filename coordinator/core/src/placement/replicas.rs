@@ -1,0 +1,378 @@
+//! Candidates with whole replicas per site: DiLoCo (an outer sync every H
+//! steps, as the sync planner schedules it) and synchronous data
+//! parallelism across sites (the whole gradient every step). Both lay a
+//! site's replicas out alike; they differ in what a replica holds (DiLoCo
+//! keeps its outer state, `CostParams::diloco_state_bytes_per_parameter`)
+//! and in what crosses the WAN.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use super::enumerate::{binomial, compositions, has_ring, proportional, subsets};
+use super::model::Ctx;
+use super::plan::CrossSiteMode;
+use super::search::{
+    Choice, CostedGroup, EXACT_DISTRIBUTIONS, Effort, HopBytes, Outcome, Shape, cost_group, cutoff,
+    note, offer,
+};
+use super::sites;
+use crate::cost::{Link, ring_reduce_scatter};
+use crate::state::LinkRecord;
+use crate::sync::{ShardHolders, SyncError, SyncInput, SyncPlan, plan_sync};
+
+/// How replicas at several sites combine their gradients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Sync {
+    /// An outer step every H inner steps.
+    Diloco,
+    /// A WAN all-reduce every step.
+    DataParallel,
+}
+
+impl Sync {
+    /// Optimiser state a replica keeps beyond synchronous training, bytes
+    /// per parameter.
+    pub fn extra_state(self, ctx: &Ctx<'_>) -> f64 {
+        match self {
+            Self::Diloco => ctx.params.diloco_state_bytes_per_parameter,
+            Self::DataParallel => 0.0,
+        }
+    }
+
+    /// The kind of plan, as [`Choice::kind`] names it.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Self::Diloco => "diloco",
+            Self::DataParallel => DATA_PARALLEL,
+        }
+    }
+}
+
+/// The name of the kind of plan of cross-site data parallelism.
+pub(crate) const DATA_PARALLEL: &str = "cross-site data-parallel";
+
+/// The reduce-scatter and all-gather among each site's own replicas
+/// around the WAN exchange (the pseudo-gradient, P elements at the
+/// training precision, split over the tp·pp shard holders), on the site's
+/// fabric: the slowest site's. It runs before and after the exchange and
+/// is counted as exposed; the sync planner leaves it out
+/// ([`crate::sync`]). Cross-site data parallelism has none beyond the
+/// inner step's: the all-reduce among a site's replicas every step is
+/// the reduce-scatter and all-gather around its WAN exchange.
+pub(crate) fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks: &[u64]) -> f64 {
+    let job = ctx.job;
+    let bytes = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
+    let shard_holders = u64::from(tp) * u64::from(pp);
+    let mut local = 0.0f64;
+    for (&s, &k) in subset.iter().zip(ks) {
+        let fabric = ctx.sites[s]
+            .pools
+            .iter()
+            .map(|p| p.nic_bytes / p.oversubscription)
+            .fold(f64::INFINITY, f64::min);
+        let link = Link::new(ctx.params.fabric_latency_seconds, fabric);
+        local = local.max(2.0 * ring_reduce_scatter(k, bytes / shard_holders as f64, link));
+    }
+    local
+}
+
+/// The WAN links among `subset` as the sync planner reads them: as
+/// configured, with the latest probe of each where the caller gave one.
+pub(crate) fn subset_links(ctx: &Ctx<'_>, subset: &[usize]) -> Vec<LinkRecord> {
+    let mut links = Vec::new();
+    for (i, &a) in subset.iter().enumerate() {
+        for &b in &subset[i + 1..] {
+            let Some(link) = ctx.link(a, b) else {
+                continue;
+            };
+            let (x, y) = (&ctx.sites[a].id, &ctx.sites[b].id);
+            let measured = ctx
+                .measurements
+                .iter()
+                .find(|r| {
+                    let [p, q] = &r.configured.between;
+                    (p == x && q == y) || (p == y && q == x)
+                })
+                .and_then(|r| r.measured);
+            links.push(LinkRecord {
+                configured: link.clone(),
+                measured,
+            });
+        }
+    }
+    links
+}
+
+/// What the sync planner decides for replicas at `subset` whose slowest
+/// inner step is `inner` seconds, the fewest replicas at any of them being
+/// `fewest`: DiLoCo's schedule, or the every-step exchange of cross-site
+/// data parallelism ([`SyncInput::sync_dp`]).
+pub(crate) fn plan_subset_sync(
+    ctx: &Ctx<'_>,
+    sync: Sync,
+    (tp, pp): (u32, u32),
+    subset: &[usize],
+    inner: f64,
+    fewest: u64,
+) -> Result<SyncPlan, SyncError> {
+    let sites = subset.iter().map(|&s| ctx.sites[s].id.clone()).collect();
+    let input = SyncInput::for_replicas(
+        ctx.job,
+        ctx.params,
+        sites,
+        &subset_links(ctx, subset),
+        inner,
+        ShardHolders {
+            tensor_parallel: tp,
+            pipeline_parallel: pp,
+            fewest_replicas: fewest,
+        },
+    );
+    match sync {
+        Sync::Diloco => plan_sync(&input),
+        Sync::DataParallel => plan_sync(&input.sync_dp()),
+    }
+}
+
+/// The exposed time one outer step (one step, for data parallelism) adds
+/// to the inner step: what the WAN exchange leaves exposed, and for DiLoCo
+/// the reduce among each site's own replicas around it.
+pub(crate) fn outer_seconds(
+    ctx: &Ctx<'_>,
+    sync: Sync,
+    (tp, pp): (u32, u32),
+    subset: &[usize],
+    ks: &[u64],
+    planned: &SyncPlan,
+) -> f64 {
+    let local = match sync {
+        Sync::Diloco => local_reduce(ctx, tp, pp, subset, ks),
+        Sync::DataParallel => 0.0,
+    };
+    local + planned.exposed_seconds_per_outer_step
+}
+
+/// Every plan of these degrees with replicas per site worth costing, for
+/// each of `syncs`: site subsets from the branch and bound
+/// ([`sites::replica_subsets`]), or all of them.
+pub(crate) fn candidates(
+    ctx: &Ctx<'_>,
+    effort: Effort,
+    shape: Shape,
+    syncs: &[Sync],
+    out: &mut Outcome,
+) {
+    if ctx.sites.len() < 2 || shape.dp < 2 || syncs.is_empty() {
+        return;
+    }
+    let mut memo = Memo::default();
+    let mut each = |out: &mut Outcome, subset: &[usize]| {
+        for &sync in syncs {
+            subset_candidates(ctx, effort, shape, sync, subset, &mut memo, out);
+        }
+    };
+    if effort == Effort::Solve {
+        // The bound's memory filter holds for the lightest replica.
+        let extra = syncs
+            .iter()
+            .map(|s| s.extra_state(ctx))
+            .fold(f64::INFINITY, f64::min);
+        sites::replica_subsets(ctx, shape, extra, out, &mut each);
+    } else {
+        for subset in subsets(ctx) {
+            if subset.len() as u32 <= shape.dp {
+                each(out, &subset);
+            }
+        }
+    }
+}
+
+/// What candidates of one set of degrees share: each site's inner step for
+/// k replicas (it depends only on the site, k and what a replica holds).
+#[derive(Default)]
+struct Memo {
+    groups: BTreeMap<(Sync, usize, u64), Option<Rc<CostedGroup>>>,
+}
+
+impl Memo {
+    fn site_group(
+        &mut self,
+        ctx: &Ctx<'_>,
+        effort: Effort,
+        (shape, sync): (Shape, Sync),
+        (s, k): (usize, u64),
+        out: &mut Outcome,
+    ) -> Option<Rc<CostedGroup>> {
+        let Shape { tp, pp, dp, v, m } = shape;
+        let limit = cutoff(out, shape.gpus());
+        let extra = sync.extra_state(ctx);
+        self.groups
+            .entry((sync, s, k))
+            .or_insert_with(|| {
+                out.budget.evaluations += 1;
+                match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
+                    Ok(g) => Some(Rc::new(g)),
+                    Err(f) => {
+                        note(out, f, || {
+                            format!(
+                                "tp={tp} pp={pp} dp={dp} v={v} {}, {k} replicas at {}",
+                                sync.kind(),
+                                ctx.sites[s].id
+                            )
+                        });
+                        None
+                    }
+                }
+            })
+            .clone()
+    }
+}
+
+/// Costs every replica distribution over `subset` with `sync`.
+fn subset_candidates(
+    ctx: &Ctx<'_>,
+    effort: Effort,
+    shape: Shape,
+    sync: Sync,
+    subset: &[usize],
+    memo: &mut Memo,
+    out: &mut Outcome,
+) {
+    let Shape { tp, pp, dp, v, m } = shape;
+    let ring = match out.budget.rings.get(subset) {
+        Some(&known) => known,
+        None => {
+            let found = has_ring(ctx, subset);
+            out.budget.rings.insert(subset.to_vec(), found);
+            found
+        }
+    };
+    if !ring {
+        out.failures.no_link += 1;
+        return;
+    }
+    let caps: Vec<u32> = subset
+        .iter()
+        .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / u64::from(pp)).unwrap_or(u32::MAX))
+        .collect();
+    let exact = effort == Effort::Exhaustive
+        || binomial(u64::from(dp) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
+    let distributions = if exact {
+        compositions(dp, subset.len() as u32, &caps)
+    } else {
+        greedy_distribution(dp, subset, &caps, &mut |s, k| {
+            memo.site_group(ctx, effort, (shape, sync), (s, k), out)
+                .map(|g| g.eval.total)
+        })
+        .into_iter()
+        .collect()
+    };
+    // The sync planner's decision per inner step and fewest replicas: the
+    // distributions over this subset that agree on those share it.
+    let mut planned: BTreeMap<(u64, u64), Result<Rc<SyncPlan>, SyncError>> = BTreeMap::new();
+    for ks in distributions {
+        let ks: Vec<u64> = ks.into_iter().map(u64::from).collect();
+        let mut groups = Vec::with_capacity(subset.len());
+        for (&s, &k) in subset.iter().zip(&ks) {
+            match memo.site_group(ctx, effort, (shape, sync), (s, k), out) {
+                Some(g) => groups.push(g),
+                None => break,
+            }
+        }
+        if groups.len() != subset.len() {
+            continue;
+        }
+        let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
+        if effort.prunes() && inner > cutoff(out, shape.gpus()) {
+            continue;
+        }
+        let fewest = ks.iter().copied().min().unwrap_or(1);
+        let schedule = planned
+            .entry((inner.to_bits(), fewest))
+            .or_insert_with(|| {
+                plan_subset_sync(ctx, sync, (tp, pp), subset, inner, fewest).map(Rc::new)
+            })
+            .clone();
+        let schedule = match schedule {
+            Ok(schedule) => schedule,
+            Err(error) => {
+                out.failures.sync.get_or_insert_with(|| error.to_string());
+                continue;
+            }
+        };
+        let index = |id: &str| subset.iter().copied().find(|&s| ctx.sites[s].id == id);
+        let ring: Option<Vec<usize>> = schedule
+            .collective
+            .order
+            .iter()
+            .map(|id| index(id))
+            .collect();
+        let hops: Option<Vec<HopBytes>> = schedule
+            .links
+            .iter()
+            .map(|l| {
+                Some((
+                    (index(&l.between[0])?, index(&l.between[1])?),
+                    l.bytes_per_outer_step,
+                ))
+            })
+            .collect();
+        let (Some(ring), Some(hops)) = (ring, hops) else {
+            continue;
+        };
+        let h = schedule.inner_steps;
+        let outer = outer_seconds(ctx, sync, (tp, pp), subset, &ks, &schedule);
+        let total = inner + outer / f64::from(h);
+        offer(out, sync.kind(), total, shape.gpus(), || Choice {
+            tp,
+            pp,
+            dp,
+            v,
+            m,
+            mode: match sync {
+                Sync::Diloco => CrossSiteMode::Diloco { inner_steps: h },
+                Sync::DataParallel => CrossSiteMode::DataParallel,
+            },
+            groups: groups.iter().map(|g| CostedGroup::clone(g)).collect(),
+            site_order: ring,
+            outer,
+            outer_hops: hops,
+            sync: Some(schedule),
+            total,
+        });
+    }
+}
+
+/// Replicas per site minimising the slowest site's inner step: start every
+/// site at one replica and give each further replica to the site whose
+/// step stays shortest (a min-max of non-decreasing functions), or split by
+/// capacity when there are too many replicas to hand out one by one.
+fn greedy_distribution(
+    dp: u32,
+    subset: &[usize],
+    caps: &[u32],
+    step: &mut impl FnMut(usize, u64) -> Option<f64>,
+) -> Option<Vec<u32>> {
+    if dp > 512 {
+        let weights: Vec<f64> = caps.iter().map(|&c| f64::from(c)).collect();
+        return proportional(dp, &weights, caps);
+    }
+    let mut ks = vec![1u32; subset.len()];
+    if caps.contains(&0) {
+        return None;
+    }
+    for _ in subset.len() as u32..dp {
+        let mut pick: Option<(usize, f64)> = None;
+        for (i, &s) in subset.iter().enumerate() {
+            if ks[i] < caps[i]
+                && let Some(t) = step(s, u64::from(ks[i]) + 1)
+                && pick.is_none_or(|(_, best)| t < best)
+            {
+                pick = Some((i, t));
+            }
+        }
+        let (i, _) = pick?;
+        ks[i] += 1;
+    }
+    Some(ks)
+}
