@@ -10,13 +10,14 @@
 //!
 //! # Modes
 //!
-//! - **Synchronous data parallelism across sites** (`sync-dp`): the DiLoCo plan's layout
-//!   (whole replicas per site, the global batch split over all of them), but every step ends
-//!   with the gradient reduced among each site's replicas and then across the sites over the
-//!   WAN at the training precision, not overlapped with compute, as the cost model counts a
-//!   data-parallel all-reduce. Step = t + r + E₁, with t the inner step, r the local reduce
-//!   and E₁ the sync planner's exchange time for H = 1, one fragment, τ = 0 and b₀ bits
-//!   (the training precision, no quantisation): the planner's collective and its
+//! - **Synchronous data parallelism across sites** (`sync-dp`): placement with
+//!   `cross_site_mode = "data-parallel"`: whole replicas per site (the global batch split
+//!   over all of them), without DiLoCo's outer state, every step ending with the gradient
+//!   exchanged across the sites over the WAN at the training precision, not overlapped with
+//!   compute, as the cost model counts a data-parallel all-reduce. Step = t + E₁, with t the
+//!   inner step (whose in-site all-reduce is the reduce-scatter and all-gather around the
+//!   exchange) and E₁ the sync planner's exchange time for H = 1, one fragment, τ = 0 and b₀
+//!   bits (the training precision, no quantisation): the planner's collective and its
 //!   loss-limited rates, the same model DiLoCo's sync is costed with.
 //! - **Pipeline** (`pipeline`): placement with `cross_site_mode = "pipeline"`, which may keep
 //!   the whole job in one site when that is faster; its stage boundaries that cross the WAN
@@ -45,7 +46,7 @@
 use longhaul_core::cost::CostParams;
 use longhaul_core::job::{Diloco, JobSpec, ModeConstraint};
 use longhaul_core::placement::{Plan, place_with, recost};
-use longhaul_core::sync::{Codec, configured_links, plan_sync_dp};
+use longhaul_core::sync::Codec;
 use longhaul_core::topology::Topology;
 use longhaul_core::units::{DataRate, Distance};
 use serde::Serialize;
@@ -233,6 +234,7 @@ pub struct Comparison {
     /// Each mode's plan on the topology as given, or why it has none.
     pipeline: Result<Plan, String>,
     diloco: Result<Plan, String>,
+    data_parallel: Result<Plan, String>,
     /// The least compute utilisation at which a mode counts as viable. Default 0.9.
     pub viable_utilisation: f64,
 }
@@ -261,9 +263,10 @@ impl Comparison {
         };
         let pipeline = forced(ModeConstraint::Pipeline);
         let diloco = forced(ModeConstraint::Diloco);
-        if let (Err(p), Err(d)) = (&pipeline, &diloco) {
+        let data_parallel = forced(ModeConstraint::DataParallel);
+        if let (Err(p), Err(d), Err(s)) = (&pipeline, &diloco, &data_parallel) {
             return Err(AnalyticError::Unplaceable(format!(
-                "as a pipeline: {p}; as DiLoCo: {d}"
+                "as a pipeline: {p}; as DiLoCo: {d}; as cross-site data parallelism: {s}"
             )));
         }
         Ok(Self {
@@ -272,16 +275,17 @@ impl Comparison {
             params: params.clone(),
             pipeline,
             diloco,
+            data_parallel,
             viable_utilisation: 0.9,
         })
     }
 
-    /// The plan a mode is costed on, as placed on the topology as given (synchronous data
-    /// parallelism runs on the DiLoCo plan's layout), or why it has none.
+    /// The plan a mode is costed on, as placed on the topology as given, or why it has none.
     pub fn plan(&self, mode: Mode) -> Result<&Plan, &str> {
         let plan = match mode {
             Mode::Pipeline => &self.pipeline,
-            Mode::SyncDp | Mode::Diloco => &self.diloco,
+            Mode::Diloco => &self.diloco,
+            Mode::SyncDp => &self.data_parallel,
         };
         plan.as_ref().map_err(String::as_str)
     }
@@ -305,28 +309,12 @@ impl Comparison {
             Ok(o) => outcomes.push(o),
             Err(reason) => unavailable.push(Unavailable { mode, reason }),
         };
-        match &self.diloco {
-            Ok(plan) => {
-                push(Mode::SyncDp, self.sync_dp(plan, &topology, &free));
-                push(
-                    Mode::Diloco,
-                    self.recosted(Mode::Diloco, plan, &job, &topology, &free),
-                );
-            }
-            Err(reason) => {
-                push(
-                    Mode::SyncDp,
-                    Err(format!("no DiLoCo layout to run it on: {reason}")),
-                );
-                push(Mode::Diloco, Err(reason.clone()));
-            }
-        }
-        match &self.pipeline {
-            Ok(plan) => push(
-                Mode::Pipeline,
-                self.recosted(Mode::Pipeline, plan, &job, &topology, &free),
-            ),
-            Err(reason) => push(Mode::Pipeline, Err(reason.clone())),
+        for mode in Mode::ALL {
+            let outcome = self
+                .plan(mode)
+                .map_err(str::to_string)
+                .and_then(|plan| self.recosted(mode, plan, &job, &topology, &free));
+            push(mode, outcome);
         }
         outcomes.sort_by_key(|o| o.mode);
         unavailable.sort_by_key(|u| u.mode);
@@ -390,45 +378,6 @@ impl Comparison {
         let sync = here.sync.as_ref().map(|s| (s.inner_steps, s.bits()));
         let bytes = here.wan.iter().map(|w| w.bytes_per_step).sum();
         Ok(self.outcome(mode, sites, here.step.total, ideal.step.total, bytes, sync))
-    }
-
-    /// Synchronous data parallelism on the DiLoCo plan's layout: see the module docs.
-    fn sync_dp(
-        &self,
-        plan: &Plan,
-        topology: &Topology,
-        free: &Topology,
-    ) -> Result<ModeOutcome, String> {
-        let placed_sync = plan
-            .sync
-            .as_ref()
-            .ok_or("the DiLoCo plan carries no sync schedule")?;
-        let inner = plan
-            .groups
-            .iter()
-            .map(|g| g.step_seconds)
-            .fold(0.0, f64::max);
-        // The local reduce does not depend on the WAN: what placement added to the planner's
-        // exposed time.
-        let local = (plan.outer_sync_seconds - placed_sync.exposed_seconds_per_outer_step).max(0.0);
-        let exchange = |topology: &Topology| -> Result<(f64, f64), String> {
-            let sync = plan_sync_dp(plan, &self.job, &configured_links(topology), &self.params)
-                .map_err(|e| e.to_string())?;
-            Ok((
-                sync.exposed_seconds_per_outer_step,
-                sync.bytes_per_outer_step,
-            ))
-        };
-        let (exposed, bytes) = exchange(topology)?;
-        let (free_exposed, _) = exchange(free)?;
-        Ok(self.outcome(
-            Mode::SyncDp,
-            placed_sync.sites.clone(),
-            inner + local + exposed,
-            inner + local + free_exposed,
-            bytes,
-            None,
-        ))
     }
 }
 
@@ -502,8 +451,7 @@ mod tests {
     /// The closed forms behind the modes, on two sites: synchronous DP moves 2(M−1)/M of the
     /// gradient from each site each way (4·(N/2)·b₀/8 bytes over the one link, both
     /// directions), every step; DiLoCo the same at its codec's wire bits, once per H steps;
-    /// and synchronous DP's step is DiLoCo's inner step plus the local reduce and that
-    /// exchange, unhidden.
+    /// and synchronous DP's step is its inner step plus that exchange, unhidden.
     #[test]
     fn on_two_sites_the_modes_are_their_closed_forms() {
         let c = comparison(CAMPUSES, LLAMA);
@@ -529,19 +477,21 @@ mod tests {
             "{} against {wire}",
             diloco.wan_bytes_per_step
         );
-        let plan = c.plan(Mode::Diloco).unwrap();
-        let sync = plan.sync.as_ref().unwrap();
+        let plan = c.plan(Mode::SyncDp).unwrap();
+        assert_eq!(
+            plan.mode,
+            longhaul_core::placement::CrossSiteMode::DataParallel
+        );
         let inner = plan
             .groups
             .iter()
             .map(|g| g.step_seconds)
             .fold(0.0, f64::max);
-        let local = plan.outer_sync_seconds - sync.exposed_seconds_per_outer_step;
         // Exposed on a free WAN is zero only up to the links' α; the bytes term dominates.
-        assert!(dp.step_seconds > inner + local);
+        assert!(dp.step_seconds > inner);
         assert!(dp.exposed_communication_seconds > 0.0);
         assert!(
-            (dp.step_seconds - dp.exposed_communication_seconds - (inner + local)).abs()
+            (dp.step_seconds - dp.exposed_communication_seconds - inner).abs()
                 < 1e-3 * dp.step_seconds
         );
     }

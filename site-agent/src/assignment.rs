@@ -38,9 +38,9 @@ pub struct SiteAssignment {
     pub tensor_parallel: u32,
     pub pipeline_parallel: u32,
     pub data_parallel: u32,
-    /// "pipeline" or "diloco".
+    /// "pipeline", "diloco" or "data-parallel".
     pub mode: String,
-    /// DiLoCo inner steps between outer syncs; 0 in pipeline mode.
+    /// DiLoCo inner steps between outer syncs; 0 in the other modes.
     pub inner_steps: u32,
     /// Pipeline stages (global indices) and replicas with at least one rank here.
     pub stages: Vec<u32>,

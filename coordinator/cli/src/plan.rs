@@ -121,13 +121,17 @@ pub fn render(plan: &Plan) -> String {
     let s = &plan.step;
     let _ = writeln!(out, "\npredicted step time {}", human_seconds(s.total));
     let mut table = Table::new(&[("part", false), ("time", true), ("share", true)]);
+    let sync_part = match plan.mode {
+        CrossSiteMode::DataParallel => "WAN all-reduce",
+        CrossSiteMode::Pipeline | CrossSiteMode::Diloco { .. } => "outer sync (amortised)",
+    };
     for (name, value) in [
         ("compute", s.compute),
         ("tensor parallel", s.tensor_parallel),
         ("exposed pipeline", s.exposed_pipeline),
         ("bubble", s.bubble),
         ("exposed data parallel", s.exposed_data_parallel),
-        ("outer sync (amortised)", s.outer_sync_amortised),
+        (sync_part, s.outer_sync_amortised),
     ] {
         let share = if s.total > 0.0 {
             value / s.total * 100.0
@@ -154,6 +158,13 @@ pub fn render(plan: &Plan) -> String {
             sync.bits(),
             human_seconds(plan.outer_sync_seconds),
             sync.predicted_compute_utilisation * 100.0
+        );
+    } else if plan.mode == CrossSiteMode::DataParallel {
+        let _ = writeln!(
+            out,
+            "  every step all-reduces the whole gradient across the sites at the training \
+             precision: {} of each step waits for it",
+            human_seconds(plan.outer_sync_seconds)
         );
     } else if plan.outer_sync_seconds > 0.0 {
         let _ = writeln!(

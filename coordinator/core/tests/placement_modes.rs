@@ -12,28 +12,49 @@ use longhaul_core::{JobSpec, Topology};
 
 /// Two 8-GPU sites 1 km apart on a 12.8 Tbit/s link, GPUs of `hbm_gib` GiB.
 fn twins(hbm_gib: u32) -> Topology {
-    let text = format!(
-        r#"
-name = "twins"
-gpu_types = [{{ name = "small", hbm = "{hbm_gib} GiB", dense_bf16 = "1000 TFLOP/s", scale_up = "7200 Gbit/s", max_domain_gpus = 8 }}]
+    sites(&[("a", hbm_gib), ("b", hbm_gib)])
+}
+
+/// 8-GPU sites of GPUs with the given HBM (GiB), every pair 1 km apart on a 12.8 Tbit/s
+/// link.
+fn sites(hbm: &[(&str, u32)]) -> Topology {
+    let mut text = String::from("name = \"twins\"\n");
+    for (id, gib) in hbm {
+        text += &format!(
+            r#"
+[[gpu_types]]
+name = "gpu-{id}"
+hbm = "{gib} GiB"
+dense_bf16 = "1000 TFLOP/s"
+scale_up = "7200 Gbit/s"
+max_domain_gpus = 8
+"#
+        );
+    }
+    for (id, _) in hbm {
+        text += &format!(
+            r#"
 [[sites]]
-id = "a"
+id = "{id}"
 [[sites.buildings]]
-id = "a1"
+id = "{id}1"
 fabric = {{ kind = "leaf-spine", link_rate = "400 Gbit/s" }}
-domains = [{{ id = "d", count = 1, nodes_per_domain = 1, gpus_per_node = 8, gpu = "small" }}]
-[[sites]]
-id = "b"
-[[sites.buildings]]
-id = "b1"
-fabric = {{ kind = "leaf-spine", link_rate = "400 Gbit/s" }}
-domains = [{{ id = "d", count = 1, nodes_per_domain = 1, gpus_per_node = 8, gpu = "small" }}]
+domains = [{{ id = "d", count = 1, nodes_per_domain = 1, gpus_per_node = 8, gpu = "gpu-{id}" }}]
+"#
+        );
+    }
+    for (i, (x, _)) in hbm.iter().enumerate() {
+        for (y, _) in &hbm[i + 1..] {
+            text += &format!(
+                r#"
 [[links]]
-between = ["a", "b"]
+between = ["{x}", "{y}"]
 distance = "1 km"
 link_rate = "12800 Gbit/s"
 "#
-    );
+            );
+        }
+    }
     Topology::from_toml("twins.toml", &text).expect("topology parses")
 }
 
@@ -113,9 +134,9 @@ fn cross_site_data_parallelism_wins_where_diloco_state_does_not_fit() {
     }
 }
 
-/// With room for DiLoCo's state, DiLoCo wins, and both the mode reason and the
-/// "synchronous data parallelism" reason say what data parallelism would have cost; forced,
-/// data parallelism is placed and is no faster.
+/// With room for DiLoCo's state, DiLoCo wins, the mode reason says why data parallelism
+/// lost and the "synchronous data parallelism" reason what it would cost; forced, data
+/// parallelism is placed and is no faster.
 #[test]
 fn where_diloco_fits_it_wins_and_data_parallelism_is_costed_beside_it() {
     let (topology, job) = (twins(28), job());
@@ -125,12 +146,19 @@ fn where_diloco_fits_it_wins_and_data_parallelism_is_costed_beside_it() {
         "{:?}",
         plan.mode
     );
+    // Cut by its bound (the whole gradient's exchange alone exceeds DiLoCo's step), the
+    // kind is named as provably slower; the same replicas' sync-DP step is quoted.
     assert!(
-        reason(&plan, "mode").contains("best cross-site data-parallel plan"),
+        reason(&plan, "mode")
+            .contains("every cross-site data-parallel candidate was infeasible or provably slower"),
         "{}",
         reason(&plan, "mode")
     );
-    assert!(reason(&plan, "synchronous data parallelism").contains("every step"));
+    let quoted = reason(&plan, "synchronous data parallelism");
+    assert!(
+        quoted.contains("every step") && quoted.contains("against this plan"),
+        "{quoted}"
+    );
     let mut forced = job.clone();
     forced.constraints.cross_site_mode = Some(ModeConstraint::DataParallel);
     let dp = place(&topology, &forced).expect("feasible");
@@ -159,4 +187,58 @@ fn data_parallelism_held_to_one_site_is_refused_naming_the_field() {
         Some(ModeConstraint::DataParallel)
     );
     assert_eq!(ModeConstraint::DataParallel.as_str(), "data-parallel");
+}
+
+/// The baseline is the training precision as it is: fp32 gradients cross at 32 bits, which
+/// no DiLoCo codec is.
+#[test]
+fn fp32_gradients_cross_at_32_bits() {
+    let topology = twins(80);
+    let mut job = job();
+    job.training.precision = longhaul_core::job::Precision::Fp32;
+    job.constraints.cross_site_mode = Some(ModeConstraint::DataParallel);
+    let plan = place(&topology, &job).expect("feasible");
+    assert_eq!(plan.mode, CrossSiteMode::DataParallel);
+    validate_plan(&topology, &job, &plan).expect("valid");
+    let bytes: f64 = plan.wan.iter().map(|w| w.bytes_per_step).sum();
+    // Both directions of one link, half the gradient each way and back: 2 × 4 bytes a
+    // parameter.
+    assert!((bytes - 8.0 * 8e9).abs() <= 1e-6 * bytes, "{bytes}");
+}
+
+/// A third site with room for DiLoCo's state cannot hold DiLoCo alone, and the two small
+/// sites cannot hold its replicas at all; data-parallel replicas fit there. The branch and
+/// bound (whose memory filter holds for the lighter replica) costs them, and finds the plan
+/// that every site subset enumerated finds.
+#[test]
+fn the_site_search_keeps_sites_only_data_parallelism_can_use() {
+    let topology = sites(&[("a", 24), ("b", 24), ("c", 80)]);
+    let job = job();
+    let params = CostParams::default();
+    let plan = place(&topology, &job).expect("feasible");
+    let every = every_site_order_place(&topology, &job, &params).expect("feasible");
+    // A three-site pipeline wins here; data parallelism on the small sites was costed, not
+    // filtered out with DiLoCo.
+    assert!(
+        reason(&plan, "mode").contains("best cross-site data-parallel plan"),
+        "{}",
+        reason(&plan, "mode")
+    );
+    assert_eq!(plan.mode, every.mode);
+    assert_eq!(plan.step.total, every.step.total);
+    assert_eq!(plan.gpus(), every.gpus());
+    validate_plan(&topology, &job, &plan).expect("valid");
+}
+
+/// Held to data parallelism on a topology with one usable site, placement says replicas
+/// need two.
+#[test]
+fn data_parallelism_on_one_usable_site_says_it_needs_two() {
+    let mut job = job();
+    job.constraints.cross_site_mode = Some(ModeConstraint::DataParallel);
+    let error = place(&sites(&[("a", 80)]), &job).unwrap_err().to_string();
+    assert!(
+        error.contains("\"data-parallel\"") && error.contains("two or more"),
+        "{error}"
+    );
 }

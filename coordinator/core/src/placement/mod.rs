@@ -294,12 +294,14 @@ fn run(
             &outcome,
             runner_up.as_ref(),
         )),
-        None if job.constraints.cross_site_mode == Some(ModeConstraint::Diloco)
-            && ctx.sites.len() < 2 =>
+        None if ctx.sites.len() < 2
+            && let Some(mode @ (ModeConstraint::Diloco | ModeConstraint::DataParallel)) =
+                job.constraints.cross_site_mode =>
         {
             Err(PlacementError::NoFeasiblePlan(format!(
-                "constraints.cross_site_mode is \"diloco\" but only {} allowed site has a usable \
-                 scale-up domain; DiLoCo needs two or more",
+                "constraints.cross_site_mode is \"{}\" but only {} allowed site has a usable \
+                 scale-up domain; replicas at several sites need two or more",
+                mode.as_str(),
                 ctx.sites.len()
             )))
         }
@@ -340,7 +342,7 @@ fn explain_within(f: search::Failures) -> PlacementError {
     }
     let sync = f
         .sync
-        .map(|why| format!("; the sync planner refused DiLoCo: {why}"))
+        .map(|why| format!("; the sync planner refused a cross-site sync: {why}"))
         .unwrap_or_default();
     PlacementError::NoFeasiblePlan(format!(
         "every candidate was rejected ({} needed a WAN link that does not exist{sync})",

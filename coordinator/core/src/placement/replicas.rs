@@ -152,6 +152,51 @@ pub(crate) fn outer_seconds(
     local + planned.exposed_seconds_per_outer_step
 }
 
+/// A lower bound on the WAN exchange of cross-site data parallelism over
+/// `subset`, for any degrees and distribution: a step waits for the whole
+/// exchange whatever the inner step (no overlap), and an all-reduce of G
+/// bytes over M sites has every site send at least 2(M−1)/M · G, at best
+/// over all its links to the others at their full capacity (the larger of
+/// the configured rate and a measured throughput). `subset` is in index
+/// order, as the site search visits it. The sync planner's
+/// mesh (2G/M over each link) and ring (2(M−1)/M · G over one) both take at
+/// least that long.
+pub(crate) fn least_exchange(ctx: &Ctx<'_>, subset: &[usize]) -> f64 {
+    let job = ctx.job;
+    let gradient = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
+    let m = subset.len() as f64;
+    let sent = 2.0 * (m - 1.0) / m * gradient;
+    let mut least = 0.0f64;
+    for &a in subset {
+        let mut capacity = 0.0;
+        for &b in ctx.neighbours(a) {
+            if subset.binary_search(&b).is_err() {
+                continue;
+            }
+            let Some(link) = ctx.link(a, b) else {
+                continue;
+            };
+            let configured = link.link_rate.bytes_per_second() * f64::from(link.parallel_links);
+            let measured = ctx
+                .measurements
+                .iter()
+                .filter(|r| {
+                    let [p, q] = &r.configured.between;
+                    let (x, y) = (&ctx.sites[a].id, &ctx.sites[b].id);
+                    (p == x && q == y) || (p == y && q == x)
+                })
+                .filter_map(|r| r.measured)
+                .map(|m| m.throughput_bps as f64 / 8.0)
+                .fold(0.0, f64::max);
+            capacity += configured.max(measured);
+        }
+        if capacity > 0.0 {
+            least = least.max(sent / capacity);
+        }
+    }
+    least
+}
+
 /// Every plan of these degrees with replicas per site worth costing, for
 /// each of `syncs`: site subsets from the branch and bound
 /// ([`sites::replica_subsets`]), or all of them.
@@ -167,6 +212,18 @@ pub(crate) fn candidates(
     }
     let mut memo = Memo::default();
     let mut each = |out: &mut Outcome, subset: &[usize]| {
+        let ring = match out.budget.rings.get(subset) {
+            Some(&known) => known,
+            None => {
+                let found = has_ring(ctx, subset);
+                out.budget.rings.insert(subset.to_vec(), found);
+                found
+            }
+        };
+        if !ring {
+            out.failures.no_link += 1;
+            return;
+        }
         for &sync in syncs {
             subset_candidates(ctx, effort, shape, sync, subset, &mut memo, out);
         }
@@ -228,7 +285,8 @@ impl Memo {
     }
 }
 
-/// Costs every replica distribution over `subset` with `sync`.
+/// Costs every replica distribution over `subset` (whose links hold a
+/// ring) with `sync`.
 fn subset_candidates(
     ctx: &Ctx<'_>,
     effort: Effort,
@@ -239,17 +297,19 @@ fn subset_candidates(
     out: &mut Outcome,
 ) {
     let Shape { tp, pp, dp, v, m } = shape;
-    let ring = match out.budget.rings.get(subset) {
-        Some(&known) => known,
-        None => {
-            let found = has_ring(ctx, subset);
-            out.budget.rings.insert(subset.to_vec(), found);
-            found
-        }
+    let least_exchange = match sync {
+        Sync::DataParallel if effort.prunes() => least_exchange(ctx, subset),
+        Sync::DataParallel | Sync::Diloco => 0.0,
     };
-    if !ring {
-        out.failures.no_link += 1;
-        return;
+    // Every distribution's inner step is at least the slowest site's floor.
+    if effort.prunes() && least_exchange > 0.0 {
+        let floor = subset
+            .iter()
+            .map(|&s| sites::replica_floor(ctx, shape, s))
+            .fold(0.0, f64::max);
+        if floor + least_exchange > cutoff(out, shape.gpus()) {
+            return;
+        }
     }
     let caps: Vec<u32> = subset
         .iter()
@@ -283,7 +343,7 @@ fn subset_candidates(
             continue;
         }
         let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
-        if effort.prunes() && inner > cutoff(out, shape.gpus()) {
+        if effort.prunes() && inner + least_exchange > cutoff(out, shape.gpus()) {
             continue;
         }
         let fewest = ks.iter().copied().min().unwrap_or(1);

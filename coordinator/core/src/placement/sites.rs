@@ -376,9 +376,23 @@ impl PipelineSearch<'_, '_> {
     }
 }
 
-/// Visits every DiLoCo site subset (of two sites or more, with room for
-/// dp replicas) that could beat the best plan so far, slowest-site floor
-/// first, calling `visit` on each with its sites in index order.
+/// The least inner step a replica of `shape` at `site` can take: the
+/// slowest stage holds ⌈L/p⌉ layers or more, and the p stages together
+/// hold every layer and the LM head, each at the site's fastest pool.
+pub(crate) fn replica_floor(ctx: &Ctx<'_>, shape: Shape, site: usize) -> f64 {
+    let layers = ctx.job.model.layers;
+    let scale = shape.m as f64 + f64::from(shape.pp - 1) / f64::from(shape.v.max(1));
+    let per_stage = f64::from(layers.div_ceil(shape.pp));
+    let a = site_layer_seconds(ctx, site, shape.tp);
+    let spread =
+        (f64::from(layers) * a + site_head_seconds(ctx, site, shape.tp)) / f64::from(shape.pp);
+    scale * (per_stage * a).max(spread)
+}
+
+/// Visits every site subset for replicas (DiLoCo or cross-site data
+/// parallelism: two sites or more, with room for dp replicas) that could
+/// beat the best plan so far, slowest-site floor first, calling `visit` on
+/// each with its sites in index order.
 pub(crate) fn replica_subsets(
     ctx: &Ctx<'_>,
     shape: Shape,
@@ -387,19 +401,8 @@ pub(crate) fn replica_subsets(
     visit: &mut dyn FnMut(&mut Outcome, &[usize]),
 ) {
     let n = ctx.sites.len();
-    let layers = ctx.job.model.layers;
-    let scale = shape.m as f64 + f64::from(shape.pp - 1) / f64::from(shape.v.max(1));
-    let per_stage = f64::from(layers.div_ceil(shape.pp));
-    // The slowest stage at a site holds ⌈L/p⌉ layers or more, and the p
-    // stages together hold every layer and the LM head.
-    let pp = f64::from(shape.pp);
-    let floor: Vec<f64> = (0..n)
-        .map(|s| {
-            let a = site_layer_seconds(ctx, s, shape.tp);
-            let spread = (f64::from(layers) * a + site_head_seconds(ctx, s, shape.tp)) / pp;
-            scale * (per_stage * a).max(spread)
-        })
-        .collect();
+    let per_stage = f64::from(ctx.job.model.layers.div_ceil(shape.pp));
+    let floor: Vec<f64> = (0..n).map(|s| replica_floor(ctx, shape, s)).collect();
     // A site's most loaded stage holds at least ⌈L/p⌉ layers of state,
     // sharded at best over every replica the site can hold, and one
     // micro-batch of activations; a site whose HBM cannot hold that hosts

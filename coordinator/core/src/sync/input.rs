@@ -197,7 +197,8 @@ impl SyncInput {
     /// gradient exchanged every step at the training precision, i.e. the
     /// planner held to H = 1, one fragment, τ = 0 and no quantisation, on
     /// the same collective and loss-limited rates DiLoCo's sync is costed
-    /// with. Placement costs cross-site data parallelism with it.
+    /// with, and the job's link budget. Placement costs cross-site data
+    /// parallelism with it.
     pub fn sync_dp(mut self) -> Self {
         let bits = self.sync_dp_bits;
         self.codecs = vec![Codec {
@@ -210,8 +211,10 @@ impl SyncInput {
             max_inner_steps: Some(1),
             fragments: Some(1),
             max_overlap_steps: Some(0),
-            bits: Some(bits),
+            // The one codec: a fixed width would have to be 16, 8 or 4.
+            bits: None,
             error_feedback: Some(false),
+            link_budget: self.policy.link_budget,
             ..Diloco::new(1)
         };
         self

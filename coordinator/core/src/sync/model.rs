@@ -405,10 +405,17 @@ fn choose_codec(input: &SyncInput) -> Result<Codec, SyncError> {
     let mut seen = Vec::new();
     for (i, codec) in input.codecs.iter().enumerate() {
         let field = |rest: &str| format!("codecs[{i}].{rest}");
-        if ![4, 8, 16].contains(&codec.bits) {
+        // The baseline of synchronous data parallelism: the training
+        // precision as it is, whatever its width.
+        let baseline = codec.bits == input.sync_dp_bits && codec.block_size == 0;
+        if ![4, 8, 16].contains(&codec.bits) && !baseline {
             return Err(SyncError::invalid(
                 field("bits"),
-                format!("must be 16, 8 or 4, found {}", codec.bits),
+                format!(
+                    "must be 16, 8 or 4 (or the training precision's {} bits without blocks), \
+                     found {}",
+                    input.sync_dp_bits, codec.bits
+                ),
             ));
         }
         if seen.contains(&codec.bits) {
@@ -418,7 +425,7 @@ fn choose_codec(input: &SyncInput) -> Result<Codec, SyncError> {
             ));
         }
         seen.push(codec.bits);
-        if codec.bits < 16 && codec.block_size == 0 {
+        if codec.bits < 16 && codec.block_size == 0 && !baseline {
             return Err(SyncError::invalid(
                 field("block_size"),
                 format!(
