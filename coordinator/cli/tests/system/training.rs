@@ -257,9 +257,10 @@ fn a_site_killed_mid_training_rejoins_and_every_site_ends_with_the_same_paramete
     }
     let _serial = crate::ONE_AT_A_TIME.blocking_lock();
     let dir = tempfile::tempdir().unwrap();
-    // 30 rounds of H = 20: long enough that the kill 6 s after placement
-    // lands inside training even on a loaded machine.
-    let steps = 600;
+    // 60 rounds of H = 20: on an idle machine rounds take ~0.1 s and 30 of
+    // them ended before the kill 6 s after placement (seen in CI); 60 keep
+    // it inside training whether the machine is idle or loaded.
+    let steps = 1200;
     let timeline = r#"
 [[timeline]]
 at = "6 s"
