@@ -414,10 +414,11 @@ pub fn html(input: &ReportInput<'_>) -> Result<String, ReportError> {
         }
     }
     page.push_str("</table>\n<h2>The plans and their reasons</h2>\n");
-    for mode in [Mode::Pipeline, Mode::Diloco] {
+    for mode in [Mode::Pipeline, Mode::Diloco, Mode::SyncDp] {
         let title = match mode {
             Mode::Pipeline => "Pipeline placement",
-            _ => "DiLoCo placement (synchronous data parallelism runs on its layout)",
+            Mode::Diloco => "DiLoCo placement",
+            Mode::SyncDp => "Synchronous data-parallel placement",
         };
         let _ = writeln!(page, "<h3>{title}</h3>");
         match input.comparison.plan(mode) {

@@ -295,13 +295,17 @@ fn run(
             runner_up.as_ref(),
         )),
         None if ctx.sites.len() < 2
-            && let Some(mode @ (ModeConstraint::Diloco | ModeConstraint::DataParallel)) =
-                job.constraints.cross_site_mode =>
+            && matches!(
+                job.constraints.cross_site_mode,
+                Some(ModeConstraint::Diloco | ModeConstraint::DataParallel)
+            ) =>
         {
             Err(PlacementError::NoFeasiblePlan(format!(
                 "constraints.cross_site_mode is \"{}\" but only {} allowed site has a usable \
                  scale-up domain; replicas at several sites need two or more",
-                mode.as_str(),
+                job.constraints
+                    .cross_site_mode
+                    .map_or("", ModeConstraint::as_str),
                 ctx.sites.len()
             )))
         }

@@ -194,7 +194,9 @@ pub(crate) fn least_exchange(ctx: &Ctx<'_>, subset: &[usize]) -> f64 {
             least = least.max(sent / capacity);
         }
     }
-    least
+    // A few ulps below, so that rounding never lifts it above a time the
+    // planner computes another way.
+    least * (1.0 - 1e-12)
 }
 
 /// Every plan of these degrees with replicas per site worth costing, for

@@ -405,9 +405,15 @@ fn choose_codec(input: &SyncInput) -> Result<Codec, SyncError> {
     let mut seen = Vec::new();
     for (i, codec) in input.codecs.iter().enumerate() {
         let field = |rest: &str| format!("codecs[{i}].{rest}");
-        // The baseline of synchronous data parallelism: the training
-        // precision as it is, whatever its width.
-        let baseline = codec.bits == input.sync_dp_bits && codec.block_size == 0;
+        // The baseline of synchronous data parallelism
+        // (`SyncInput::sync_dp`): the training precision as it is, whatever
+        // its width, as the one codec of an every-step exchange without
+        // error feedback. A DiLoCo input keeps to 16, 8 and 4 bits.
+        let baseline = codec.bits == input.sync_dp_bits
+            && codec.block_size == 0
+            && input.codecs.len() == 1
+            && input.policy.max_inner_steps == Some(1)
+            && input.policy.error_feedback == Some(false);
         if ![4, 8, 16].contains(&codec.bits) && !baseline {
             return Err(SyncError::invalid(
                 field("bits"),

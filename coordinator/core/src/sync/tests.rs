@@ -573,3 +573,28 @@ fn a_policy_in_a_job_file_parses_with_defaults_and_is_validated() {
         assert!(text.contains(path), "{path}: {text}");
     }
 }
+
+/// The training precision's own width without blocks is accepted only as the one codec of
+/// synchronous data parallelism's every-step exchange (`SyncInput::sync_dp`): a DiLoCo input
+/// offering it is refused as before, and fp32 and fp8 baselines plan.
+#[test]
+fn the_raw_training_width_is_a_codec_only_for_synchronous_data_parallelism() {
+    for bits in [32, 8] {
+        let mut diloco = input();
+        diloco.sync_dp_bits = bits;
+        diloco.codecs = vec![Codec {
+            bits,
+            block_size: 0,
+            scale_bits: 0,
+            zstd_ratio: 1.0,
+        }];
+        match plan_sync(&diloco) {
+            Err(SyncError::Invalid { field, .. }) => assert!(field.starts_with("codecs[0]")),
+            other => panic!("{bits} bits for DiLoCo: {other:?}"),
+        }
+        let mut dp = input();
+        dp.sync_dp_bits = bits;
+        let plan = plan_sync(&dp.sync_dp()).expect("the baseline plans");
+        assert_eq!((plan.inner_steps, plan.bits()), (1, bits));
+    }
+}
