@@ -6,8 +6,7 @@ use super::model::Ctx;
 use super::plan::{
     CrossSiteMode, Degrees, PipelineGroup, Plan, Reason, Slice, Stage, StepBreakdown, WanTraffic,
 };
-use super::recost::{DATA_PARALLEL_TRAFFIC, DILOCO_TRAFFIC};
-use super::replicas::{DATA_PARALLEL, subset_links};
+use super::replicas::{DATA_PARALLEL, Sync, subset_links};
 use super::search::{Choice, Outcome};
 use crate::job::{Goal, ModeConstraint};
 use crate::topology::Topology;
@@ -181,10 +180,8 @@ fn wan_traffic(ctx: &Ctx<'_>, choice: &Choice, inner_steps: u32) -> Vec<WanTraff
                 .0 += bytes;
         }
     }
-    let what = match choice.mode {
-        CrossSiteMode::DataParallel => DATA_PARALLEL_TRAFFIC,
-        CrossSiteMode::Diloco { .. } | CrossSiteMode::Pipeline => DILOCO_TRAFFIC,
-    };
+    // A pipeline has no outer hops.
+    let what = Sync::of(choice.mode).unwrap_or(Sync::Diloco).traffic();
     for &((a, b), bytes) in &choice.outer_hops {
         by_pair.entry(key(a, b)).or_insert((0.0, what)).0 += bytes / f64::from(inner_steps);
     }

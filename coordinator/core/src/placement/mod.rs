@@ -3,8 +3,8 @@
 //! [`place`] searches tensor, pipeline and data-parallel degrees, the
 //! interleaving degree, the cross-site mode (one synchronous pipeline
 //! across sites, DiLoCo replicas per site with an outer sync every H
-//! steps, or replicas per site all-reducing every step), the site order, the replica distribution and the layer split,
-//! and returns the plan with the lowest predicted step time under
+//! steps, or replicas per site all-reducing every step), the site order,
+//! the replica distribution and the layer split, and returns the plan with the lowest predicted step time under
 //! [`crate::cost`]. [`brute_force_place`] enumerates the same space without
 //! the solver's shortcuts, for tiny instances; [`validate_plan`] checks
 //! every hard constraint of a plan against its inputs.

@@ -102,10 +102,7 @@ pub fn recost(
                 .fold(0.0, f64::max);
             let fewest = ks.iter().copied().min().unwrap_or(1);
             let degrees = (d.tensor_parallel, d.pipeline_parallel);
-            let sync = match plan.mode {
-                CrossSiteMode::DataParallel => Sync::DataParallel,
-                _ => Sync::Diloco,
-            };
+            let sync = Sync::of(plan.mode).unwrap_or(Sync::Diloco);
             let schedule =
                 plan_subset_sync(&ctx, sync, degrees, &subset, inner, fewest).map_err(|e| {
                     PlacementError::NoFeasiblePlan(format!("the sync planner refused: {e}"))
@@ -113,14 +110,14 @@ pub fn recost(
             let outer = outer_seconds(&ctx, sync, degrees, &subset, &ks, &schedule);
             out.site_order = schedule.collective.order.clone();
             // Cross-site data parallelism syncs every step.
-            let (h, what) = match sync {
-                Sync::Diloco => (schedule.inner_steps, DILOCO_TRAFFIC),
-                Sync::DataParallel => (1, DATA_PARALLEL_TRAFFIC),
+            let h = match sync {
+                Sync::Diloco => schedule.inner_steps,
+                Sync::DataParallel => 1,
             };
             out.outer_sync_seconds = outer;
             out.step.outer_sync_amortised = outer / f64::from(h);
             out.step.total = inner + outer / f64::from(h);
-            out.wan = wan_of(&schedule, h, what);
+            out.wan = wan_of(&schedule, h, sync.traffic());
             if sync == Sync::Diloco {
                 out.mode = CrossSiteMode::Diloco { inner_steps: h };
                 out.sync = Some(schedule);
@@ -129,14 +126,6 @@ pub fn recost(
     }
     Ok(out)
 }
-
-/// What a DiLoCo plan's outer sync moves over the WAN, as a plan says it.
-pub(crate) const DILOCO_TRAFFIC: &str =
-    "DiLoCo outer sync (as the sync planner encodes it), amortised";
-
-/// What cross-site data parallelism moves over the WAN, as a plan says it.
-pub(crate) const DATA_PARALLEL_TRAFFIC: &str =
-    "gradient all-reduce every step, at the training precision";
 
 /// The WAN traffic per (inner) step of a schedule whose outer step comes
 /// every `h` steps.

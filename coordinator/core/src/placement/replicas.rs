@@ -16,7 +16,7 @@ use super::search::{
     note, offer,
 };
 use super::sites;
-use crate::cost::{Link, ring_reduce_scatter};
+use crate::cost::{CostParams, Link, ring_reduce_scatter};
 use crate::state::LinkRecord;
 use crate::sync::{ShardHolders, SyncError, SyncInput, SyncPlan, plan_sync};
 
@@ -30,12 +30,29 @@ pub(crate) enum Sync {
 }
 
 impl Sync {
+    /// How the replicas of a plan in `mode` sync; `None` in pipeline mode.
+    pub fn of(mode: CrossSiteMode) -> Option<Self> {
+        match mode {
+            CrossSiteMode::Diloco { .. } => Some(Self::Diloco),
+            CrossSiteMode::DataParallel => Some(Self::DataParallel),
+            CrossSiteMode::Pipeline => None,
+        }
+    }
+
     /// Optimiser state a replica keeps beyond synchronous training, bytes
     /// per parameter.
-    pub fn extra_state(self, ctx: &Ctx<'_>) -> f64 {
+    pub fn extra_state(self, params: &CostParams) -> f64 {
         match self {
-            Self::Diloco => ctx.params.diloco_state_bytes_per_parameter,
+            Self::Diloco => params.diloco_state_bytes_per_parameter,
             Self::DataParallel => 0.0,
+        }
+    }
+
+    /// What the sync moves over the WAN, as a plan says it.
+    pub fn traffic(self) -> &'static str {
+        match self {
+            Self::Diloco => "DiLoCo outer sync (as the sync planner encodes it), amortised",
+            Self::DataParallel => "gradient all-reduce every step, at the training precision",
         }
     }
 
@@ -234,7 +251,7 @@ pub(crate) fn candidates(
         // The bound's memory filter holds for the lightest replica.
         let extra = syncs
             .iter()
-            .map(|s| s.extra_state(ctx))
+            .map(|s| s.extra_state(ctx.params))
             .fold(f64::INFINITY, f64::min);
         sites::replica_subsets(ctx, shape, extra, out, &mut each);
     } else {
@@ -264,7 +281,7 @@ impl Memo {
     ) -> Option<Rc<CostedGroup>> {
         let Shape { tp, pp, dp, v, m } = shape;
         let limit = cutoff(out, shape.gpus());
-        let extra = sync.extra_state(ctx);
+        let extra = sync.extra_state(ctx.params);
         self.groups
             .entry((sync, s, k))
             .or_insert_with(|| {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::plan::{CrossSiteMode, Plan};
+use super::replicas::Sync;
 use crate::cost::{self, CostParams};
 use crate::job::JobSpec;
 use crate::topology::Topology;
@@ -190,10 +191,7 @@ pub fn validate_plan_with(
                 }
             }
             // Memory, recomputed from the cost model.
-            let extra = match plan.mode {
-                CrossSiteMode::Diloco { .. } => params.diloco_state_bytes_per_parameter,
-                CrossSiteMode::Pipeline | CrossSiteMode::DataParallel => 0.0,
-            };
+            let extra = Sync::of(plan.mode).map_or(0.0, |s| s.extra_state(params));
             let chunks = cost::in_flight_chunks(j as u32, pp, d.micro_batches, v);
             let layers = f64::from(stage.layers);
             let replicas = u64::from(group.replicas);
