@@ -614,6 +614,69 @@ fn invalid_jobs_name_field_and_line() {
             "tokens, more than",
         ),
         (
+            "one-expert",
+            Append("[model.moe]\nexperts = 1\ntop_k = 1\nactive_parameters = 1_000_000_000\n"),
+            "model.moe.experts",
+            15,
+            "at least 2, found 1",
+        ),
+        (
+            "top-k-all-experts",
+            Append("[model.moe]\nexperts = 8\ntop_k = 8\nactive_parameters = 7_000_000_000\n"),
+            "model.moe.top_k",
+            16,
+            "fewer than the 8 experts",
+        ),
+        (
+            "all-parameters-active",
+            Append("[model.moe]\nexperts = 8\ntop_k = 2\nactive_parameters = 7_000_000_000\n"),
+            "model.moe.active_parameters",
+            17,
+            "fewer than the 7000000000 parameters",
+        ),
+        (
+            "fewer-active-than-top-k-experts",
+            Append("[model.moe]\nexperts = 8\ntop_k = 2\nactive_parameters = 1_000_000_000\n"),
+            "model.moe.active_parameters",
+            17,
+            "less than top_k / experts = 2 / 8",
+        ),
+        (
+            "too-many-experts",
+            Append(
+                "[model.moe]\nexperts = 100_000\ntop_k = 2\nactive_parameters = 2_000_000_000\n",
+            ),
+            "model.moe.experts",
+            15,
+            "more than the 65536 allowed",
+        ),
+        (
+            "unknown-moe-key",
+            Append(
+                "[model.moe]\nexperts = 8\ntop_k = 2\nactive_parameters = 2_000_000_000\nshared_experts = 1\n",
+            ),
+            "model.moe.shared_experts",
+            18,
+            "unknown field `shared_experts`",
+        ),
+        (
+            "expert-parallel-on-a-dense-model",
+            Append("expert_parallel = 4\n"),
+            "constraints.expert_parallel",
+            14,
+            "needs a mixture-of-experts model",
+        ),
+        (
+            "expert-parallel-not-dividing-experts",
+            Append(concat!(
+                "expert_parallel = 3\n",
+                "[model.moe]\nexperts = 8\ntop_k = 2\nactive_parameters = 2_000_000_000\n"
+            )),
+            "constraints.expert_parallel",
+            14,
+            "does not divide the 8 experts",
+        ),
+        (
             "unknown-model-key",
             Replace("layers = 32", "layers = 32\nexperts = 8"),
             "model.experts",

@@ -139,6 +139,7 @@ fn job_template() -> pb::JobSpec {
             sequence_length: 8192,
             vocabulary_size: 0,
             kv_heads: 0,
+            moe: None,
         }),
         global_batch: 1024,
         micro_batch: 1,

@@ -7,8 +7,8 @@
 //! and name the field; the core's validation then runs on the result.
 
 use longhaul_core::job::{
-    Batch, Constraints, Diloco, Goal, JobSpec, ModeConstraint, ModelShape, Objective, Precision,
-    Training,
+    Batch, Constraints, Diloco, Goal, JobSpec, ModeConstraint, ModelShape, MoeShape, Objective,
+    Precision, Training,
 };
 use longhaul_core::topology::{Building, DomainGroup, Fabric, FabricKind, Location, Site, WanLink};
 use longhaul_core::units::{ByteSize, DataRate, Distance, Duration};
@@ -189,6 +189,11 @@ pub fn job_from_wire(spec: &pb::JobSpec, field: &str) -> Result<JobSpec, Status>
             sequence_length: model.sequence_length,
             vocabulary_size: nonzero(model.vocabulary_size),
             kv_heads: nonzero(model.kv_heads),
+            moe: model.moe.as_ref().map(|moe| MoeShape {
+                experts: moe.experts,
+                top_k: moe.top_k,
+                active_parameters: moe.active_parameters,
+            }),
         },
         batch: Batch {
             global_batch: spec.global_batch,
@@ -209,13 +214,14 @@ pub fn job_from_wire(spec: &pb::JobSpec, field: &str) -> Result<JobSpec, Status>
             tensor_parallel: nonzero(constraints.tensor_parallel),
             pipeline_parallel: nonzero(constraints.pipeline_parallel),
             data_parallel: nonzero(constraints.data_parallel),
+            expert_parallel: nonzero(constraints.expert_parallel),
             cross_site_mode: match constraints.cross_site_mode.as_str() {
                 "" => None,
                 name => Some(ModeConstraint::parse(name).ok_or_else(|| {
                     invalid(
                         &format!("{field}.constraints.cross_site_mode"),
                         format!(
-                            "unknown mode {}: expected \"diloco\", \"pipeline\" or empty",
+                            "unknown mode {}: expected \"diloco\", \"pipeline\", \"data-parallel\" or empty",
                             longhaul_core::limits::quote(name)
                         ),
                     )
@@ -320,6 +326,11 @@ pub fn job_to_wire(spec: &JobSpec) -> pb::JobSpec {
             sequence_length: spec.model.sequence_length,
             vocabulary_size: spec.model.vocabulary_size.unwrap_or(0),
             kv_heads: spec.model.kv_heads.unwrap_or(0),
+            moe: spec.model.moe.as_ref().map(|moe| pb::MoeShape {
+                experts: moe.experts,
+                top_k: moe.top_k,
+                active_parameters: moe.active_parameters,
+            }),
         }),
         global_batch: spec.batch.global_batch,
         micro_batch: spec.batch.micro_batch,
@@ -335,6 +346,7 @@ pub fn job_to_wire(spec: &JobSpec) -> pb::JobSpec {
             tensor_parallel: c.tensor_parallel.unwrap_or(0),
             pipeline_parallel: c.pipeline_parallel.unwrap_or(0),
             data_parallel: c.data_parallel.unwrap_or(0),
+            expert_parallel: c.expert_parallel.unwrap_or(0),
             cross_site_mode: c
                 .cross_site_mode
                 .map_or_else(String::new, |m| m.as_str().to_string()),
@@ -357,11 +369,16 @@ layers = 16
 hidden_size = 2048
 attention_heads = 16
 sequence_length = 4096
+[model.moe]
+experts = 8
+top_k = 2
+active_parameters = 400_000_000
 [batch]
 global_batch = 64
 micro_batch = 1
 [constraints]
 cross_site_mode = "diloco"
+expert_parallel = 4
 [diloco]
 inner_steps = 100
 max_inner_steps = 300
@@ -379,7 +396,7 @@ max_gpus = 4096
 "#;
 
     #[test]
-    fn a_job_with_its_whole_diloco_policy_and_mode_crosses_the_wire_unchanged() {
+    fn a_job_with_its_experts_whole_diloco_policy_and_mode_crosses_the_wire_unchanged() {
         let job = JobSpec::from_toml("j.toml", JOB).expect("parses");
         let wire = job_to_wire(&job);
         assert_eq!(

@@ -25,6 +25,10 @@ pub const MODE_DILOCO: &str = "diloco";
 /// training framework's own collective; no outer rounds).
 pub const MODE_DATA_PARALLEL: &str = "data-parallel";
 
+fn one() -> u32 {
+    1
+}
+
 /// What one site must run for one job, as the coordinator assigned it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +42,10 @@ pub struct SiteAssignment {
     pub tensor_parallel: u32,
     pub pipeline_parallel: u32,
     pub data_parallel: u32,
+    /// Expert parallelism of a mixture-of-experts job: groups of this
+    /// many consecutive replicas share out the experts (1: dense).
+    #[serde(default = "one")]
+    pub expert_parallel: u32,
     /// "pipeline", "diloco" or "data-parallel".
     pub mode: String,
     /// DiLoCo inner steps between outer syncs; 0 in the other modes.
@@ -93,6 +101,14 @@ pub enum AssignmentError {
          \"data-parallel\""
     )]
     UnknownMode { mode: String },
+    #[error(
+        "assignment field `expert_parallel` is {expert_parallel}, which does not divide \
+         `data_parallel` {data_parallel}"
+    )]
+    ExpertParallel {
+        expert_parallel: u32,
+        data_parallel: u32,
+    },
     #[error(
         "assignment field `inner_steps` is {inner_steps} in {mode} mode; \
          it must be 0 in pipeline and data-parallel modes and at least 1 in diloco mode"
@@ -155,6 +171,7 @@ impl SiteAssignment {
             tensor_parallel: message.tensor_parallel,
             pipeline_parallel: message.pipeline_parallel,
             data_parallel: message.data_parallel,
+            expert_parallel: message.expert_parallel.max(1),
             mode: message.mode.clone(),
             inner_steps: message.sync.as_ref().map_or(0, |s| s.inner_steps),
             stages: message.stages.clone(),
@@ -208,6 +225,7 @@ impl SiteAssignment {
             tensor_parallel: degrees.tensor_parallel,
             pipeline_parallel: degrees.pipeline_parallel,
             data_parallel: degrees.data_parallel,
+            expert_parallel: degrees.expert_parallel,
             mode: mode.to_string(),
             inner_steps,
             stages,
@@ -234,10 +252,17 @@ impl SiteAssignment {
             ("tensor_parallel", self.tensor_parallel),
             ("pipeline_parallel", self.pipeline_parallel),
             ("data_parallel", self.data_parallel),
+            ("expert_parallel", self.expert_parallel),
         ] {
             if value == 0 {
                 return Err(AssignmentError::ZeroDegree { field });
             }
+        }
+        if !self.data_parallel.is_multiple_of(self.expert_parallel) {
+            return Err(AssignmentError::ExpertParallel {
+                expert_parallel: self.expert_parallel,
+                data_parallel: self.data_parallel,
+            });
         }
         let product = u128::from(self.tensor_parallel)
             * u128::from(self.pipeline_parallel)
@@ -387,6 +412,7 @@ mod tests {
             tensor_parallel: 2,
             pipeline_parallel: 2,
             data_parallel: 2,
+            expert_parallel: 1,
             mode: "pipeline".into(),
             inner_steps: 0,
             stages: vec![1],
@@ -480,6 +506,14 @@ mod tests {
             |a| a.stages = vec![0, 1],
             "assignment field `stages` is [0, 1] but the ranks here belong to [1] \
              (rank = tp_rank + tp · (stage + pp · replica))",
+        );
+        check(
+            |a| a.expert_parallel = 0,
+            "assignment field `expert_parallel` is 0; every parallel degree is at least 1",
+        );
+        check(
+            |a| a.expert_parallel = 3,
+            "assignment field `expert_parallel` is 3, which does not divide `data_parallel` 2",
         );
         check(
             |a| a.replicas = vec![1, 0],

@@ -511,6 +511,7 @@ fn nvl72_case() -> (SiteAssignment, Inventory) {
         tensor_parallel: 4,
         pipeline_parallel: 2,
         data_parallel: 9,
+        expert_parallel: 1,
         mode: "pipeline".into(),
         inner_steps: 0,
         stages: vec![0, 1],

@@ -262,6 +262,7 @@ fn a_rendered_assignment_is_accepted_by_the_real_sbatch() {
         tensor_parallel: node.gpus,
         pipeline_parallel: 1,
         data_parallel: 1,
+        expert_parallel: 1,
         mode: MODE_PIPELINE.into(),
         inner_steps: 0,
         stages: vec![0],

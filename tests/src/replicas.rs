@@ -71,6 +71,7 @@ pub fn small_job(name: &str) -> pb::JobSpec {
             sequence_length: 2048,
             vocabulary_size: 0,
             kv_heads: 0,
+            moe: None,
         }),
         global_batch: 64,
         micro_batch: 1,

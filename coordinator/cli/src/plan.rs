@@ -95,13 +95,18 @@ pub fn render(plan: &Plan) -> String {
     let d = &plan.degrees;
     let _ = writeln!(
         out,
-        "plan for {} on {}: {}\n  tp={} pp={} dp={}{} = {} GPUs, {} micro-batches of {}, order {}",
+        "plan for {} on {}: {}\n  tp={} pp={} dp={}{}{} = {} GPUs, {} micro-batches of {}, order {}",
         plan.job,
         plan.topology,
         mode(plan),
         d.tensor_parallel,
         d.pipeline_parallel,
         d.data_parallel,
+        if d.expert_parallel > 1 {
+            format!(" (experts over ep={})", d.expert_parallel)
+        } else {
+            String::new()
+        },
         if d.virtual_stages > 1 {
             format!(" (interleaved ×{})", d.virtual_stages)
         } else {
@@ -128,11 +133,16 @@ pub fn render(plan: &Plan) -> String {
     for (name, value) in [
         ("compute", s.compute),
         ("tensor parallel", s.tensor_parallel),
+        ("expert all-to-all", s.expert_parallel),
         ("exposed pipeline", s.exposed_pipeline),
         ("bubble", s.bubble),
         ("exposed data parallel", s.exposed_data_parallel),
         (sync_part, s.outer_sync_amortised),
     ] {
+        // A dense model has no all-to-all; its row would only say so.
+        if name == "expert all-to-all" && value == 0.0 {
+            continue;
+        }
         let share = if s.total > 0.0 {
             value / s.total * 100.0
         } else {

@@ -10,6 +10,10 @@
 //! solver, the brute-force placer and the plan checker all call these same
 //! functions, which is what makes "solver == brute force" meaningful.
 //!
+//! A mixture-of-experts model computes with its active parameters, holds
+//! all of them with the experts split over the expert-parallel group, and
+//! pays an all-to-all per layer ([`expert_all_to_all_seconds_per_layer`]).
+//!
 //! Deliberately conservative or absent: the data-parallel all-reduce is not
 //! overlapped with the backward pass; every pipeline stage is paced by the
 //! slowest one; no activation recomputation; the TP communication of the
@@ -174,10 +178,12 @@ pub fn loss_limited_rate(bytes_per_second: f64, rtt_seconds: f64, loss: f64, str
 /// parameter count spread evenly over the layers, so GQA and wide MLPs are
 /// honoured and embeddings are amortised) plus 12 · b·s²·h for attention
 /// scores and values (forward 4bs²h, backward twice that). No recomputation.
+/// A mixture-of-experts model's matrix multiplies count only the
+/// parameters a token uses ([`active_layer_parameters`]).
 pub fn layer_training_flops(job: &JobSpec) -> f64 {
     let m = &job.model;
     let tokens = f64::from(job.batch.micro_batch) * f64::from(m.sequence_length);
-    6.0 * layer_parameters(job) * tokens
+    6.0 * active_layer_parameters(job) * tokens
         + 12.0 * tokens * f64::from(m.sequence_length) * f64::from(m.hidden_size)
 }
 
@@ -194,8 +200,48 @@ pub fn activation_message_bytes(job: &JobSpec) -> f64 {
 /// tensor and sequence parallelism and flash attention (Korthikanti et al.
 /// 2022: s·b·h·34/t bytes at 16 bits; the 5as/h score term is gone with
 /// flash attention). Scaled by the element size.
+///
+/// Of the 34, 19 are the MLP's (a 4h-wide one). In a mixture-of-experts
+/// layer that share scales with the MLP width a token passes through (its
+/// active MLP parameters over a 4h MLP's 8h²), and each token's input is
+/// kept once more for each of its top_k routed copies (2·k).
 pub fn activation_bytes_per_layer(job: &JobSpec, tp: u32) -> f64 {
-    activation_message_bytes(job) / 2.0 * 34.0 / f64::from(tp.max(1))
+    let units = match &job.model.moe {
+        None => 34.0,
+        Some(moe) => {
+            let m = &job.model;
+            let h = f64::from(m.hidden_size);
+            let heads = f64::from(m.attention_heads.max(1));
+            let attention = 2.0 * h * h + 2.0 * h * h * f64::from(m.kv_heads()) / heads;
+            let width = (active_layer_parameters(job) - attention).max(0.0) / (8.0 * h * h);
+            15.0 + 19.0 * width + 2.0 * f64::from(moe.top_k)
+        }
+    };
+    activation_message_bytes(job) / 2.0 * units / f64::from(tp.max(1))
+}
+
+/// Expert-parallel all-to-all per layer and micro-batch: the dispatch and
+/// the combine, forward and backward (four), each moving the top_k routed
+/// copies of the tp-th share of the micro-batch's tokens that a GPU holds
+/// among the `ep` GPUs of its expert-parallel group, exposed like the TP
+/// collectives, with perfectly balanced routing (no capacity overflow).
+/// Zero for a dense model or ep = 1.
+pub fn expert_all_to_all_seconds_per_layer(job: &JobSpec, tp: u32, ep: u32, link: Link) -> f64 {
+    let Some(moe) = &job.model.moe else {
+        return 0.0;
+    };
+    let bytes = f64::from(moe.top_k) * activation_message_bytes(job) / f64::from(tp.max(1));
+    4.0 * all_to_all(u64::from(ep), bytes, link)
+}
+
+/// All-to-all among `n` peers, each sending `bytes` spread evenly over
+/// them: t = (n−1)α + (n−1)/n · S/B (the 1/n it keeps does not move).
+pub fn all_to_all(n: u64, bytes: f64, link: Link) -> f64 {
+    if n <= 1 {
+        return 0.0;
+    }
+    let steps = (n - 1) as f64;
+    steps * link.latency_seconds + steps / n as f64 * bytes / link.bytes_per_second
 }
 
 /// Tensor-parallel communication per layer and micro-batch: four
@@ -222,8 +268,22 @@ pub fn in_flight_chunks(stage: u32, p: u32, m: u64, v: u32) -> u64 {
 /// precision) weights and gradients split by tensor parallelism, and the
 /// optimizer (plus DiLoCo) state additionally sharded across the stage's
 /// data-parallel group (ZeRO-1 / distributed optimizer).
-pub fn state_bytes_per_layer(job: &JobSpec, tp: u32, dp_shard: u64, extra_per_param: f64) -> f64 {
+///
+/// A mixture-of-experts layer's experts are also split `ep` ways (expert
+/// parallelism over the stage's replicas); their optimizer state is
+/// sharded over the dp_shard / ep replicas that hold the same experts,
+/// which leaves it at the same bytes per GPU as a dense parameter's.
+pub fn state_bytes_per_layer(
+    job: &JobSpec,
+    tp: u32,
+    ep: u32,
+    dp_shard: u64,
+    extra_per_param: f64,
+) -> f64 {
+    let experts = expert_layer_parameters(job);
+    let element = f64::from(job.training.precision.bytes());
     state_bytes(job, layer_parameters(job), tp, dp_shard, extra_per_param)
+        - experts / f64::from(tp.max(1)) * 2.0 * element * (1.0 - 1.0 / f64::from(ep.max(1)))
 }
 
 /// Weights, gradients and optimizer state of `parameters` parameters on
@@ -260,6 +320,35 @@ pub fn embedding_parameters(job: &JobSpec) -> f64 {
 pub fn layer_parameters(job: &JobSpec) -> f64 {
     let m = &job.model;
     (m.parameters as f64 - 2.0 * embedding_parameters(job)) / f64::from(m.layers.max(1))
+}
+
+/// Parameters of one layer a token uses: all of them in a dense model; in
+/// a mixture-of-experts one what `active_parameters` leaves after the
+/// embedding and the LM head, over the layers (never more than the layer
+/// holds).
+pub fn active_layer_parameters(job: &JobSpec) -> f64 {
+    let m = &job.model;
+    match &m.moe {
+        None => layer_parameters(job),
+        Some(moe) => ((moe.active_parameters as f64 - 2.0 * embedding_parameters(job))
+            / f64::from(m.layers.max(1)))
+        .clamp(0.0, layer_parameters(job)),
+    }
+}
+
+/// Parameters of one layer's routed experts (zero in a dense model): with
+/// X of them and D dense, D + X is the layer and D + X·k/E what a token
+/// uses, so X = (layer − active) · E / (E − k), at most the layer.
+pub fn expert_layer_parameters(job: &JobSpec) -> f64 {
+    let Some(moe) = &job.model.moe else {
+        return 0.0;
+    };
+    let (e, k) = (f64::from(moe.experts), f64::from(moe.top_k));
+    if e <= k {
+        return 0.0;
+    }
+    let layer = layer_parameters(job);
+    ((layer - active_layer_parameters(job)) * e / (e - k)).clamp(0.0, layer)
 }
 
 /// Training FLOPs of the LM head per micro-batch (forward and backward:

@@ -129,7 +129,8 @@ impl Goal {
     }
 }
 
-/// The shape of a dense decoder-only transformer.
+/// The shape of a decoder-only transformer: dense, or with
+/// mixture-of-experts MLPs (`[model.moe]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelShape {
@@ -146,6 +147,9 @@ pub struct ModelShape {
     pub sequence_length: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocabulary_size: Option<u32>,
+    /// Mixture-of-experts MLPs; absent for a dense model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeShape>,
 }
 
 impl ModelShape {
@@ -153,6 +157,30 @@ impl ModelShape {
     pub fn kv_heads(&self) -> u32 {
         self.kv_heads.unwrap_or(self.attention_heads)
     }
+
+    /// Routed experts per layer (1 for a dense model).
+    pub fn experts(&self) -> u32 {
+        self.moe.as_ref().map_or(1, |m| m.experts)
+    }
+}
+
+/// A mixture-of-experts model (`[model.moe]`): every layer's MLP is
+/// `experts` routed experts of which each token uses `top_k`. The
+/// parameters a token touches (`active_parameters`, counting attention,
+/// shared experts, the router and the embeddings) set the FLOPs; all of
+/// them (`parameters`) set the memory. Expert parallelism shards the
+/// experts over the data-parallel replicas of a stage, which sit in one
+/// site, so its all-to-all never crosses the WAN.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeShape {
+    /// Routed experts per layer, at least 2.
+    pub experts: u32,
+    /// Experts each token is routed to, fewer than `experts`.
+    pub top_k: u32,
+    /// Parameters used per token, at least the dense part plus `top_k` of
+    /// the experts and less than `parameters`.
+    pub active_parameters: u64,
 }
 
 /// Batch sizes, in sequences.
@@ -227,6 +255,11 @@ pub struct Constraints {
     pub pipeline_parallel: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<u32>,
+    /// The expert-parallel degree of a mixture-of-experts model: how many
+    /// of a stage's replicas share out its experts. Chosen by placement
+    /// when unset; it must divide `experts`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expert_parallel: Option<u32>,
     /// How replicas at different sites may cooperate; placement chooses
     /// when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -594,6 +627,50 @@ fn positive(path: FieldPath, value: u64, out: &mut Vec<Violation>) {
     }
 }
 
+/// What is wrong with `[model.moe]` (at `path`) for the model `m`.
+fn moe_problems(path: &FieldPath, m: &ModelShape, moe: &MoeShape, out: &mut Vec<Violation>) {
+    if moe.experts < 2 {
+        out.push(Violation::new(
+            path.key("experts"),
+            format!("must be at least 2, found {}", moe.experts),
+        ));
+    }
+    if moe.top_k == 0 || moe.top_k >= moe.experts {
+        out.push(Violation::new(
+            path.key("top_k"),
+            format!(
+                "must be at least 1 and fewer than the {} experts, found {}",
+                moe.experts, moe.top_k
+            ),
+        ));
+        return;
+    }
+    let active = moe.active_parameters;
+    if active == 0 || active >= m.parameters {
+        out.push(Violation::new(
+            path.key("active_parameters"),
+            format!(
+                "must be at least 1 and fewer than the {} parameters, found {active}",
+                m.parameters
+            ),
+        ));
+        return;
+    }
+    // The dense part is active for every token, and so are top_k of the
+    // experts: active ≥ parameters · top_k / experts (in u128, exactly).
+    if u128::from(active) * u128::from(moe.experts)
+        < u128::from(m.parameters) * u128::from(moe.top_k)
+    {
+        out.push(Violation::new(
+            path.key("active_parameters"),
+            format!(
+                "{active} is less than top_k / experts = {} / {} of the {} parameters, which every token uses at least",
+                moe.top_k, moe.experts, m.parameters
+            ),
+        ));
+    }
+}
+
 /// The bounds of [`crate::limits`] on a job, its fields under `path`: at
 /// file read, and at admission of a submitted job (not at apply: see
 /// [`crate::state`]'s admission).
@@ -620,6 +697,16 @@ pub(crate) fn job_bounds(path: &FieldPath, spec: &JobSpec, out: &mut Vec<Violati
         "tokens",
         out,
     );
+    if let Some(moe) = &m.moe {
+        let experts = model.key("moe").key("experts");
+        check_at_most(
+            &experts,
+            moe.experts,
+            crate::limits::MAX_EXPERTS,
+            "experts",
+            out,
+        );
+    }
     let global = path.key("batch").key("global_batch");
     let batch = spec.batch.global_batch;
     check_at_most(&global, batch, MAX_GLOBAL_BATCH, "sequences", out);
@@ -665,6 +752,9 @@ impl Validate for JobSpec {
                     ),
                 ));
             }
+        }
+        if let Some(moe) = &m.moe {
+            moe_problems(&model.key("moe"), m, moe, &mut out);
         }
         if m.attention_heads > 0 && !m.hidden_size.is_multiple_of(m.attention_heads) {
             out.push(Violation::new(
@@ -728,6 +818,7 @@ impl Validate for JobSpec {
             ("tensor_parallel", c.tensor_parallel),
             ("pipeline_parallel", c.pipeline_parallel),
             ("data_parallel", c.data_parallel),
+            ("expert_parallel", c.expert_parallel),
         ] {
             if let Some(value) = value {
                 positive(constraints.key(key), value.into(), &mut out);
@@ -760,6 +851,29 @@ impl Validate for JobSpec {
                         m.kv_heads()
                     ),
                 ));
+            }
+        }
+        if let Some(ep) = c.expert_parallel
+            && ep > 0
+        {
+            let path = constraints.key("expert_parallel");
+            match &m.moe {
+                None if ep > 1 => out.push(Violation::new(
+                    path,
+                    format!(
+                        "expert-parallel degree {ep} needs a mixture-of-experts model ([model.moe])"
+                    ),
+                )),
+                Some(moe) if moe.experts > 0 && !moe.experts.is_multiple_of(ep) => {
+                    out.push(Violation::new(
+                        path,
+                        format!(
+                            "expert-parallel degree {ep} does not divide the {} experts",
+                            moe.experts
+                        ),
+                    ))
+                }
+                _ => {}
             }
         }
         if let Some(mode @ (ModeConstraint::Diloco | ModeConstraint::DataParallel)) =

@@ -80,6 +80,9 @@ pub const MAX_PARAMETERS: u64 = 1_000_000_000_000_000;
 pub const MAX_LAYERS: u32 = 100_000;
 /// A model's hidden size.
 pub const MAX_HIDDEN_SIZE: u32 = 1 << 20;
+/// Routed experts of one mixture-of-experts layer (DeepSeek-V3 has 256;
+/// the placement search walks the divisors).
+pub const MAX_EXPERTS: u32 = 1 << 16;
 /// Sequences per optimizer step (the placement search walks the divisors).
 pub const MAX_GLOBAL_BATCH: u32 = 1 << 24;
 /// A model's sequence length, in tokens.

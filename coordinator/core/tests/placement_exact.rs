@@ -5,7 +5,7 @@ use longhaul_core::JobSpec;
 use longhaul_core::cost::CostParams;
 use longhaul_core::gpu::GpuType;
 use longhaul_core::job::{
-    Batch, Constraints, Diloco, Goal, ModelShape, Objective, Precision, Training,
+    Batch, Constraints, Diloco, Goal, ModelShape, MoeShape, Objective, Precision, Training,
 };
 use longhaul_core::placement::{
     PlacementError, Plan, brute_force_place, every_site_order_place, place, place_with,
@@ -125,6 +125,7 @@ fn job(
             sequence_length: 2048,
             vocabulary_size: None,
             kv_heads: None,
+            moe: None,
         },
         batch: Batch {
             global_batch,
@@ -199,6 +200,7 @@ fn instance() -> impl Strategy<Value = Instance> {
             prop::option::of(prop::sample::select(vec![1u32, 2, 3])),
             prop::option::of(prop::sample::select(vec![2u32, 10, 100])),
             prop::option::of(prop::sample::select(vec![32_000u32, 256_000])),
+            moe(),
         ),
     )
         .prop_filter("at most 12 GPUs", |(sites, ..)| gpus(sites) <= 12)
@@ -209,7 +211,7 @@ fn instance() -> impl Strategy<Value = Instance> {
                 hbm,
                 (p, layers, heads, hph),
                 (gb, mb),
-                (max_tp, fixed_pp, h, vocabulary),
+                (max_tp, fixed_pp, h, vocabulary, moe),
             )| {
                 let gb = if gb % mb == 0 { gb } else { gb * mb };
                 let constraints = Constraints {
@@ -227,6 +229,11 @@ fn instance() -> impl Strategy<Value = Instance> {
                     .collect();
                 let mut job = job(p, layers, heads, hph, gb, mb, constraints, h);
                 job.model.vocabulary_size = vocabulary;
+                job.model.moe = moe.map(|(experts, top_k, share)| MoeShape {
+                    experts,
+                    top_k,
+                    active_parameters: (job.model.parameters as f64 * share) as u64,
+                });
                 (topology(&sites, &links, hbm), job)
             },
         )
@@ -289,6 +296,11 @@ fn agrees_with(
     }
 }
 
+/// A mixture of experts, or none: (experts, top_k, share of the parameters active).
+fn moe() -> impl Strategy<Value = Option<(u32, u32, f64)>> {
+    prop::option::of(prop::sample::select(vec![(4u32, 1u32, 0.4), (8, 2, 0.3)]))
+}
+
 fn vocabulary() -> impl Strategy<Value = Option<u32>> {
     prop::option::of(prop::sample::select(vec![32_000u32, 128_000, 256_000]))
 }
@@ -321,7 +333,7 @@ proptest! {
                 }
                 prop_assert_eq!(validate_plan_with(&topology, &job, s, &params), Ok(()));
                 prop_assert_eq!(validate_plan_with(&topology, &job, b, &params), Ok(()));
-                let parts = s.step.compute + s.step.tensor_parallel + s.step.exposed_pipeline + s.step.bubble + s.step.exposed_data_parallel + s.step.outer_sync_amortised;
+                let parts = s.step.compute + s.step.tensor_parallel + s.step.expert_parallel + s.step.exposed_pipeline + s.step.bubble + s.step.exposed_data_parallel + s.step.outer_sync_amortised;
                 prop_assert!(close(parts, s.step.total), "breakdown {} sums to total {}", parts, s.step.total);
                 prop_assert_eq!(s.bindings().count() as u64, s.gpus());
             }
@@ -380,8 +392,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 150, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
-    fn solver_matches_brute_force_across_sites((topology, mut job) in multi_site_instance(), vocabulary in vocabulary(), objective in objective()) {
+    fn solver_matches_brute_force_across_sites((topology, mut job) in multi_site_instance(), vocabulary in vocabulary(), objective in objective(), moe in moe()) {
         job.model.vocabulary_size = vocabulary;
+        job.model.moe = moe.map(|(experts, top_k, share)| MoeShape {
+            experts,
+            top_k,
+            active_parameters: (job.model.parameters as f64 * share) as u64,
+        });
         job.objective = objective;
         agrees_with(&topology, &job, brute_force_place, "brute force")?;
     }

@@ -106,6 +106,7 @@ fn cross_site_data_parallelism_wins_where_diloco_state_does_not_fit() {
     assert_eq!(s.outer_sync_amortised, plan.outer_sync_seconds);
     let sum = s.compute
         + s.tensor_parallel
+        + s.expert_parallel
         + s.exposed_pipeline
         + s.bubble
         + s.exposed_data_parallel

@@ -143,6 +143,7 @@ pub fn assignment_for(job: &JobRecord, site: &str, revision: u64) -> pb::Assignm
         tensor_parallel: plan.degrees.tensor_parallel,
         pipeline_parallel: plan.degrees.pipeline_parallel,
         data_parallel: plan.degrees.data_parallel,
+        expert_parallel: plan.degrees.expert_parallel,
         mode: match plan.mode {
             CrossSiteMode::Pipeline => "pipeline".to_string(),
             CrossSiteMode::Diloco { .. } => "diloco".to_string(),

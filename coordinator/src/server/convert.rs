@@ -125,6 +125,7 @@ pub fn plan_to_wire(plan: &longhaul_core::placement::Plan) -> Result<pb::Plan, S
         tensor_parallel: plan.degrees.tensor_parallel,
         pipeline_parallel: plan.degrees.pipeline_parallel,
         data_parallel: plan.degrees.data_parallel,
+        expert_parallel: plan.degrees.expert_parallel,
         micro_batches: u32::try_from(plan.degrees.micro_batches).unwrap_or(u32::MAX),
         cross_site_mode: mode.to_string(),
         inner_steps,
@@ -151,6 +152,7 @@ pub fn plan_to_wire(plan: &longhaul_core::placement::Plan) -> Result<pb::Plan, S
         predicted_step: Some(pb::StepTimeBreakdown {
             compute_ns: nanos(step.compute),
             tensor_parallel_ns: nanos(step.tensor_parallel),
+            expert_parallel_ns: nanos(step.expert_parallel),
             exposed_pipeline_ns: nanos(step.exposed_pipeline),
             bubble_ns: nanos(step.bubble),
             exposed_data_parallel_ns: nanos(step.exposed_data_parallel),

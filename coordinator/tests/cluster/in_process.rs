@@ -83,6 +83,7 @@ async fn writes_reads_forwarding_and_failover() {
             sequence_length: 4096,
             vocabulary_size: 0,
             kv_heads: 0,
+            moe: None,
         }),
         global_batch: 256,
         micro_batch: 1,

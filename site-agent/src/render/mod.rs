@@ -418,6 +418,7 @@ impl ResolvedAssignment<'_> {
             ("LONGHAUL_TP", a.tensor_parallel.to_string()),
             ("LONGHAUL_PP", a.pipeline_parallel.to_string()),
             ("LONGHAUL_DP", a.data_parallel.to_string()),
+            ("LONGHAUL_EP", a.expert_parallel.to_string()),
             ("LONGHAUL_MODE", a.mode.clone()),
             ("LONGHAUL_INNER_STEPS", a.inner_steps.to_string()),
             ("LONGHAUL_STAGES", hostlist::index_ranges(&a.stages)),

@@ -84,6 +84,7 @@ pub(crate) fn plan(
     let step = slowest.map_or(StepBreakdown::default(), |e| StepBreakdown {
         compute: e.compute,
         tensor_parallel: e.tensor_parallel,
+        expert_parallel: e.expert_parallel,
         exposed_pipeline: e.pipeline.exposed_p2p,
         bubble: e.pipeline.bubble,
         exposed_data_parallel: e.exposed_dp,
@@ -111,6 +112,7 @@ pub(crate) fn plan(
             virtual_stages: choice.v,
             micro_batches: choice.m,
             micro_batch_size: job.batch.micro_batch,
+            expert_parallel: choice.ep,
         },
         parallel_order: "tp-pp-dp".to_string(),
         site_order: site_names,
@@ -341,7 +343,39 @@ fn reasons(
             }
         })
         .collect();
-    vec![
+    let experts = job.model.moe.as_ref().map(|moe| {
+        let all_to_all = choice
+            .groups
+            .iter()
+            .map(|g| g.eval.expert_parallel)
+            .fold(0.0, f64::max);
+        let (e, k, ep) = (moe.experts, moe.top_k, choice.ep);
+        let searched = if job.constraints.expert_parallel.is_some() {
+            "as constraints.expert_parallel fixes".to_string()
+        } else {
+            format!(
+                "every degree dividing {e} and the replicas was costed, and none predicted a \
+                 better plan for the objective"
+            )
+        };
+        let why = if ep > 1 {
+            format!(
+                "each group of {ep} consecutive replicas of a stage shares out the {e} experts \
+                 ({} each, top-{k} routing) inside one site, which holds the experts' weights and \
+                 gradients {ep} times fewer and shrinks their all-reduce; its all-to-all costs {} \
+                 per step on the slowest stage; {searched}",
+                e / ep,
+                human_seconds(all_to_all),
+            )
+        } else {
+            format!(
+                "every replica holds all {e} experts (top-{k} routing), so no all-to-all; \
+                 {searched}"
+            )
+        };
+        reason("expert parallelism", format!("ep={ep}"), why)
+    });
+    let mut out = vec![
         reason("mode", kind.to_string(), mode_reason),
         reason(
             "degrees",
@@ -450,5 +484,10 @@ fn reasons(
                 human_bytes(min_slack)
             ),
         ),
-    ]
+    ];
+    // After the degrees.
+    if let Some(experts) = experts {
+        out.insert(2, experts);
+    }
+    out
 }

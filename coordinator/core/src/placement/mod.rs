@@ -107,6 +107,8 @@ pub enum PlacementError {
         largest_domain: u64,
         limit: Option<u32>,
     },
+    #[error("expert-parallel degree {expert_parallel} does not divide the {experts} experts")]
+    ExpertParallel { experts: u32, expert_parallel: u32 },
     #[error("pipeline-parallel degree {pipeline_parallel} exceeds the {layers} layers")]
     PipelineTooDeep { pipeline_parallel: u32, layers: u32 },
     #[error(

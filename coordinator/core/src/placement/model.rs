@@ -243,7 +243,15 @@ pub(crate) struct StageModel {
     pub activation_per_layer: f64,
     pub in_flight: u64,
     pub dp: DpCollective,
+    /// Gradient bytes per layer all-reduced over all the stage's replicas
+    /// (a mixture-of-experts layer's dense part) ...
     pub grad_bytes_per_layer: f64,
+    /// ... and over the replicas / ep that hold the same experts.
+    pub expert_grad_bytes_per_layer: f64,
+    /// The expert-parallel degree and its all-to-all per layer and
+    /// micro-batch (zero for a dense model).
+    pub ep: u32,
+    pub ep_per_layer: f64,
     /// What an end stage adds beyond its layers (zero elsewhere): the LM
     /// head's compute on the last, the embedding's and the head's memory
     /// and gradients ([`cost::end_stage_bytes`]).
@@ -271,6 +279,8 @@ pub(crate) struct GroupEval {
     pub pipeline: PipelineTime,
     pub compute: f64,
     pub tensor_parallel: f64,
+    /// The slowest stage's expert-parallel all-to-all, every micro-batch.
+    pub expert_parallel: f64,
     pub exposed_dp: f64,
     pub total: f64,
     pub memory: Vec<f64>,
@@ -293,10 +303,13 @@ pub(crate) enum GroupFailure {
 
 impl GroupModel {
     /// Builds the group or says which constraint fails. `extra_state` is the
-    /// DiLoCo state per parameter (0 in pipeline mode).
+    /// DiLoCo state per parameter (0 in pipeline mode); `ep` divides
+    /// `replicas`.
+    #[allow(clippy::too_many_arguments)] // reason: the group's degrees, each named.
     pub fn build(
         ctx: &Ctx<'_>,
         tp: u32,
+        ep: u32,
         v: u32,
         m: u64,
         replicas: u64,
@@ -317,7 +330,7 @@ impl GroupModel {
                     ctx,
                     site,
                     slices,
-                    tp,
+                    (tp, ep),
                     p,
                     index,
                     m,
@@ -366,13 +379,22 @@ impl GroupModel {
     /// Seconds per layer of stage `j` (its time less the end stage's part).
     fn slope(&self, j: usize) -> f64 {
         let s = &self.stages[j];
-        s.compute_per_layer + s.tp_per_layer
+        s.compute_per_layer + s.tp_per_layer + s.ep_per_layer
     }
 
+    /// Stage `j`'s data-parallel all-reduce: the dense gradients over all
+    /// its replicas, then a mixture-of-experts layer's expert gradients
+    /// over the replicas / ep that hold the same experts.
     pub fn dp_seconds(&self, j: usize, layers: u32) -> f64 {
         let s = &self.stages[j];
         let bytes = f64::from(layers) * s.grad_bytes_per_layer + s.end_grad_bytes;
-        s.dp.all_reduce(self.replicas, bytes)
+        let dense = s.dp.all_reduce(self.replicas, bytes);
+        if s.expert_grad_bytes_per_layer == 0.0 {
+            return dense;
+        }
+        let ep = u64::from(s.ep.max(1));
+        let experts = f64::from(layers) * s.expert_grad_bytes_per_layer;
+        dense + s.dp.strided(ep).all_reduce(self.replicas / ep, experts)
     }
 
     pub fn memory(&self, j: usize, layers: u32) -> f64 {
@@ -423,6 +445,7 @@ impl GroupModel {
             pipeline,
             compute: m * (l * s.compute_per_layer + s.end_seconds),
             tensor_parallel: m * l * s.tp_per_layer,
+            expert_parallel: m * l * s.ep_per_layer,
             exposed_dp,
             total: pipeline.total + exposed_dp,
             memory,
@@ -605,7 +628,7 @@ fn stage_model(
     ctx: &Ctx<'_>,
     site: usize,
     slices: Vec<SliceRef>,
-    tp: u32,
+    (tp, ep): (u32, u32),
     p: u32,
     index: u32,
     m: u64,
@@ -627,6 +650,7 @@ fn stage_model(
     let element = f64::from(job.training.precision.bytes());
     let end_parameters =
         cost::embedding_parameters(job) * f64::from(u8::from(ends.0) + u8::from(ends.1));
+    let experts = cost::expert_layer_parameters(job);
     StageModel {
         end_seconds: if ends.1 {
             cost::head_training_flops(job) / (f64::from(tp) * flops * params.mfu)
@@ -639,11 +663,19 @@ fn stage_model(
         compute_per_layer: ctx.layer_flops / (f64::from(tp) * flops * params.mfu),
         tp_per_layer: cost::tp_seconds_per_layer(job, tp, tp_link),
         usable_hbm: hbm * (1.0 - params.hbm_headroom),
-        state_per_layer: cost::state_bytes_per_layer(job, tp, replicas, extra_state),
+        state_per_layer: cost::state_bytes_per_layer(job, tp, ep, replicas, extra_state),
         activation_per_layer: cost::activation_bytes_per_layer(job, tp),
         in_flight: in_flight_chunks(index, p, m, v),
         dp: dp_collective(ctx, site, &slices, tp, tp_link),
-        grad_bytes_per_layer: cost::layer_parameters(job) / f64::from(tp) * element,
+        grad_bytes_per_layer: (cost::layer_parameters(job) - experts) / f64::from(tp) * element,
+        expert_grad_bytes_per_layer: experts / f64::from(tp * ep.max(1)) * element,
+        ep,
+        ep_per_layer: cost::expert_all_to_all_seconds_per_layer(
+            job,
+            tp,
+            ep,
+            ep_link(ctx, site, &slices, (tp, ep), replicas, tp_link),
+        ),
         slices,
     }
 }
@@ -665,6 +697,25 @@ pub(crate) enum DpCollective {
 }
 
 impl DpCollective {
+    /// The collective among every `stride`-th replica (those holding the
+    /// same experts): the same links, 1/stride of each building's share.
+    pub fn strided(&self, stride: u64) -> Self {
+        match *self {
+            Self::Hierarchical {
+                local,
+                local_link,
+                buildings,
+                cross_link,
+            } => Self::Hierarchical {
+                local: (local / stride.max(1)).max(1),
+                local_link,
+                buildings,
+                cross_link,
+            },
+            ring => ring,
+        }
+    }
+
     pub fn all_reduce(&self, replicas: u64, bytes: f64) -> f64 {
         match *self {
             Self::Ring(link) => ring_all_reduce(replicas, bytes, link),
@@ -728,6 +779,47 @@ fn dp_collective(
         buildings: per_building.len() as u64,
         cross_link: Link::new(params.campus_latency_seconds, fabric.min(campus)),
     }
+}
+
+/// The link a stage's expert-parallel all-to-all runs on, its groups being
+/// `ep` consecutive replicas: NVLink when every group lies in one scale-up
+/// domain, the building fabric when some group leaves its domain, the
+/// campus interconnect (shared by all the stage's GPUs, conservatively)
+/// when the stage spans buildings and a group may too.
+fn ep_link(
+    ctx: &Ctx<'_>,
+    site: usize,
+    slices: &[SliceRef],
+    (tp, ep): (u32, u32),
+    replicas: u64,
+    scale_up: Link,
+) -> Link {
+    let pools = &ctx.sites[site].pools;
+    let params = ctx.params;
+    let ep = u64::from(ep.max(1));
+    let mut before = 0u64;
+    let mut in_domains = true;
+    for s in slices {
+        let spd = pools[s.pool].slots_per_domain(tp).max(1);
+        in_domains &= [before, s.first, s.count, spd]
+            .iter()
+            .all(|n| n.is_multiple_of(ep));
+        before += s.count;
+    }
+    if in_domains {
+        return scale_up;
+    }
+    let fabric = slices
+        .iter()
+        .map(|s| pools[s.pool].nic_bytes / pools[s.pool].oversubscription)
+        .fold(f64::INFINITY, f64::min);
+    let first = slices.first().map(|s| pools[s.pool].building);
+    if slices.iter().all(|s| Some(pools[s.pool].building) == first) {
+        return Link::new(params.fabric_latency_seconds, fabric);
+    }
+    let gpus = (replicas * u64::from(tp)).max(1) as f64;
+    let campus = ctx.sites[site].campus_bytes.unwrap_or(fabric) / gpus;
+    Link::new(params.campus_latency_seconds, fabric.min(campus))
 }
 
 /// Point-to-point between two stages of one site: each replica's tp GPUs

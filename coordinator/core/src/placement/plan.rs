@@ -44,6 +44,20 @@ pub struct Degrees {
     /// Micro-batches per replica per step: global batch / (DP · micro-batch).
     pub micro_batches: u64,
     pub micro_batch_size: u32,
+    /// Expert parallelism of a mixture-of-experts model: each group of
+    /// this many consecutive replicas of a stage shares out its experts
+    /// (1, and absent from JSON, for a dense model). It divides every
+    /// group's replicas, so it never spans sites.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub expert_parallel: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl Degrees {
@@ -97,6 +111,9 @@ pub struct PipelineGroup {
 pub struct StepBreakdown {
     pub compute: f64,
     pub tensor_parallel: f64,
+    /// The expert-parallel all-to-all (zero for a dense model).
+    #[serde(default)]
+    pub expert_parallel: f64,
     pub exposed_pipeline: f64,
     pub bubble: f64,
     pub exposed_data_parallel: f64,

@@ -56,6 +56,7 @@ pub fn recost(
                 let model = GroupModel::build(
                     &ctx,
                     d.tensor_parallel,
+                    d.expert_parallel,
                     d.virtual_stages,
                     d.micro_batches,
                     u64::from(group.replicas),
@@ -79,6 +80,7 @@ pub fn recost(
             if let Some((total, e)) = slowest {
                 out.step.compute = e.compute;
                 out.step.tensor_parallel = e.tensor_parallel;
+                out.step.expert_parallel = e.expert_parallel;
                 out.step.exposed_pipeline = e.pipeline.exposed_p2p;
                 out.step.bubble = e.pipeline.bubble;
                 out.step.exposed_data_parallel = e.exposed_dp;

@@ -13,7 +13,7 @@ use super::model::Ctx;
 use super::plan::CrossSiteMode;
 use super::search::{
     Choice, CostedGroup, EXACT_DISTRIBUTIONS, Effort, HopBytes, Outcome, Shape, cost_group, cutoff,
-    note, offer,
+    ep_label, note, offer,
 };
 use super::sites;
 use crate::cost::{CostParams, Link, ring_reduce_scatter};
@@ -279,19 +279,27 @@ impl Memo {
         (s, k): (usize, u64),
         out: &mut Outcome,
     ) -> Option<Rc<CostedGroup>> {
-        let Shape { tp, pp, dp, v, m } = shape;
+        let Shape {
+            tp,
+            ep,
+            pp,
+            dp,
+            v,
+            m,
+        } = shape;
         let limit = cutoff(out, shape.gpus());
         let extra = sync.extra_state(ctx.params);
         self.groups
             .entry((sync, s, k))
             .or_insert_with(|| {
                 out.budget.evaluations += 1;
-                match cost_group(ctx, effort, (tp, v, m, k), &[(s, pp)], extra, limit) {
+                match cost_group(ctx, effort, (tp, ep, v, m, k), &[(s, pp)], extra, limit) {
                     Ok(g) => Some(Rc::new(g)),
                     Err(f) => {
                         note(out, f, || {
                             format!(
-                                "tp={tp} pp={pp} dp={dp} v={v} {}, {k} replicas at {}",
+                                "tp={tp}{} pp={pp} dp={dp} v={v} {}, {k} replicas at {}",
+                                ep_label(ep),
                                 sync.kind(),
                                 ctx.sites[s].id
                             )
@@ -315,7 +323,14 @@ fn subset_candidates(
     memo: &mut Memo,
     out: &mut Outcome,
 ) {
-    let Shape { tp, pp, dp, v, m } = shape;
+    let Shape {
+        tp,
+        ep,
+        pp,
+        dp,
+        v,
+        m,
+    } = shape;
     let least_exchange = match sync {
         Sync::DataParallel if effort.prunes() => least_exchange(ctx, subset),
         Sync::DataParallel | Sync::Diloco => 0.0,
@@ -330,17 +345,27 @@ fn subset_candidates(
             return;
         }
     }
+    // Replicas are handed out in units of ep: a site holds whole
+    // expert-parallel groups, so every site has all the experts.
+    let unit = ep.max(1);
+    let units = dp / unit;
+    if units < subset.len() as u32 {
+        return;
+    }
     let caps: Vec<u32> = subset
         .iter()
-        .map(|&s| u32::try_from(ctx.sites[s].slots(tp) / u64::from(pp)).unwrap_or(u32::MAX))
+        .map(|&s| {
+            let room = ctx.sites[s].slots(tp) / u64::from(pp) / u64::from(unit);
+            u32::try_from(room).unwrap_or(u32::MAX)
+        })
         .collect();
     let exact = effort == Effort::Exhaustive
-        || binomial(u64::from(dp) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
+        || binomial(u64::from(units) - 1, subset.len() as u64 - 1) <= EXACT_DISTRIBUTIONS;
     let distributions = if exact {
-        compositions(dp, subset.len() as u32, &caps)
+        compositions(units, subset.len() as u32, &caps)
     } else {
-        greedy_distribution(dp, subset, &caps, &mut |s, k| {
-            memo.site_group(ctx, effort, (shape, sync), (s, k), out)
+        greedy_distribution(units, subset, &caps, &mut |s, k| {
+            memo.site_group(ctx, effort, (shape, sync), (s, k * u64::from(unit)), out)
                 .map(|g| g.eval.total)
         })
         .into_iter()
@@ -350,7 +375,10 @@ fn subset_candidates(
     // distributions over this subset that agree on those share it.
     let mut planned: BTreeMap<(u64, u64), Result<Rc<SyncPlan>, SyncError>> = BTreeMap::new();
     for ks in distributions {
-        let ks: Vec<u64> = ks.into_iter().map(u64::from).collect();
+        let ks: Vec<u64> = ks
+            .into_iter()
+            .map(|k| u64::from(k) * u64::from(unit))
+            .collect();
         let mut groups = Vec::with_capacity(subset.len());
         for (&s, &k) in subset.iter().zip(&ks) {
             match memo.site_group(ctx, effort, (shape, sync), (s, k), out) {
@@ -404,6 +432,7 @@ fn subset_candidates(
         let total = inner + outer / f64::from(h);
         offer(out, sync.kind(), total, shape.gpus(), || Choice {
             tp,
+            ep,
             pp,
             dp,
             v,
@@ -422,8 +451,8 @@ fn subset_candidates(
     }
 }
 
-/// Replicas per site minimising the slowest site's inner step: start every
-/// site at one replica and give each further replica to the site whose
+/// Replicas (or units of them) per site minimising the slowest site's inner
+/// step: start every site at one and give each further one to the site whose
 /// step stays shortest (a min-max of non-decreasing functions), or split by
 /// capacity when there are too many replicas to hand out one by one.
 fn greedy_distribution(

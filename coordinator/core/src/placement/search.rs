@@ -78,6 +78,9 @@ impl Aim {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
     pub tp: u32,
+    /// Expert parallelism (1 for a dense model); it divides each group's
+    /// replicas.
+    pub ep: u32,
     pub pp: u32,
     pub dp: u32,
     pub v: u32,
@@ -105,6 +108,7 @@ pub(crate) type HopBytes = ((usize, usize), f64);
 #[derive(Debug, Clone)]
 pub(crate) struct Choice {
     pub tp: u32,
+    pub ep: u32,
     pub pp: u32,
     pub dp: u32,
     pub v: u32,
@@ -182,6 +186,9 @@ impl Outcome {
 #[derive(Debug)]
 pub(crate) struct Space {
     pub tps: Vec<u32>,
+    /// Expert-parallel degrees: the divisors of the experts ([1] for a
+    /// dense model), or the job's.
+    pub eps: Vec<u32>,
     pub pps: Vec<u32>,
     pub dps: Vec<u32>,
 }
@@ -240,7 +247,18 @@ impl Space {
                 data_parallel: c.data_parallel.unwrap_or(0),
             });
         }
-        Ok(Self { tps, pps, dps })
+        let experts = model.experts();
+        let eps: Vec<u32> = (1..=experts)
+            .filter(|e| experts.is_multiple_of(*e))
+            .filter(|&e| c.expert_parallel.is_none_or(|f| f == e))
+            .collect();
+        if eps.is_empty() {
+            return Err(PlacementError::ExpertParallel {
+                experts,
+                expert_parallel: c.expert_parallel.unwrap_or(0),
+            });
+        }
+        Ok(Self { tps, eps, pps, dps })
     }
 }
 
@@ -302,6 +320,16 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                     continue;
                 }
                 let m = u64::from(ctx.job.batch.global_batch) / (u64::from(dp) * micro);
+                // Expert parallelism shares out a stage's replicas.
+                let eps: Vec<u32> = space
+                    .eps
+                    .iter()
+                    .copied()
+                    .filter(|&e| dp.is_multiple_of(e))
+                    .collect();
+                let Some(&widest_ep) = eps.last() else {
+                    continue;
+                };
                 if effort.prunes() {
                     // The most loaded stage holds at least ⌈L/p⌉ layers of
                     // state (sharded at best dp ways) and one chunk of
@@ -316,7 +344,7 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                         0.0
                     };
                     let least = layers_here
-                        * (cost::state_bytes_per_layer(ctx.job, tp, u64::from(dp), 0.0)
+                        * (cost::state_bytes_per_layer(ctx.job, tp, widest_ep, u64::from(dp), 0.0)
                             + cost::activation_bytes_per_layer(ctx.job, tp) / f64::from(max_v))
                         + ends;
                     if least > largest_hbm {
@@ -350,11 +378,20 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                     {
                         continue;
                     }
-                    let shape = Shape { tp, pp, dp, v, m };
-                    if pipelines {
-                        pipeline_candidates(ctx, effort, shape, &mut out);
+                    for &ep in &eps {
+                        let shape = Shape {
+                            tp,
+                            ep,
+                            pp,
+                            dp,
+                            v,
+                            m,
+                        };
+                        if pipelines {
+                            pipeline_candidates(ctx, effort, shape, &mut out);
+                        }
+                        replicas::candidates(ctx, effort, shape, syncs, &mut out);
                     }
-                    replicas::candidates(ctx, effort, shape, syncs, &mut out);
                 }
             }
         }
@@ -494,12 +531,12 @@ pub(crate) fn note(out: &mut Outcome, failure: GroupFailure, what: impl FnOnce()
 pub(crate) fn cost_group(
     ctx: &Ctx<'_>,
     effort: Effort,
-    (tp, v, m, replicas): (u32, u32, u64, u64),
+    (tp, ep, v, m, replicas): (u32, u32, u32, u64, u64),
     sites: &[(usize, u32)],
     extra_state: f64,
     cutoff: f64,
 ) -> Result<CostedGroup, GroupFailure> {
-    let model = GroupModel::build(ctx, tp, v, m, replicas, sites, extra_state)?;
+    let model = GroupModel::build(ctx, tp, ep, v, m, replicas, sites, extra_state)?;
     let layers = ctx.job.model.layers;
     if effort.prunes() && model.lower_bound(layers) > cutoff {
         return Err(GroupFailure::Pruned);
@@ -559,7 +596,14 @@ fn pipeline_sequence(
     seq: &[usize],
     out: &mut Outcome,
 ) {
-    let Shape { tp, pp, dp, v, m } = shape;
+    let Shape {
+        tp,
+        ep,
+        pp,
+        dp,
+        v,
+        m,
+    } = shape;
     let replicas = u64::from(dp);
     if v > 1 && seq.len() > 1 {
         return;
@@ -615,9 +659,10 @@ fn pipeline_sequence(
         let sites: Vec<(usize, u32)> = seq.iter().copied().zip(count).collect();
         let limit = cutoff(out, gpus);
         out.budget.evaluations += 1;
-        match cost_group(ctx, effort, (tp, v, m, replicas), &sites, 0.0, limit) {
+        match cost_group(ctx, effort, (tp, ep, v, m, replicas), &sites, 0.0, limit) {
             Ok(group) => offer(out, kind, group.eval.total, gpus, || Choice {
                 tp,
+                ep,
                 pp,
                 dp,
                 v,
@@ -632,11 +677,21 @@ fn pipeline_sequence(
             }),
             Err(failure) => note(out, failure, || {
                 format!(
-                    "tp={tp} pp={pp} dp={dp} v={v} pipeline over {}",
+                    "tp={tp}{} pp={pp} dp={dp} v={v} pipeline over {}",
+                    ep_label(ep),
                     names(ctx, seq)
                 )
             }),
         }
+    }
+}
+
+/// ` ep=N` for expert parallelism, nothing for none.
+pub(crate) fn ep_label(ep: u32) -> String {
+    if ep > 1 {
+        format!(" ep={ep}")
+    } else {
+        String::new()
     }
 }
 
@@ -707,7 +762,7 @@ micro_batch = 1
             (2, 4, vec![(0, 4)]),
             (8, 1, vec![(0, 1), (1, 3)]),
         ] {
-            let shape = (tp, 1, 32 / replicas, replicas);
+            let shape = (tp, 1, 1, 32 / replicas, replicas);
             let solved = cost_group(&ctx, Effort::Solve, shape, &layout, 0.0, f64::INFINITY);
             let brute = cost_group(&ctx, Effort::Exhaustive, shape, &layout, 0.0, f64::INFINITY);
             match (solved, brute) {

@@ -194,7 +194,7 @@ pub(crate) fn pipeline_sequences(
     // A stage holds at least one chunk of v layers and one micro-batch of
     // its activations; a site whose HBM cannot even hold that takes none.
     let v = f64::from(shape.v.max(1));
-    let least = v * cost::state_bytes_per_layer(ctx.job, shape.tp, replicas, 0.0)
+    let least = v * cost::state_bytes_per_layer(ctx.job, shape.tp, shape.ep, replicas, 0.0)
         + cost::activation_bytes_per_layer(ctx.job, shape.tp);
     let cap: Vec<u32> = (0..n)
         .map(|s| {
@@ -410,9 +410,11 @@ pub(crate) fn replica_subsets(
     // replica of the modes searched keeps beyond synchronous training.
     let cap: Vec<u64> = (0..n)
         .map(|s| {
-            let room = ctx.sites[s].slots(shape.tp) / u64::from(shape.pp);
+            // Whole expert-parallel groups only.
+            let unit = u64::from(shape.ep.max(1));
+            let room = ctx.sites[s].slots(shape.tp) / u64::from(shape.pp) / unit * unit;
             let least = per_stage
-                * (cost::state_bytes_per_layer(ctx.job, shape.tp, room.max(1), extra)
+                * (cost::state_bytes_per_layer(ctx.job, shape.tp, shape.ep, room.max(1), extra)
                     + cost::activation_bytes_per_layer(ctx.job, shape.tp)
                         / f64::from(shape.v.max(1)));
             if largest_hbm(ctx, s, shape.tp) < least {

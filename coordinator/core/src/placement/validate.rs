@@ -19,7 +19,8 @@ pub fn validate_plan(topology: &Topology, job: &JobSpec, plan: &Plan) -> Result<
 /// the job's constraints; groups cover every replica and stages every
 /// layer; each TP group lies inside one scale-up domain of an allowed site;
 /// no GPU is used twice; consecutive pipeline sites are linked; DiLoCo
-/// groups stay in one site each; every stage's memory fits.
+/// groups stay in one site each; expert parallelism divides the experts
+/// and every group's replicas; every stage's memory fits.
 pub fn validate_plan_with(
     topology: &Topology,
     job: &JobSpec,
@@ -59,7 +60,19 @@ pub fn validate_plan_with(
             c.max_tensor_parallel
         ));
     }
+    let ep = d.expert_parallel;
+    if ep == 0 || !model.experts().is_multiple_of(ep) {
+        errors.push(format!(
+            "ep {ep} does not divide the {} expert(s)",
+            model.experts()
+        ));
+    }
     for (name, fixed, actual) in [
+        (
+            "expert_parallel",
+            c.expert_parallel.filter(|_| model.moe.is_some()),
+            ep,
+        ),
         ("tensor_parallel", c.tensor_parallel, tp),
         ("pipeline_parallel", c.pipeline_parallel, pp),
         ("data_parallel", c.data_parallel, dp),
@@ -104,6 +117,12 @@ pub fn validate_plan_with(
             ));
         }
         next_replica = group.first_replica.saturating_add(group.replicas);
+        if ep > 0 && !group.replicas.is_multiple_of(ep) {
+            errors.push(format!(
+                "group {g}: {} replicas are not whole expert-parallel groups of {ep}",
+                group.replicas
+            ));
+        }
         if group.stages.len() != pp as usize {
             errors.push(format!(
                 "group {g} has {} stages, pp is {pp}",
@@ -196,7 +215,7 @@ pub fn validate_plan_with(
             let layers = f64::from(stage.layers);
             let replicas = u64::from(group.replicas);
             let ends = (j == 0, j + 1 == group.stages.len());
-            let memory = layers * cost::state_bytes_per_layer(job, tp, replicas, extra)
+            let memory = layers * cost::state_bytes_per_layer(job, tp, ep, replicas, extra)
                 + cost::activation_bytes_per_layer(job, tp) * chunks as f64 * layers / f64::from(v)
                 + cost::end_stage_bytes(job, tp, replicas, extra, ends);
             let usable = hbm * (1.0 - params.hbm_headroom);
