@@ -642,6 +642,34 @@ fn invalid_jobs_name_field_and_line() {
             "less than top_k / experts = 2 / 8",
         ),
         (
+            "active-below-embeddings-and-top-k",
+            Replace(
+                "sequence_length = 4096\n",
+                "sequence_length = 4096\nvocabulary_size = 128000\n[model.moe]\nexperts = 8\ntop_k = 2\nactive_parameters = 2_000_000_000\n",
+            ),
+            "model.moe.active_parameters",
+            12,
+            "plus top_k / experts = 2 / 8",
+        ),
+        (
+            "expert-parallel-not-dividing-data-parallel",
+            Append(
+                "expert_parallel = 4\ndata_parallel = 2\n[model.moe]\nexperts = 8\ntop_k = 2\nactive_parameters = 2_000_000_000\n",
+            ),
+            "constraints.expert_parallel",
+            14,
+            "does not divide data_parallel 2",
+        ),
+        (
+            "expert-parallel-not-dividing-micro-batches",
+            Append(
+                "expert_parallel = 3\n[model.moe]\nexperts = 24\ntop_k = 2\nactive_parameters = 2_000_000_000\n",
+            ),
+            "constraints.expert_parallel",
+            14,
+            "does not divide the 256 micro-batches",
+        ),
+        (
             "too-many-experts",
             Append(
                 "[model.moe]\nexperts = 100_000\ntop_k = 2\nactive_parameters = 2_000_000_000\n",

@@ -627,8 +627,16 @@ fn positive(path: FieldPath, value: u64, out: &mut Vec<Violation>) {
     }
 }
 
-/// What is wrong with `[model.moe]` (at `path`) for the model `m`.
-fn moe_problems(path: &FieldPath, m: &ModelShape, moe: &MoeShape, out: &mut Vec<Violation>) {
+/// What is wrong with `[model.moe]` (at `path`) for the model `m`, whose
+/// embedding and LM head hold `embeddings` parameters each (as the cost
+/// model counts them).
+fn moe_problems(
+    path: &FieldPath,
+    m: &ModelShape,
+    moe: &MoeShape,
+    embeddings: f64,
+    out: &mut Vec<Violation>,
+) {
     if moe.experts < 2 {
         out.push(Violation::new(
             path.key("experts"),
@@ -656,16 +664,33 @@ fn moe_problems(path: &FieldPath, m: &ModelShape, moe: &MoeShape, out: &mut Vec<
         ));
         return;
     }
-    // The dense part is active for every token, and so are top_k of the
-    // experts: active ≥ parameters · top_k / experts (in u128, exactly).
-    if u128::from(active) * u128::from(moe.experts)
-        < u128::from(m.parameters) * u128::from(moe.top_k)
-    {
+    // Every token uses the embedding and the LM head, the layers' dense
+    // part and top_k of their experts: with the ends' 2e parameters set
+    // aside, active − 2e ≥ (parameters − 2e) · top_k / experts (in u128,
+    // exactly; e is a whole vocabulary × hidden product).
+    let ends = 2 * embeddings as u128;
+    let (active, all) = (u128::from(active), u128::from(m.parameters));
+    if active <= ends {
         out.push(Violation::new(
             path.key("active_parameters"),
             format!(
-                "{active} is less than top_k / experts = {} / {} of the {} parameters, which every token uses at least",
-                moe.top_k, moe.experts, m.parameters
+                "{active} is not more than the {ends} parameters of the embedding and the LM head, which every token uses"
+            ),
+        ));
+    } else if (active - ends) * u128::from(moe.experts) < (all - ends) * u128::from(moe.top_k) {
+        out.push(Violation::new(
+            path.key("active_parameters"),
+            format!(
+                "{active} is less than {}top_k / experts = {} / {} of the {} parameters{}, which every token uses at least",
+                if ends > 0 {
+                    format!("the embedding and LM head ({ends}) plus ")
+                } else {
+                    String::new()
+                },
+                moe.top_k,
+                moe.experts,
+                all - ends,
+                if ends > 0 { " in the layers" } else { "" },
             ),
         ));
     }
@@ -754,7 +779,8 @@ impl Validate for JobSpec {
             }
         }
         if let Some(moe) = &m.moe {
-            moe_problems(&model.key("moe"), m, moe, &mut out);
+            let embeddings = crate::cost::embedding_parameters(self);
+            moe_problems(&model.key("moe"), m, moe, embeddings, &mut out);
         }
         if m.attention_heads > 0 && !m.hidden_size.is_multiple_of(m.attention_heads) {
             out.push(Violation::new(
@@ -873,7 +899,29 @@ impl Validate for JobSpec {
                         ),
                     ))
                 }
-                _ => {}
+                // Groups of ep replicas: the replicas come in whole groups.
+                Some(_) => {
+                    let sequences = self.batch.global_batch / self.batch.micro_batch.max(1);
+                    if let Some(dp) = c
+                        .data_parallel
+                        .filter(|&dp| dp > 0 && !dp.is_multiple_of(ep))
+                    {
+                        out.push(Violation::new(
+                            path,
+                            format!(
+                                "expert-parallel degree {ep} does not divide data_parallel {dp}: replicas share out the experts in whole groups of {ep}"
+                            ),
+                        ));
+                    } else if sequences > 0 && !sequences.is_multiple_of(ep) {
+                        out.push(Violation::new(
+                            path,
+                            format!(
+                                "expert-parallel degree {ep} does not divide the {sequences} micro-batches of a step (global_batch / micro_batch), so no data-parallel degree holds whole groups of {ep} replicas"
+                            ),
+                        ));
+                    }
+                }
+                None => {}
             }
         }
         if let Some(mode @ (ModeConstraint::Diloco | ModeConstraint::DataParallel)) =

@@ -205,3 +205,81 @@ fn replicas_per_site_come_in_whole_expert_parallel_groups() {
         "{errors:?}"
     );
 }
+
+/// One site of two buildings, one 8-GPU domain each, on a 100 Gbit/s campus link.
+fn two_buildings() -> Topology {
+    let text = r#"name = "two-buildings"
+[[gpu_types]]
+name = "gpu"
+hbm = "192 GiB"
+dense_bf16 = "1000 TFLOP/s"
+scale_up = "7200 Gbit/s"
+max_domain_gpus = 8
+[[sites]]
+id = "a"
+campus_interconnect = "100 Gbit/s"
+[[sites.buildings]]
+id = "a1"
+fabric = { kind = "leaf-spine", link_rate = "400 Gbit/s" }
+domains = [{ id = "d", count = 1, nodes_per_domain = 1, gpus_per_node = 8, gpu = "gpu" }]
+[[sites.buildings]]
+id = "a2"
+fabric = { kind = "leaf-spine", link_rate = "400 Gbit/s" }
+domains = [{ id = "d", count = 1, nodes_per_domain = 1, gpus_per_node = 8, gpu = "gpu" }]
+"#;
+    Topology::from_toml("two-buildings.toml", text).expect("topology parses")
+}
+
+/// With ep = dp every expert shard has one holder: no expert all-reduce, even where the stage
+/// spans buildings, so the exposed data-parallel time is the dense part's alone: that of a
+/// dense model of the same dense parameters.
+#[test]
+fn experts_with_one_holder_each_are_not_all_reduced() {
+    let topology = two_buildings();
+    let moe = job(8, "data_parallel = 8\nexpert_parallel = 8");
+    let plan = place(&topology, &moe).expect("feasible");
+    assert_eq!(plan.degrees.expert_parallel, 8);
+    let buildings: std::collections::BTreeSet<&str> = plan.groups[0].stages[0]
+        .slices
+        .iter()
+        .map(|s| s.building.as_str())
+        .collect();
+    assert_eq!(buildings.len(), 2, "the stage spans both buildings");
+    let mut dense = moe.clone();
+    let experts = cost::expert_layer_parameters(&moe) * f64::from(moe.model.layers);
+    dense.model.parameters -= experts.round() as u64;
+    dense.model.moe = None;
+    dense.constraints.expert_parallel = None;
+    let reference = place(&topology, &dense).expect("feasible");
+    let (got, want) = (
+        plan.step.exposed_data_parallel,
+        reference.step.exposed_data_parallel,
+    );
+    assert!(
+        (got - want).abs() <= 1e-6 * want,
+        "{got} s against the dense part's {want} s"
+    );
+}
+
+/// Bad expert-parallel degrees are refused with the reason, not a misleading one.
+#[test]
+fn a_degree_no_layout_can_hold_is_refused_saying_why() {
+    // Two 8-GPU sites, 8 replicas in one group of 8: no site can hold a whole group of DiLoCo's.
+    let topology = topology(&["a", "b"], 1, 192);
+    let job = job(8, "cross_site_mode = \"diloco\"\nexpert_parallel = 8");
+    let error = place(&topology, &job).expect_err("infeasible").to_string();
+    assert!(error.contains("whole group"), "{error}");
+    // A plan whose degree does not divide its groups cannot be re-costed.
+    let fine = job_for_recost();
+    let plan = place(&topology, &fine).expect("feasible");
+    let mut forged = plan.clone();
+    forged.degrees.expert_parallel = 3;
+    let error = longhaul_core::placement::recost(&topology, &fine, &CostParams::default(), &forged)
+        .expect_err("refused")
+        .to_string();
+    assert!(error.contains("expert-parallel degree 3"), "{error}");
+}
+
+fn job_for_recost() -> JobSpec {
+    job(8, "data_parallel = 8\nexpert_parallel = 4")
+}

@@ -354,8 +354,8 @@ fn reasons(
             "as constraints.expert_parallel fixes".to_string()
         } else {
             format!(
-                "every degree dividing {e} and the replicas was costed, and none predicted a \
-                 better plan for the objective"
+                "every degree dividing {e} and the replicas was searched (costed, or cut by a \
+                 bound), and none predicted a better plan for the objective"
             )
         };
         let why = if ep > 1 {

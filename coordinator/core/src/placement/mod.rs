@@ -107,7 +107,10 @@ pub enum PlacementError {
         largest_domain: u64,
         limit: Option<u32>,
     },
-    #[error("expert-parallel degree {expert_parallel} does not divide the {experts} experts")]
+    #[error(
+        "expert-parallel degree {expert_parallel} does not divide the {experts} experts, or no \
+         admissible data-parallel degree holds whole groups of it"
+    )]
     ExpertParallel { experts: u32, expert_parallel: u32 },
     #[error("pipeline-parallel degree {pipeline_parallel} exceeds the {layers} layers")]
     PipelineTooDeep { pipeline_parallel: u32, layers: u32 },
@@ -349,7 +352,10 @@ fn explain_within(f: search::Failures) -> PlacementError {
     let sync = f
         .sync
         .map(|why| format!("; the sync planner refused a cross-site sync: {why}"))
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + &f.expert_groups
+            .map(|why| format!("; {why}"))
+            .unwrap_or_default();
     PlacementError::NoFeasiblePlan(format!(
         "every candidate was rejected ({} needed a WAN link that does not exist{sync})",
         f.no_link

@@ -389,12 +389,14 @@ impl GroupModel {
         let s = &self.stages[j];
         let bytes = f64::from(layers) * s.grad_bytes_per_layer + s.end_grad_bytes;
         let dense = s.dp.all_reduce(self.replicas, bytes);
-        if s.expert_grad_bytes_per_layer == 0.0 {
+        let ep = u64::from(s.ep.max(1));
+        let holders = self.replicas / ep;
+        // With one holder per expert shard there is nothing to reduce.
+        if s.expert_grad_bytes_per_layer == 0.0 || holders <= 1 {
             return dense;
         }
-        let ep = u64::from(s.ep.max(1));
         let experts = f64::from(layers) * s.expert_grad_bytes_per_layer;
-        dense + s.dp.strided(ep).all_reduce(self.replicas / ep, experts)
+        dense + s.dp.strided(ep, self.replicas).all_reduce(holders, experts)
     }
 
     pub fn memory(&self, j: usize, layers: u32) -> f64 {
@@ -650,7 +652,14 @@ fn stage_model(
     let element = f64::from(job.training.precision.bytes());
     let end_parameters =
         cost::embedding_parameters(job) * f64::from(u8::from(ends.0) + u8::from(ends.1));
-    let experts = cost::expert_layer_parameters(job);
+    // Without expert parallelism the experts' gradients join the dense
+    // all-reduce (one collective, one latency).
+    let ep = ep.max(1);
+    let experts = if ep > 1 {
+        cost::expert_layer_parameters(job)
+    } else {
+        0.0
+    };
     StageModel {
         end_seconds: if ends.1 {
             cost::head_training_flops(job) / (f64::from(tp) * flops * params.mfu)
@@ -668,7 +677,7 @@ fn stage_model(
         in_flight: in_flight_chunks(index, p, m, v),
         dp: dp_collective(ctx, site, &slices, tp, tp_link),
         grad_bytes_per_layer: (cost::layer_parameters(job) - experts) / f64::from(tp) * element,
-        expert_grad_bytes_per_layer: experts / f64::from(tp * ep.max(1)) * element,
+        expert_grad_bytes_per_layer: experts / (f64::from(tp) * f64::from(ep)) * element,
         ep,
         ep_per_layer: cost::expert_all_to_all_seconds_per_layer(
             job,
@@ -697,9 +706,12 @@ pub(crate) enum DpCollective {
 }
 
 impl DpCollective {
-    /// The collective among every `stride`-th replica (those holding the
-    /// same experts): the same links, 1/stride of each building's share.
-    pub fn strided(&self, stride: u64) -> Self {
+    /// The collective among every `stride`-th of `replicas` replicas (those
+    /// holding the same experts): the same links; of the most loaded
+    /// building's `local` replicas at most ⌈local/stride⌉ are among them,
+    /// and they sit in at most replicas/stride buildings.
+    pub fn strided(&self, stride: u64, replicas: u64) -> Self {
+        let stride = stride.max(1);
         match *self {
             Self::Hierarchical {
                 local,
@@ -707,9 +719,9 @@ impl DpCollective {
                 buildings,
                 cross_link,
             } => Self::Hierarchical {
-                local: (local / stride.max(1)).max(1),
+                local: local.div_ceil(stride).max(1),
                 local_link,
-                buildings,
+                buildings: buildings.min((replicas / stride).max(1)),
                 cross_link,
             },
             ring => ring,

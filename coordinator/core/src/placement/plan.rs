@@ -60,6 +60,10 @@ fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
 impl Degrees {
     pub fn gpus(&self) -> u64 {
         u64::from(self.tensor_parallel)
@@ -111,8 +115,9 @@ pub struct PipelineGroup {
 pub struct StepBreakdown {
     pub compute: f64,
     pub tensor_parallel: f64,
-    /// The expert-parallel all-to-all (zero for a dense model).
-    #[serde(default)]
+    /// The expert-parallel all-to-all (zero, and absent from JSON, for a
+    /// dense model).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub expert_parallel: f64,
     pub exposed_pipeline: f64,
     pub bubble: f64,

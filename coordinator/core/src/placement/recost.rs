@@ -38,6 +38,14 @@ pub fn recost(
             ))
         })
     };
+    let ep = plan.degrees.expert_parallel;
+    if let Some(group) = plan.groups.iter().find(|g| ep == 0 || g.replicas % ep != 0) {
+        return Err(PlacementError::InvalidJob(format!(
+            "the plan's expert-parallel degree {ep} does not divide the {} replicas of its group \
+             at replica {}",
+            group.replicas, group.first_replica
+        )));
+    }
     let mut out = plan.clone();
     match plan.mode {
         CrossSiteMode::Pipeline => {
@@ -109,7 +117,8 @@ pub fn recost(
                 plan_subset_sync(&ctx, sync, degrees, &subset, inner, fewest).map_err(|e| {
                     PlacementError::NoFeasiblePlan(format!("the sync planner refused: {e}"))
                 })?;
-            let outer = outer_seconds(&ctx, sync, degrees, &subset, &ks, &schedule);
+            let shape = (degrees.0, degrees.1, d.expert_parallel);
+            let outer = outer_seconds(&ctx, sync, shape, &subset, &ks, &schedule);
             out.site_order = schedule.collective.order.clone();
             // Cross-site data parallelism syncs every step.
             let h = match sync {

@@ -5,7 +5,8 @@
 //! keeps its outer state, `CostParams::diloco_state_bytes_per_parameter`)
 //! and in what crosses the WAN.
 
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
 use std::rc::Rc;
 
 use super::enumerate::{binomial, compositions, has_ring, proportional, subsets};
@@ -75,10 +76,24 @@ pub(crate) const DATA_PARALLEL: &str = "cross-site data-parallel";
 /// is counted as exposed; the sync planner leaves it out
 /// ([`crate::sync`]). Cross-site data parallelism has none beyond the
 /// inner step's: the all-reduce among a site's replicas every step is
-/// the reduce-scatter and all-gather around its WAN exchange.
-pub(crate) fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks: &[u64]) -> f64 {
+/// the reduce-scatter and all-gather around its WAN exchange. With expert
+/// parallelism the experts' part is reduced among the k/ep replicas that
+/// hold each of its tp·pp·ep shards.
+pub(crate) fn local_reduce(
+    ctx: &Ctx<'_>,
+    (tp, pp, ep): (u32, u32, u32),
+    subset: &[usize],
+    ks: &[u64],
+) -> f64 {
     let job = ctx.job;
-    let bytes = job.model.parameters as f64 * f64::from(job.training.precision.bytes());
+    let element = f64::from(job.training.precision.bytes());
+    let ep = u64::from(ep.max(1));
+    let experts = if ep > 1 {
+        crate::cost::expert_layer_parameters(job) * f64::from(job.model.layers)
+    } else {
+        0.0
+    };
+    let bytes = (job.model.parameters as f64 - experts) * element;
     let shard_holders = u64::from(tp) * u64::from(pp);
     let mut local = 0.0f64;
     for (&s, &k) in subset.iter().zip(ks) {
@@ -88,7 +103,17 @@ pub(crate) fn local_reduce(ctx: &Ctx<'_>, tp: u32, pp: u32, subset: &[usize], ks
             .map(|p| p.nic_bytes / p.oversubscription)
             .fold(f64::INFINITY, f64::min);
         let link = Link::new(ctx.params.fabric_latency_seconds, fabric);
-        local = local.max(2.0 * ring_reduce_scatter(k, bytes / shard_holders as f64, link));
+        let dense = 2.0 * ring_reduce_scatter(k, bytes / shard_holders as f64, link);
+        let sharded = if experts > 0.0 {
+            2.0 * ring_reduce_scatter(
+                k / ep,
+                experts * element / (shard_holders * ep) as f64,
+                link,
+            )
+        } else {
+            0.0
+        };
+        local = local.max(dense + sharded);
     }
     local
 }
@@ -157,13 +182,13 @@ pub(crate) fn plan_subset_sync(
 pub(crate) fn outer_seconds(
     ctx: &Ctx<'_>,
     sync: Sync,
-    (tp, pp): (u32, u32),
+    (tp, pp, ep): (u32, u32, u32),
     subset: &[usize],
     ks: &[u64],
     planned: &SyncPlan,
 ) -> f64 {
     let local = match sync {
-        Sync::Diloco => local_reduce(ctx, tp, pp, subset, ks),
+        Sync::Diloco => local_reduce(ctx, (tp, pp, ep), subset, ks),
         Sync::DataParallel => 0.0,
     };
     local + planned.exposed_seconds_per_outer_step
@@ -229,7 +254,16 @@ pub(crate) fn candidates(
     if ctx.sites.len() < 2 || shape.dp < 2 || syncs.is_empty() {
         return;
     }
-    let mut memo = Memo::default();
+    if shape.dp / shape.ep.max(1) < 2 {
+        out.failures.expert_groups.get_or_insert_with(|| {
+            format!(
+                "{} replicas in groups of ep={} cannot give two sites a whole group each",
+                shape.dp, shape.ep
+            )
+        });
+        return;
+    }
+    let mut memo = Memo::new(ctx.sites.len());
     let mut each = |out: &mut Outcome, subset: &[usize]| {
         let ring = match out.budget.rings.get(subset) {
             Some(&known) => known,
@@ -260,17 +294,30 @@ pub(crate) fn candidates(
                 each(out, &subset);
             }
         }
+        // (Subsets of more sites than groups of ep are refused, and noted,
+        // by `subset_candidates`.)
     }
 }
 
 /// What candidates of one set of degrees share: each site's inner step for
 /// k replicas (it depends only on the site, k and what a replica holds).
-#[derive(Default)]
+/// A dense table, `groups[sync][site][k]` (`None`: not costed yet; `Some(None)`:
+/// infeasible or pruned): the distributions of a subset look it up far more
+/// often than they cost a group.
 struct Memo {
-    groups: BTreeMap<(Sync, usize, u64), Option<Rc<CostedGroup>>>,
+    groups: [Vec<Vec<Option<Known>>>; 2],
 }
 
+/// A site group as costed: `None` when infeasible or cut.
+type Known = Option<Rc<CostedGroup>>;
+
 impl Memo {
+    fn new(sites: usize) -> Self {
+        Self {
+            groups: [vec![Vec::new(); sites], vec![Vec::new(); sites]],
+        }
+    }
+
     fn site_group(
         &mut self,
         ctx: &Ctx<'_>,
@@ -287,11 +334,18 @@ impl Memo {
             v,
             m,
         } = shape;
+        let per_k = &mut self.groups[sync as usize][s];
+        let at = usize::try_from(k).unwrap_or(usize::MAX);
+        if let Some(Some(known)) = per_k.get(at) {
+            return known.clone();
+        }
         let limit = cutoff(out, shape.gpus());
         let extra = sync.extra_state(ctx.params);
-        self.groups
-            .entry((sync, s, k))
-            .or_insert_with(|| {
+        if per_k.len() <= at {
+            per_k.resize(at + 1, None);
+        }
+        per_k[at]
+            .get_or_insert_with(|| {
                 out.budget.evaluations += 1;
                 match cost_group(ctx, effort, (tp, ep, v, m, k), &[(s, pp)], extra, limit) {
                     Ok(g) => Some(Rc::new(g)),
@@ -350,6 +404,12 @@ fn subset_candidates(
     let unit = ep.max(1);
     let units = dp / unit;
     if units < subset.len() as u32 {
+        out.failures.expert_groups.get_or_insert_with(|| {
+            format!(
+                "{dp} replicas in groups of ep={ep} cannot give each of {} sites a whole group",
+                subset.len()
+            )
+        });
         return;
     }
     let caps: Vec<u32> = subset
@@ -379,18 +439,27 @@ fn subset_candidates(
             .into_iter()
             .map(|k| u64::from(k) * u64::from(unit))
             .collect();
+        // The slowest site's inner step, given up on as soon as it (with
+        // the exchange's bound) loses: the later sites' groups need not be
+        // costed for this distribution then.
+        let limit = if effort.prunes() {
+            cutoff(out, shape.gpus())
+        } else {
+            f64::INFINITY
+        };
         let mut groups = Vec::with_capacity(subset.len());
+        let mut inner = 0.0f64;
         for (&s, &k) in subset.iter().zip(&ks) {
-            match memo.site_group(ctx, effort, (shape, sync), (s, k), out) {
-                Some(g) => groups.push(g),
-                None => break,
+            let Some(g) = memo.site_group(ctx, effort, (shape, sync), (s, k), out) else {
+                break;
+            };
+            inner = inner.max(g.eval.total);
+            if inner + least_exchange > limit {
+                break;
             }
+            groups.push(g);
         }
         if groups.len() != subset.len() {
-            continue;
-        }
-        let inner = groups.iter().map(|g| g.eval.total).fold(0.0, f64::max);
-        if effort.prunes() && inner + least_exchange > cutoff(out, shape.gpus()) {
             continue;
         }
         let fewest = ks.iter().copied().min().unwrap_or(1);
@@ -428,7 +497,7 @@ fn subset_candidates(
             continue;
         };
         let h = schedule.inner_steps;
-        let outer = outer_seconds(ctx, sync, (tp, pp), subset, &ks, &schedule);
+        let outer = outer_seconds(ctx, sync, (tp, pp, ep), subset, &ks, &schedule);
         let total = inner + outer / f64::from(h);
         offer(out, sync.kind(), total, shape.gpus(), || Choice {
             tp,
@@ -469,18 +538,99 @@ fn greedy_distribution(
     if caps.contains(&0) {
         return None;
     }
-    for _ in subset.len() as u32..dp {
-        let mut pick: Option<(usize, f64)> = None;
-        for (i, &s) in subset.iter().enumerate() {
-            if ks[i] < caps[i]
-                && let Some(t) = step(s, u64::from(ks[i]) + 1)
-                && pick.is_none_or(|(_, best)| t < best)
-            {
-                pick = Some((i, t));
-            }
+    // Each site's step with one replica more, least first (ties: the
+    // earlier site); only the site given a replica changes its entry. A
+    // site whose next step is infeasible never becomes feasible again (its
+    // count no longer changes), so it leaves the heap.
+    let mut next = BinaryHeap::with_capacity(subset.len());
+    let mut push = |i: usize, ks: &[u32], next: &mut BinaryHeap<Reverse<(Seconds, usize)>>| {
+        if ks[i] < caps[i]
+            && let Some(t) = step(subset[i], u64::from(ks[i]) + 1)
+        {
+            next.push(Reverse((Seconds(t), i)));
         }
-        let (i, _) = pick?;
+    };
+    for i in 0..subset.len() {
+        push(i, &ks, &mut next);
+    }
+    for _ in subset.len() as u32..dp {
+        let Reverse((_, i)) = next.pop()?;
         ks[i] += 1;
+        push(i, &ks, &mut next);
     }
     Some(ks)
+}
+
+/// Seconds ordered by [`f64::total_cmp`], for the heap above.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Seconds(f64);
+
+impl Eq for Seconds {}
+
+impl PartialOrd for Seconds {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Seconds {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SeedRng;
+
+    /// The greedy's definition: every round, scan the sites for the least
+    /// next step (the first of equals), give it the replica.
+    fn scanned(
+        dp: u32,
+        caps: &[u32],
+        step: &mut impl FnMut(usize, u64) -> Option<f64>,
+    ) -> Option<Vec<u32>> {
+        let mut ks = vec![1u32; caps.len()];
+        for _ in caps.len() as u32..dp {
+            let mut pick: Option<(usize, f64)> = None;
+            for i in 0..caps.len() {
+                if ks[i] < caps[i]
+                    && let Some(t) = step(i, u64::from(ks[i]) + 1)
+                    && pick.is_none_or(|(_, best)| t < best)
+                {
+                    pick = Some((i, t));
+                }
+            }
+            let (i, _) = pick?;
+            ks[i] += 1;
+        }
+        Some(ks)
+    }
+
+    #[test]
+    fn the_heap_gives_the_replicas_as_the_scan_does_ties_and_infeasible_steps_included() {
+        let seed = 7;
+        let mut rng = SeedRng::new(seed);
+        for case in 0..500 {
+            let n = 2 + rng.index(6);
+            let subset: Vec<usize> = (0..n).collect();
+            let caps: Vec<u32> = (0..n).map(|_| 1 + rng.up_to(40) as u32).collect();
+            let dp = n as u32 + rng.up_to(120) as u32;
+            // Steps on a coarse grid (ties), some infeasible, not monotone.
+            let table: Vec<Vec<Option<f64>>> = (0..n)
+                .map(|_| {
+                    (0..=41)
+                        .map(|_| (!rng.chance(0.05)).then(|| rng.up_to(8) as f64))
+                        .collect()
+                })
+                .collect();
+            let mut step = |s: usize, k: u64| table[s][k as usize];
+            assert_eq!(
+                greedy_distribution(dp, &subset, &caps, &mut step),
+                scanned(dp, &caps, &mut step),
+                "seed {seed}, case {case}"
+            );
+        }
+    }
 }

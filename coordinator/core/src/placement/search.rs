@@ -150,6 +150,9 @@ pub(crate) struct Failures {
     pub no_link: u64,
     /// The first reason the sync planner gave for refusing a DiLoCo candidate.
     pub sync: Option<String>,
+    /// A replica-per-site candidate whose sites could not each hold a whole
+    /// group of expert-parallel replicas.
+    pub expert_groups: Option<String>,
     /// The fewest GPUs of a set of degrees the GPU budget ruled out, and
     /// the budget.
     pub over_budget: Option<(u64, u64)>,
@@ -252,7 +255,9 @@ impl Space {
             .filter(|e| experts.is_multiple_of(*e))
             .filter(|&e| c.expert_parallel.is_none_or(|f| f == e))
             .collect();
-        if eps.is_empty() {
+        // A data-parallel degree holds whole expert-parallel groups; ep = 1
+        // divides every one, so only a fixed degree can leave none.
+        if !eps.iter().any(|e| dps.iter().any(|d| d.is_multiple_of(*e))) {
             return Err(PlacementError::ExpertParallel {
                 experts,
                 expert_parallel: c.expert_parallel.unwrap_or(0),

@@ -470,7 +470,8 @@ impl DilocoSearch {
             sites.sort_unstable();
             visit(out, &sites);
         }
-        if subset.len() as u64 >= dp {
+        // Every site holds a whole group of ep replicas.
+        if subset.len() as u64 >= dp / u64::from(self.shape.ep.max(1)) {
             return;
         }
         let gpus = self.shape.gpus();
