@@ -1,6 +1,7 @@
 //! Placement solver wall time on synthetic topologies of 1,024, 32,768 and
 //! ~100,000 GPUs, then ~100,000 GPUs over 32 and 64 fully meshed sites and
-//! 128 sites without WAN links. Run with
+//! 128 sites without WAN links, and a 671B mixture of experts on the
+//! 16-site topology. Run with
 //! `cargo bench -p longhaul-core --bench placement`. Prints wall time per
 //! solve, the process's peak resident memory (VmHWM, Linux only) after each
 //! size, and whether the site search was exact or how far from the optimum
@@ -103,10 +104,25 @@ fn main() {
         include_str!("../../../deploy/examples/dense-400b.job.toml"),
         "dense-400b.job.toml",
     );
+    // The 671B mixture of experts with its degrees free (TP up to 8): the
+    // expert-parallel degree multiplies the degrees searched by the 9
+    // divisors of its 256 experts.
+    let mut moe = job(
+        include_str!("../../../deploy/examples/moe-671b.job.toml"),
+        "moe-671b.job.toml",
+    );
+    moe.constraints.tensor_parallel = None;
+    moe.constraints.pipeline_parallel = None;
+    moe.constraints.max_tensor_parallel = Some(8);
     let cases = [
         ("1,024 GPUs / 4 sites", topology(4, 256, false), &llama),
         ("32,768 GPUs / 8 sites", topology(8, 4096, false), &dense),
         ("~100,000 GPUs / 16 sites", topology(16, 6250, true), &dense),
+        (
+            "~100,000 GPUs / 16 sites, 671B MoE",
+            topology(16, 6250, true),
+            &moe,
+        ),
         ("~100,000 GPUs / 32 sites", topology(32, 3125, true), &dense),
         ("~100,000 GPUs / 64 sites", topology(64, 1563, true), &dense),
         (
@@ -126,7 +142,7 @@ fn main() {
                     .reason("site search")
                     .map_or(String::new(), |r| r.choice.clone());
                 println!(
-                    "{name} ({} GPUs): {:.3} s, peak RSS {}; {} tp={} pp={} dp={} on {:?}, step {:.3} s, site search {search}, valid {valid}",
+                    "{name} ({} GPUs): {:.3} s, peak RSS {}; {} tp={} pp={} dp={} ep={} on {:?}, step {:.3} s, site search {search}, valid {valid}",
                     topology.gpus(),
                     elapsed.as_secs_f64(),
                     peak_rss(),
@@ -134,6 +150,7 @@ fn main() {
                     plan.degrees.tensor_parallel,
                     plan.degrees.pipeline_parallel,
                     plan.degrees.data_parallel,
+                    plan.degrees.expert_parallel,
                     plan.site_order,
                     plan.step.total
                 );

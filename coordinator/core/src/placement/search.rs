@@ -326,20 +326,17 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                 }
                 let m = u64::from(ctx.job.batch.global_batch) / (u64::from(dp) * micro);
                 // Expert parallelism shares out a stage's replicas.
-                let eps: Vec<u32> = space
+                let mut eps: Vec<u32> = space
                     .eps
                     .iter()
                     .copied()
                     .filter(|&e| dp.is_multiple_of(e))
                     .collect();
-                let Some(&widest_ep) = eps.last() else {
-                    continue;
-                };
                 if effort.prunes() {
                     // The most loaded stage holds at least ⌈L/p⌉ layers of
-                    // state (sharded at best dp ways) and one chunk of
-                    // activations; if even that overflows the largest HBM,
-                    // no layout of these degrees fits.
+                    // state (sharded at best dp ways, the experts ep ways)
+                    // and one chunk of activations; if even that overflows
+                    // the largest HBM, no layout of these degrees fits.
                     // One stage is both ends and holds the embedding and
                     // the LM head too.
                     let layers_here = f64::from(layers.div_ceil(pp));
@@ -348,42 +345,59 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
                     } else {
                         0.0
                     };
-                    let least = layers_here
-                        * (cost::state_bytes_per_layer(ctx.job, tp, widest_ep, u64::from(dp), 0.0)
-                            + cost::activation_bytes_per_layer(ctx.job, tp) / f64::from(max_v))
-                        + ends;
-                    if least > largest_hbm {
+                    let activations =
+                        cost::activation_bytes_per_layer(ctx.job, tp) / f64::from(max_v);
+                    let least = |ep: u32| {
+                        let state =
+                            cost::state_bytes_per_layer(ctx.job, tp, ep, u64::from(dp), 0.0);
+                        layers_here * (state + activations) + ends
+                    };
+                    // The widest degree holds the least.
+                    if let Some(&widest) = eps.last()
+                        && least(widest) > largest_hbm
+                    {
                         note(
                             &mut out,
                             GroupFailure::Memory {
-                                short_bytes: least - largest_hbm,
+                                short_bytes: least(widest) - largest_hbm,
                             },
                             || format!("tp={tp} pp={pp} dp={dp}, any layout"),
                         );
                         continue;
                     }
+                    eps.retain(|&ep| least(ep) <= largest_hbm);
                 }
-                let per_stage = f64::from(layers.div_ceil(pp)) * fastest_layer;
-                let bound = (m as f64 + f64::from(pp - 1) / f64::from(max_v)) * per_stage;
-                if effort.prunes() && bound > cutoff(&out, gpus) {
-                    continue;
-                }
-                // Past the budget of groups costed, the degrees still
-                // unexplored are left out with their bound (once an
-                // incumbent exists, so that a plan is always found).
-                if effort == Effort::Solve && out.best.is_some() && out.budget.evaluations_spent() {
-                    out.leave(bound, gpus);
-                    continue;
-                }
-                for v in 1..=max_v {
-                    // Interleaving needs whole chunks per stage, m divisible
-                    // by p (Megatron's schedule), and stays inside one site:
-                    // its wrap-around would cross the WAN v−1 extra times.
-                    if v > 1 && (pp < 2 || !layers.is_multiple_of(pp * v) || m % u64::from(pp) != 0)
-                    {
+                // Widest expert parallelism first, like TP and DP.
+                for &ep in eps.iter().rev() {
+                    // Every layer of the most loaded stage pays its compute,
+                    // TP and the least all-to-all ep can cost, every
+                    // micro-batch and the fill and drain.
+                    let layer = fastest_layer + all_to_all_floor(ctx, tp, ep);
+                    let per_stage = f64::from(layers.div_ceil(pp)) * layer;
+                    let bound = (m as f64 + f64::from(pp - 1) / f64::from(max_v)) * per_stage;
+                    if effort.prunes() && bound > cutoff(&out, gpus) {
                         continue;
                     }
-                    for &ep in &eps {
+                    // Past the budget of groups costed, the degrees still
+                    // unexplored are left out with their bound (once an
+                    // incumbent exists, so that a plan is always found).
+                    if effort == Effort::Solve
+                        && out.best.is_some()
+                        && out.budget.evaluations_spent()
+                    {
+                        out.leave(bound, gpus);
+                        continue;
+                    }
+                    for v in 1..=max_v {
+                        // Interleaving needs whole chunks per stage, m
+                        // divisible by p (Megatron's schedule), and stays
+                        // inside one site: its wrap-around would cross the
+                        // WAN v−1 extra times.
+                        if v > 1
+                            && (pp < 2 || !layers.is_multiple_of(pp * v) || m % u64::from(pp) != 0)
+                        {
+                            continue;
+                        }
                         let shape = Shape {
                             tp,
                             ep,
@@ -402,6 +416,38 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
         }
     }
     out
+}
+
+/// The least expert-parallel all-to-all per layer and micro-batch any
+/// stage of `tp` and `ep` can pay: a group of ep replicas fits a scale-up
+/// domain only where a domain holds ep TP groups, else it crosses the
+/// fabric (or the slower campus link); each pool at the faster of the
+/// classes it may use and the least latency, the least over every pool.
+fn all_to_all_floor(ctx: &Ctx<'_>, tp: u32, ep: u32) -> f64 {
+    if ep <= 1 || ctx.job.model.moe.is_none() {
+        return 0.0;
+    }
+    let params = ctx.params;
+    let latency = params
+        .fabric_latency_seconds
+        .min(params.campus_latency_seconds);
+    ctx.sites
+        .iter()
+        .flat_map(|s| &s.pools)
+        .filter(|p| p.gpus_per_domain >= u64::from(tp))
+        .map(|p| {
+            let fabric = p.nic_bytes / p.oversubscription;
+            let link = if p.slots_per_domain(tp) >= u64::from(ep) {
+                Link::new(
+                    latency.min(params.scale_up_latency_seconds),
+                    fabric.max(p.scale_up_bytes),
+                )
+            } else {
+                Link::new(latency, fabric)
+            };
+            cost::expert_all_to_all_seconds_per_layer(ctx.job, tp, ep, link)
+        })
+        .fold(f64::INFINITY, f64::min)
 }
 
 fn fastest_layer_seconds(ctx: &Ctx<'_>, tp: u32) -> f64 {
