@@ -180,3 +180,46 @@ fn each_objective_on_the_hyperscale_example_gets_what_it_asks() {
         "{rejected}"
     );
 }
+
+/// The shipped mixture-of-experts examples: the 671B one shards its experts and every
+/// expert-parallel group of every stage sits in one site, on the three-continent topology
+/// too, where DiLoCo spreads replicas over sites.
+#[test]
+fn the_moe_examples_place_their_expert_groups_inside_a_site() {
+    let moe = include_str!("../../../deploy/examples/moe-671b.job.toml");
+    for (name, text) in [
+        (
+            "hyperscale-plus-two.toml",
+            include_str!("../../../deploy/examples/hyperscale-plus-two.toml"),
+        ),
+        (
+            "three-sites-two-continents.toml",
+            include_str!("../../../deploy/examples/three-sites-two-continents.toml"),
+        ),
+    ] {
+        let (topology, job) = load(name, text, "moe-671b.job.toml", moe);
+        let plan = place(&topology, &job).expect("feasible");
+        check_common(&topology, &job, &plan);
+        let d = plan.degrees;
+        let ep = u64::from(d.expert_parallel);
+        assert!(ep > 1, "{name}: {:#?}", plan.reasons);
+        assert!(plan.step.expert_parallel > 0.0);
+        let (tp, pp) = (u64::from(d.tensor_parallel), u64::from(d.pipeline_parallel));
+        let mut site_of = std::collections::BTreeMap::new();
+        for b in plan.bindings() {
+            let (stage, replica) = ((b.rank / tp) % pp, b.rank / (tp * pp));
+            let group = (stage, replica / ep);
+            let site = site_of.entry(group).or_insert_with(|| b.site.clone());
+            assert_eq!(*site, b.site, "{name}: expert group {group:?} spans sites");
+        }
+    }
+    let (topology, job) = load(
+        "hyperscale-plus-two.toml",
+        include_str!("../../../deploy/examples/hyperscale-plus-two.toml"),
+        "mixtral-8x22b.job.toml",
+        include_str!("../../../deploy/examples/mixtral-8x22b.job.toml"),
+    );
+    let plan = place(&topology, &job).expect("feasible");
+    check_common(&topology, &job, &plan);
+    assert!(plan.reason("expert parallelism").is_some());
+}
