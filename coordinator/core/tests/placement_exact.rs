@@ -639,10 +639,16 @@ proptest! {
 
     /// The branch and bound over sites cuts nothing optimal: it finds the
     /// same plan (by the objective and its tie-break) as the solver with
-    /// every site order and subset enumerated, with and without embeddings.
+    /// every site order and subset enumerated, with and without embeddings,
+    /// dense or mixture of experts.
     #[test]
-    fn site_branch_and_bound_matches_every_site_order((topology, mut job) in many_site_instance(), vocabulary in vocabulary(), objective in objective()) {
+    fn site_branch_and_bound_matches_every_site_order((topology, mut job) in many_site_instance(), vocabulary in vocabulary(), objective in objective(), moe in moe()) {
         job.model.vocabulary_size = vocabulary;
+        job.model.moe = moe.map(|(experts, top_k, share)| MoeShape {
+            experts,
+            top_k,
+            active_parameters: (job.model.parameters as f64 * share) as u64,
+        });
         job.objective = objective;
         if let Some(plan) = agrees_with(&topology, &job, every_site_order_place, "every site order")? {
             prop_assert_eq!(plan.reason("site search").map(|r| r.choice.as_str()), Some("exact"));

@@ -419,11 +419,20 @@ pub(crate) fn search(ctx: &Ctx<'_>, space: &Space, effort: Effort, aim: Aim) -> 
 }
 
 /// The least expert-parallel all-to-all per layer and micro-batch any
-/// stage of `tp` and `ep` can pay: a group of ep replicas fits a scale-up
-/// domain only where a domain holds ep TP groups, else it crosses the
-/// fabric (or the slower campus link); each pool at the faster of the
-/// classes it may use and the least latency, the least over every pool.
+/// stage of `tp` and `ep` can pay, anywhere.
 fn all_to_all_floor(ctx: &Ctx<'_>, tp: u32, ep: u32) -> f64 {
+    (0..ctx.sites.len())
+        .map(|s| site_all_to_all_floor(ctx, s, tp, ep))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// The least expert-parallel all-to-all per layer and micro-batch a stage
+/// of `tp` and `ep` at `site` can pay: a group of ep replicas fits a
+/// scale-up domain only where a domain holds ep TP groups, else it crosses
+/// the fabric (or the slower campus link); each pool at the faster of the
+/// classes it may use and the least latency, the least over the pools.
+/// (A stage runs at its slowest pool's rate, so never below this.)
+pub(crate) fn site_all_to_all_floor(ctx: &Ctx<'_>, site: usize, tp: u32, ep: u32) -> f64 {
     if ep <= 1 || ctx.job.model.moe.is_none() {
         return 0.0;
     }
@@ -431,9 +440,9 @@ fn all_to_all_floor(ctx: &Ctx<'_>, tp: u32, ep: u32) -> f64 {
     let latency = params
         .fabric_latency_seconds
         .min(params.campus_latency_seconds);
-    ctx.sites
+    ctx.sites[site]
+        .pools
         .iter()
-        .flat_map(|s| &s.pools)
         .filter(|p| p.gpus_per_domain >= u64::from(tp))
         .map(|p| {
             let fabric = p.nic_bytes / p.oversubscription;
@@ -448,6 +457,13 @@ fn all_to_all_floor(ctx: &Ctx<'_>, tp: u32, ep: u32) -> f64 {
             cost::expert_all_to_all_seconds_per_layer(ctx.job, tp, ep, link)
         })
         .fold(f64::INFINITY, f64::min)
+}
+
+/// The least time per layer and micro-batch a stage of `shape`'s TP and
+/// expert parallelism at `site` can take: [`site_layer_seconds`] and the
+/// least all-to-all.
+pub(crate) fn site_layer_floor(ctx: &Ctx<'_>, site: usize, shape: Shape) -> f64 {
+    site_layer_seconds(ctx, site, shape.tp) + site_all_to_all_floor(ctx, site, shape.tp, shape.ep)
 }
 
 fn fastest_layer_seconds(ctx: &Ctx<'_>, tp: u32) -> f64 {
@@ -684,7 +700,7 @@ fn pipeline_sequence(
     }
     let floors: Vec<f64> = seq
         .iter()
-        .map(|&s| site_layer_seconds(ctx, s, tp))
+        .map(|&s| site_layer_floor(ctx, s, shape))
         .collect();
     let gpus = shape.gpus();
     let kind = if seq.len() > 1 {

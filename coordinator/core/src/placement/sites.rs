@@ -30,7 +30,7 @@
 
 use super::model::{Ctx, SiteModel};
 use super::search::{
-    Outcome, Shape, cutoff, site_head_layers, site_head_seconds, site_layer_seconds,
+    Outcome, Shape, cutoff, site_head_layers, site_head_seconds, site_layer_floor,
 };
 use crate::cost;
 
@@ -188,9 +188,7 @@ pub(crate) fn pipeline_sequences(
     let n = ctx.sites.len();
     let replicas = u64::from(shape.dp);
     let pp = shape.pp;
-    let speed_of: Vec<f64> = (0..n)
-        .map(|s| site_layer_seconds(ctx, s, shape.tp))
-        .collect();
+    let speed_of: Vec<f64> = (0..n).map(|s| site_layer_floor(ctx, s, shape)).collect();
     // A stage holds at least one chunk of v layers and one micro-batch of
     // its activations; a site whose HBM cannot even hold that takes none.
     let v = f64::from(shape.v.max(1));
@@ -207,11 +205,17 @@ pub(crate) fn pipeline_sequences(
     let by_speed = ordered(n, &speed_of, |s| cap[s] > 0 && speed_of[s].is_finite());
     let component = components(ctx);
     // The LM head sits on some stage, at the least as many layers' worth
-    // of time as at any usable site.
-    let head_layers = by_speed
-        .iter()
-        .map(|&s| site_head_layers(ctx, s, shape.tp))
-        .fold(f64::INFINITY, f64::min);
+    // of time as at any usable site. With an all-to-all in every layer's
+    // floor that count has no lower bound but zero (a stage's all-to-all
+    // may be slower than its floor, and the head is fewer of its layers).
+    let head_layers = if shape.ep > 1 {
+        0.0
+    } else {
+        by_speed
+            .iter()
+            .map(|&s| site_head_layers(ctx, s, shape.tp))
+            .fold(f64::INFINITY, f64::min)
+    };
     let search = PipelineSearch {
         ctx,
         shape,
@@ -383,7 +387,7 @@ pub(crate) fn replica_floor(ctx: &Ctx<'_>, shape: Shape, site: usize) -> f64 {
     let layers = ctx.job.model.layers;
     let scale = shape.m as f64 + f64::from(shape.pp - 1) / f64::from(shape.v.max(1));
     let per_stage = f64::from(layers.div_ceil(shape.pp));
-    let a = site_layer_seconds(ctx, site, shape.tp);
+    let a = site_layer_floor(ctx, site, shape);
     let spread =
         (f64::from(layers) * a + site_head_seconds(ctx, site, shape.tp)) / f64::from(shape.pp);
     scale * (per_stage * a).max(spread)
