@@ -206,8 +206,9 @@ pub(crate) fn pipeline_sequences(
     let component = components(ctx);
     // The LM head sits on some stage, at the least as many layers' worth
     // of time as at any usable site. With an all-to-all in every layer's
-    // floor that count has no lower bound but zero (a stage's all-to-all
-    // may be slower than its floor, and the head is fewer of its layers).
+    // floor, head / (compute + TP) may overstate it (a stage's all-to-all
+    // may be slower than its floor, and the head is then fewer of its
+    // layers); zero is safe, if loose.
     let head_layers = if shape.ep > 1 {
         0.0
     } else {
