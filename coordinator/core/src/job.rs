@@ -9,6 +9,10 @@ use crate::config::{self, ConfigError, FieldPath, Validate, Violation, check_id}
 use crate::topology::Topology;
 use crate::units::DataRate;
 
+mod moe;
+
+pub use moe::MoeShape;
+
 /// A training job as submitted.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -162,25 +166,6 @@ impl ModelShape {
     pub fn experts(&self) -> u32 {
         self.moe.as_ref().map_or(1, |m| m.experts)
     }
-}
-
-/// A mixture-of-experts model (`[model.moe]`): every layer's MLP is
-/// `experts` routed experts of which each token uses `top_k`. The
-/// parameters a token touches (`active_parameters`, counting attention,
-/// shared experts, the router and the embeddings) set the FLOPs; all of
-/// them (`parameters`) set the memory. Expert parallelism shards the
-/// experts over the data-parallel replicas of a stage, which sit in one
-/// site, so its all-to-all never crosses the WAN.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MoeShape {
-    /// Routed experts per layer, at least 2.
-    pub experts: u32,
-    /// Experts each token is routed to, fewer than `experts`.
-    pub top_k: u32,
-    /// Parameters used per token, at least the dense part plus `top_k` of
-    /// the experts and less than `parameters`.
-    pub active_parameters: u64,
 }
 
 /// Batch sizes, in sequences.
@@ -627,75 +612,6 @@ fn positive(path: FieldPath, value: u64, out: &mut Vec<Violation>) {
     }
 }
 
-/// What is wrong with `[model.moe]` (at `path`) for the model `m`, whose
-/// embedding and LM head hold `embeddings` parameters each (as the cost
-/// model counts them).
-fn moe_problems(
-    path: &FieldPath,
-    m: &ModelShape,
-    moe: &MoeShape,
-    embeddings: f64,
-    out: &mut Vec<Violation>,
-) {
-    if moe.experts < 2 {
-        out.push(Violation::new(
-            path.key("experts"),
-            format!("must be at least 2, found {}", moe.experts),
-        ));
-    }
-    if moe.top_k == 0 || moe.top_k >= moe.experts {
-        out.push(Violation::new(
-            path.key("top_k"),
-            format!(
-                "must be at least 1 and fewer than the {} experts, found {}",
-                moe.experts, moe.top_k
-            ),
-        ));
-        return;
-    }
-    let active = moe.active_parameters;
-    if active == 0 || active >= m.parameters {
-        out.push(Violation::new(
-            path.key("active_parameters"),
-            format!(
-                "must be at least 1 and fewer than the {} parameters, found {active}",
-                m.parameters
-            ),
-        ));
-        return;
-    }
-    // Every token uses the embedding and the LM head, the layers' dense
-    // part and top_k of their experts: with the ends' 2e parameters set
-    // aside, active − 2e ≥ (parameters − 2e) · top_k / experts (in u128,
-    // exactly; e is a whole vocabulary × hidden product).
-    let ends = 2 * embeddings as u128;
-    let (active, all) = (u128::from(active), u128::from(m.parameters));
-    if active <= ends {
-        out.push(Violation::new(
-            path.key("active_parameters"),
-            format!(
-                "{active} is not more than the {ends} parameters of the embedding and the LM head, which every token uses"
-            ),
-        ));
-    } else if (active - ends) * u128::from(moe.experts) < (all - ends) * u128::from(moe.top_k) {
-        out.push(Violation::new(
-            path.key("active_parameters"),
-            format!(
-                "{active} is less than {}top_k / experts = {} / {} of the {} parameters{}, which every token uses at least",
-                if ends > 0 {
-                    format!("the embedding and LM head ({ends}) plus ")
-                } else {
-                    String::new()
-                },
-                moe.top_k,
-                moe.experts,
-                all - ends,
-                if ends > 0 { " in the layers" } else { "" },
-            ),
-        ));
-    }
-}
-
 /// The bounds of [`crate::limits`] on a job, its fields under `path`: at
 /// file read, and at admission of a submitted job (not at apply: see
 /// [`crate::state`]'s admission).
@@ -780,7 +696,7 @@ impl Validate for JobSpec {
         }
         if let Some(moe) = &m.moe {
             let embeddings = crate::cost::embedding_parameters(self);
-            moe_problems(&model.key("moe"), m, moe, embeddings, &mut out);
+            moe::moe_problems(&model.key("moe"), m, moe, embeddings, &mut out);
         }
         if m.attention_heads > 0 && !m.hidden_size.is_multiple_of(m.attention_heads) {
             out.push(Violation::new(
@@ -883,46 +799,7 @@ impl Validate for JobSpec {
             && ep > 0
         {
             let path = constraints.key("expert_parallel");
-            match &m.moe {
-                None if ep > 1 => out.push(Violation::new(
-                    path,
-                    format!(
-                        "expert-parallel degree {ep} needs a mixture-of-experts model ([model.moe])"
-                    ),
-                )),
-                Some(moe) if moe.experts > 0 && !moe.experts.is_multiple_of(ep) => {
-                    out.push(Violation::new(
-                        path,
-                        format!(
-                            "expert-parallel degree {ep} does not divide the {} experts",
-                            moe.experts
-                        ),
-                    ))
-                }
-                // Groups of ep replicas: the replicas come in whole groups.
-                Some(_) => {
-                    let sequences = self.batch.global_batch / self.batch.micro_batch.max(1);
-                    if let Some(dp) = c
-                        .data_parallel
-                        .filter(|&dp| dp > 0 && !dp.is_multiple_of(ep))
-                    {
-                        out.push(Violation::new(
-                            path,
-                            format!(
-                                "expert-parallel degree {ep} does not divide data_parallel {dp}: replicas share out the experts in whole groups of {ep}"
-                            ),
-                        ));
-                    } else if sequences > 0 && !sequences.is_multiple_of(ep) {
-                        out.push(Violation::new(
-                            path,
-                            format!(
-                                "expert-parallel degree {ep} does not divide the {sequences} micro-batches of a step (global_batch / micro_batch), so no data-parallel degree holds whole groups of {ep} replicas"
-                            ),
-                        ));
-                    }
-                }
-                None => {}
-            }
+            moe::expert_parallel_problems(path, self, ep, &mut out);
         }
         if let Some(mode @ (ModeConstraint::Diloco | ModeConstraint::DataParallel)) =
             c.cross_site_mode

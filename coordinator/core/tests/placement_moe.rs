@@ -270,7 +270,7 @@ fn a_degree_no_layout_can_hold_is_refused_saying_why() {
     let error = place(&topology, &job).expect_err("infeasible").to_string();
     assert!(error.contains("whole group"), "{error}");
     // A plan whose degree does not divide its groups cannot be re-costed.
-    let fine = job_for_recost();
+    let fine = self::job(8, "data_parallel = 8\nexpert_parallel = 4");
     let plan = place(&topology, &fine).expect("feasible");
     let mut forged = plan.clone();
     forged.degrees.expert_parallel = 3;
@@ -278,8 +278,4 @@ fn a_degree_no_layout_can_hold_is_refused_saying_why() {
         .expect_err("refused")
         .to_string();
     assert!(error.contains("expert-parallel degree 3"), "{error}");
-}
-
-fn job_for_recost() -> JobSpec {
-    job(8, "data_parallel = 8\nexpert_parallel = 4")
 }

@@ -689,6 +689,14 @@ fn stage_model(
     }
 }
 
+/// The per-GPU fabric rate (NIC over oversubscription) of the slowest of
+/// `pools`: what a collective or transfer over all of them runs at.
+fn slowest_fabric<'p>(pools: impl Iterator<Item = &'p Pool>) -> f64 {
+    pools
+        .map(|p| p.nic_bytes / p.oversubscription)
+        .fold(f64::INFINITY, f64::min)
+}
+
 /// How a stage's data-parallel gradients are all-reduced.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum DpCollective {
@@ -766,10 +774,7 @@ fn dp_collective(
     if one_domain {
         return DpCollective::Ring(scale_up);
     }
-    let fabric = slices
-        .iter()
-        .map(|s| pools[s.pool].nic_bytes / pools[s.pool].oversubscription)
-        .fold(f64::INFINITY, f64::min);
+    let fabric = slowest_fabric(slices.iter().map(|s| &pools[s.pool]));
     let fabric_link = Link::new(params.fabric_latency_seconds, fabric);
     let mut per_building: Vec<(usize, u64)> = Vec::new();
     for s in slices {
@@ -821,10 +826,7 @@ fn ep_link(
     if in_domains {
         return scale_up;
     }
-    let fabric = slices
-        .iter()
-        .map(|s| pools[s.pool].nic_bytes / pools[s.pool].oversubscription)
-        .fold(f64::INFINITY, f64::min);
+    let fabric = slowest_fabric(slices.iter().map(|s| &pools[s.pool]));
     let first = slices.first().map(|s| pools[s.pool].building);
     if slices.iter().all(|s| Some(pools[s.pool].building) == first) {
         return Link::new(params.fabric_latency_seconds, fabric);
@@ -841,9 +843,7 @@ fn in_site_p2p_link(ctx: &Ctx<'_>, a: &StageModel, b: &StageModel, tp: u32, repl
     let pools = &ctx.sites[a.site].pools;
     let params = ctx.params;
     let both = || a.slices.iter().chain(&b.slices).map(|s| &pools[s.pool]);
-    let nic = both()
-        .map(|p| p.nic_bytes / p.oversubscription)
-        .fold(f64::INFINITY, f64::min);
+    let nic = slowest_fabric(both());
     let per_replica = nic * f64::from(tp);
     let first = a.slices.first().map(|s| pools[s.pool].building);
     if both().all(|p| Some(p.building) == first) {
