@@ -106,6 +106,12 @@ pub struct Args {
     /// tests, where the rounds' reports come from stand-ins.
     #[arg(long, value_parser = parse_duration)]
     round_deadline: Option<Duration>,
+    /// Re-plan a DiLoCo job's sync schedule (H and τ; its fragments and
+    /// codec stay) when the inner step its trainers measure is more than
+    /// this factor off the one the schedule was planned at, either way;
+    /// 0 turns re-planning off. At least 1. [default: 2]
+    #[arg(long, value_parser = parse_replan_factor)]
+    replan_factor: Option<f64>,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9700).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -133,11 +139,30 @@ struct FileConfig {
     snapshot_catchup_entries: Option<u64>,
     lease_ttl: Option<longhaul_core::units::Duration>,
     round_deadline: Option<longhaul_core::units::Duration>,
+    replan_factor: Option<f64>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let parsed: longhaul_core::units::Duration = text.parse().map_err(|e| format!("{e}"))?;
     Ok(parsed.into())
+}
+
+/// The default of `--replan-factor`.
+const DEFAULT_REPLAN_FACTOR: f64 = 2.0;
+
+fn parse_replan_factor(text: &str) -> Result<f64, String> {
+    let factor: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    replan_factor_problem(factor).map_or(Ok(factor), Err)
+}
+
+/// Why `factor` is not a re-plan factor: 0 (off) or a finite number of at
+/// least 1.
+fn replan_factor_problem(factor: f64) -> Option<String> {
+    (factor != 0.0 && !(factor.is_finite() && factor >= 1.0))
+        .then(|| format!("must be 0 (never re-plan) or a number of at least 1, found {factor}"))
 }
 
 fn parse_member(pair: &str) -> anyhow::Result<(u64, String)> {
@@ -170,6 +195,13 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
     let id = args.id.or(file.id).unwrap_or(1);
     if id == 0 {
         bail!("id: must not be 0");
+    }
+    let replan_factor = args
+        .replan_factor
+        .or(file.replan_factor)
+        .unwrap_or(DEFAULT_REPLAN_FACTOR);
+    if let Some(problem) = replan_factor_problem(replan_factor) {
+        bail!("replan_factor: {problem}");
     }
     let listen = args
         .listen
@@ -285,6 +317,7 @@ fn config(args: &Args) -> anyhow::Result<ReplicaConfig> {
             fixed: args
                 .round_deadline
                 .or(file.round_deadline.map(Duration::from)),
+            replan_factor: Some(replan_factor).filter(|&f| f != 0.0),
             ..Default::default()
         },
     })

@@ -92,6 +92,8 @@ pub fn sync_schedule(job_id: &str, plan: &Plan) -> Option<pb::SyncSchedule> {
             .collect(),
         canonical_json: serde_json::to_string(sync).unwrap_or_default(),
         planned: true,
+        planned_inner_step_ns: nanos(sync.inner_step_seconds),
+        replanned_after_round: sync.replanned.as_ref().map_or(0, |r| r.after_round),
     })
 }
 

@@ -9,10 +9,15 @@
 //! ([`round_actions`], pure) decides, for every job placed as DiLoCo
 //! replicas:
 //!
-//! - no round open: open the next one, with the job's replica sites that
-//!   are up, the catch-up of each site that missed the last committed
-//!   round, the planner's fragments and codec, and a deadline
-//!   ([`RoundTiming::deadline`]);
+//! - no round open: when the inner step the job's trainers measured is
+//!   more than [`RoundTiming::replan_factor`] off the one its sync
+//!   schedule was planned at, re-plan the schedule at the measured step
+//!   (`ReplanSync`, [`longhaul_core::sync::replan_sync`]); else open the
+//!   next round, with the job's replica sites that are up, the catch-up of
+//!   each site that missed the last committed round, the planner's
+//!   fragments, codec, H and τ, and a deadline ([`RoundTiming::deadline`],
+//!   doubled for each round just before that ended at its deadline with
+//!   nothing measured);
 //! - a round open: exclude the participants it waits for once its deadline
 //!   passed, and those the job was re-placed without.
 //!
@@ -31,7 +36,7 @@ use longhaul_core::state::{
     Change, ClusterState, Command, Event, ExclusionReason, FragmentState, JobState, LinkCodec,
     Liveness, Request, RoundOutcome, RoundRecord, RoundReport,
 };
-use longhaul_core::sync::schedule_of;
+use longhaul_core::sync::{needs_replan, replan_sync, schedule_of};
 use longhaul_proto::v1 as pb;
 
 use super::raft_loop::{RaftHandle, Role};
@@ -51,7 +56,15 @@ pub struct RoundTiming {
     /// A fixed deadline instead of the prediction, for rehearsals and
     /// tests (`coordinator --round-deadline`).
     pub fixed: Option<Duration>,
+    /// Re-plan a job's sync schedule when its trainers' measured inner
+    /// step is more than this factor off the one the schedule was planned
+    /// at, either way (`None`: never; `coordinator --replan-factor`).
+    pub replan_factor: Option<f64>,
 }
+
+/// The most a deadline is doubled for rounds that ended at theirs with
+/// nothing measured (2⁴ = 16 ×).
+pub const MAX_DEADLINE_DOUBLINGS: u32 = 4;
 
 impl Default for RoundTiming {
     fn default() -> Self {
@@ -59,14 +72,17 @@ impl Default for RoundTiming {
             slack: 2.0,
             floor: Duration::from_secs(30),
             fixed: None,
+            replan_factor: Some(2.0),
         }
     }
 }
 
 impl RoundTiming {
     /// The time from opening to deadline for a round predicted to take
-    /// `outer_step_seconds` (`None`: no prediction, the floor).
-    pub fn deadline(&self, outer_step_seconds: Option<f64>) -> Duration {
+    /// `outer_step_seconds` (`None`: no prediction, the floor), doubled
+    /// `doublings` times (at most [`MAX_DEADLINE_DOUBLINGS`]; see
+    /// [`deadline_doublings`]). A fixed deadline is never doubled.
+    pub fn deadline(&self, outer_step_seconds: Option<f64>, doublings: u32) -> Duration {
         if let Some(fixed) = self.fixed {
             return fixed;
         }
@@ -78,28 +94,73 @@ impl RoundTiming {
         // A year at most, so that unix milliseconds never overflow.
         predicted
             .max(self.floor)
+            .saturating_mul(1 << doublings.min(MAX_DEADLINE_DOUBLINGS))
             .min(Duration::from_secs(365 * 24 * 3600))
     }
 }
 
-/// What the sync schedule says about one round of a placed DiLoCo job:
-/// fragments, codec bits (the widest), the codec of each link and the
+/// How many times the next round's deadline of `job_id` is doubled: once
+/// for each of its latest rounds, newest first, that ended with a
+/// participant excluded at the deadline and no inner step measured by any
+/// (so the next deadline would be the same guess again). A round that
+/// measured anything, or ended otherwise, stops the count: from a
+/// measurement the deadline follows the trainers again.
+pub fn deadline_doublings(state: &ClusterState, job_id: &str) -> u32 {
+    let missed_blind = |r: &RoundRecord| {
+        !r.is_open()
+            && r.participants.iter().all(|p| p.inner_step_us == 0)
+            && r.participants.iter().any(|p| {
+                p.excluded
+                    .as_ref()
+                    .is_some_and(|e| e.reason == ExclusionReason::DeadlineMissed)
+            })
+    };
+    state
+        .rounds(job_id)
+        .rev()
+        .take(MAX_DEADLINE_DOUBLINGS as usize)
+        .take_while(|r| missed_blind(r))
+        .count() as u32
+}
+
+/// What the sync schedule says about one round of a placed DiLoCo job.
+#[derive(Debug, Clone, PartialEq)]
+struct Planned {
+    fragments: u32,
+    /// The widest link's.
+    codec_bits: u32,
+    links: Vec<LinkCodec>,
+    /// H and τ the trainers run the round with (0: no schedule).
+    inner_steps: u32,
+    overlap_steps: u32,
+    /// [`expected_outer_step`]; `None` without a schedule.
+    outer_step_seconds: Option<f64>,
+}
+
+/// What the sync schedule says about round `round` of a placed DiLoCo job:
+/// fragments, codec bits (the widest), the codec of each link, H and τ
+/// (the schedule before a re-plan for the round right after it) and the
 /// expected outer step ([`expected_outer_step`]); one uncompressed
-/// fragment, no links and no prediction when there is none. The schedule is the one
-/// placement costed the plan with and `GetSyncSchedule` serves
+/// fragment, no links and no prediction when there is none. The schedule
+/// is the one placement costed the plan with (or the coordinator
+/// re-planned it to) and `GetSyncSchedule` serves
 /// ([`longhaul_core::sync::schedule_of`]), so a round and the schedule
 /// never disagree; only a plan stored before placement ran the planner is
 /// planned here.
-fn planned(
-    state: &ClusterState,
-    job_id: &str,
-    participants: &[String],
-) -> (u32, u32, Vec<LinkCodec>, Option<f64>) {
+fn planned(state: &ClusterState, job_id: &str, round: u64, participants: &[String]) -> Planned {
+    let none = Planned {
+        fragments: 1,
+        codec_bits: 0,
+        links: Vec::new(),
+        inner_steps: 0,
+        overlap_steps: 0,
+        outer_step_seconds: None,
+    };
     let Some(job) = state.job(job_id) else {
-        return (1, 0, Vec::new(), None);
+        return none;
     };
     let Some(plan) = job.placement.plan() else {
-        return (1, 0, Vec::new(), None);
+        return none;
     };
     let links: Vec<_> = if plan.sync.is_some() {
         Vec::new()
@@ -107,32 +168,43 @@ fn planned(
         state.links().cloned().collect()
     };
     match schedule_of(plan, &job.spec, &links, &CostParams::default()) {
-        Ok(sync) => (
-            sync.fragments.max(1),
-            sync.bits(),
-            LinkCodec::of_schedule(&sync),
-            Some(expected_outer_step(state, job_id, participants, &sync)),
-        ),
+        Ok(sync) => {
+            let now = (sync.inner_steps, sync.overlap_steps);
+            let (inner_steps, overlap_steps) = sync
+                .replanned
+                .as_ref()
+                .map_or(now, |r| r.steps_for_round(round, now));
+            Planned {
+                fragments: sync.fragments.max(1),
+                codec_bits: sync.bits(),
+                links: LinkCodec::of_schedule(&sync),
+                inner_steps,
+                overlap_steps,
+                outer_step_seconds: Some(expected_outer_step(
+                    state,
+                    job_id,
+                    participants,
+                    &sync,
+                    (inner_steps, overlap_steps),
+                )),
+            }
+        }
         Err(error) => {
             tracing::debug!(job = job_id, %error, "no sync schedule for the job; one fragment, uncompressed");
-            (1, 0, Vec::new(), None)
+            none
         }
     }
 }
 
-/// The outer step the next round of `job_id`, among `participants`, is
-/// expected to take: the planner's prediction, but at the slowest inner
-/// step t the participants' trainers measured (each site's latest, in the
-/// rounds kept) when any did: H·t plus the exchange left exposed at that
-/// t (P·max(0, T − τ·t), the planner's transfer time T). A job's trainers
-/// are rarely the hardware the planner costed: the deadline follows them.
-pub(crate) fn expected_outer_step(
+/// The slowest inner step the trainers of `participants` measured for
+/// `job_id` (each site's latest, in the rounds kept), in microseconds; 0
+/// when none did.
+pub(crate) fn measured_inner_step_us(
     state: &ClusterState,
     job_id: &str,
     participants: &[String],
-    sync: &longhaul_core::sync::SyncPlan,
-) -> f64 {
-    let measured_us = participants
+) -> u64 {
+    participants
         .iter()
         .filter_map(|site| {
             state.rounds(job_id).rev().find_map(|r| {
@@ -143,18 +215,99 @@ pub(crate) fn expected_outer_step(
             })
         })
         .max()
-        .unwrap_or(0);
-    if measured_us == 0 {
-        return sync.outer_step_seconds;
-    }
-    let t = measured_us as f64 / 1e6;
+        .unwrap_or(0)
+}
+
+/// The outer step the next round of `job_id`, among `participants`, is
+/// expected to take with H and τ = `steps`: the planner's prediction, but
+/// at the slowest inner step t the participants' trainers measured
+/// ([`measured_inner_step_us`]) when any did: H·t plus the exchange left
+/// exposed at that t (P·max(0, T − τ·t), the planner's transfer time T).
+/// A job's trainers are rarely the hardware the planner costed: the
+/// deadline follows them.
+pub(crate) fn expected_outer_step(
+    state: &ClusterState,
+    job_id: &str,
+    participants: &[String],
+    sync: &longhaul_core::sync::SyncPlan,
+    (inner_steps, overlap_steps): (u32, u32),
+) -> f64 {
+    let measured_us = measured_inner_step_us(state, job_id, participants);
+    let t = if measured_us == 0 {
+        if (inner_steps, overlap_steps) == (sync.inner_steps, sync.overlap_steps) {
+            return sync.outer_step_seconds;
+        }
+        sync.inner_step_seconds
+    } else {
+        measured_us as f64 / 1e6
+    };
     let exposed = f64::from(sync.fragments)
-        * longhaul_core::sync::exposed_seconds(
-            sync.fragment_transfer_seconds,
-            sync.overlap_steps,
-            t,
-        );
-    f64::from(sync.inner_steps) * t + exposed
+        * longhaul_core::sync::exposed_seconds(sync.fragment_transfer_seconds, overlap_steps, t);
+    f64::from(inner_steps) * t + exposed
+}
+
+/// The `ReplanSync` the leader proposes for `job` before its next round,
+/// among `participants`, when its trainers' measured inner step is more
+/// than `timing.replan_factor` off the one its sync schedule was planned
+/// at and the planner can plan at it (see
+/// [`longhaul_core::sync::replan_sync`]); `None` otherwise. Only a
+/// schedule placement planned is re-planned.
+fn replan_command(
+    state: &ClusterState,
+    job: &longhaul_core::state::JobRecord,
+    participants: &[String],
+    now_unix_ms: u64,
+    timing: &RoundTiming,
+) -> Option<Command> {
+    let factor = timing.replan_factor?;
+    let plan = job.placement.plan()?;
+    let sync = plan.sync.as_ref()?;
+    let measured_us = measured_inner_step_us(state, &job.id, participants);
+    let measured = measured_us as f64 / 1e6;
+    if measured_us == 0 || !needs_replan(sync, measured, factor) {
+        return None;
+    }
+    let links: Vec<_> = state.links().cloned().collect();
+    let after_round = state.latest_round(&job.id).map_or(0, |r| r.round);
+    let next = match replan_sync(
+        plan,
+        &job.spec,
+        &links,
+        &CostParams::default(),
+        measured,
+        after_round,
+    ) {
+        Ok(next) => next,
+        Err(error) => {
+            tracing::debug!(job = %job.id, %error, "no re-plan at the measured inner step");
+            return None;
+        }
+    };
+    // A plan that does not come back from JSON as itself (a non-finite
+    // figure) would be refused by every replica's log replay.
+    let replays = serde_json::to_string(&next)
+        .ok()
+        .and_then(|json| serde_json::from_str::<longhaul_core::sync::SyncPlan>(&json).ok())
+        .is_some_and(|back| back == next);
+    if !replays {
+        tracing::warn!(job = %job.id, "the re-planned sync schedule does not replay from JSON; kept the old one");
+        return None;
+    }
+    tracing::info!(
+        job = %job.id,
+        after_round,
+        measured_us,
+        planned_us = (sync.inner_step_seconds * 1e6).round(),
+        inner_steps = format!("{} -> {}", sync.inner_steps, next.inner_steps),
+        overlap_steps = format!("{} -> {}", sync.overlap_steps, next.overlap_steps),
+        "re-planning the sync schedule at the trainers' measured inner step"
+    );
+    Some(Command::ReplanSync {
+        job_id: job.id.clone(),
+        after_round,
+        sync: next,
+        at_unix_ms: now_unix_ms,
+    })
 }
 
 /// The round commands the leader proposes for the state at `now_unix_ms`
@@ -219,18 +372,43 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                 if participants.is_empty() {
                     continue;
                 }
-                let (fragments, codec_bits, links, outer_step) =
-                    planned(state, &job.id, &participants);
-                let deadline = timing.deadline(outer_step).as_millis() as u64;
-                let fragments = fragments.min(longhaul_core::limits::MAX_ROUND_FRAGMENTS);
+                // A re-plan first, when one is due and admitted: its change
+                // to the job wakes the next pass, which opens the round on
+                // the new schedule. One not admitted leaves the round to
+                // open on the schedule in force.
+                if let Some(replan) = replan_command(state, job, &participants, now_unix_ms, timing)
+                {
+                    match state.admit(&Request::new(replan.clone())) {
+                        Ok(()) => {
+                            commands.push(replan);
+                            continue;
+                        }
+                        Err(error) => {
+                            tracing::warn!(job = %job.id, %error, "round driver: re-plan not admitted");
+                        }
+                    }
+                }
+                let round = state.latest_round(&job.id).map_or(1, |r| r.round + 1);
+                let planned = planned(state, &job.id, round, &participants);
+                let deadline = timing
+                    .deadline(
+                        planned.outer_step_seconds,
+                        deadline_doublings(state, &job.id),
+                    )
+                    .as_millis() as u64;
+                let fragments = planned
+                    .fragments
+                    .min(longhaul_core::limits::MAX_ROUND_FRAGMENTS);
                 commands.push(Command::OpenRound {
                     job_id: job.id.clone(),
-                    round: state.latest_round(&job.id).map_or(1, |r| r.round + 1),
+                    round,
                     catch_up: state.catch_up_for(&job.id, &participants),
                     participants,
                     fragments,
-                    codec_bits,
-                    links,
+                    codec_bits: planned.codec_bits,
+                    links: planned.links,
+                    inner_steps: planned.inner_steps,
+                    overlap_steps: planned.overlap_steps,
                     deadline_unix_ms: now_unix_ms.saturating_add(deadline.max(1)),
                     at_unix_ms: now_unix_ms,
                 });
@@ -544,6 +722,9 @@ pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
         reason,
         fragments: record.fragments.len() as u32,
         codec_bits: record.codec_bits,
+        inner_steps: record.inner_steps,
+        overlap_steps: record.overlap_steps,
+        inner_steps_through: record.inner_steps_through,
         opened_at_unix_ms: record.opened_at_unix_ms,
         ended_at_unix_ms: record.ended_at_unix_ms().unwrap_or(0),
         opened_revision: record.opened_revision,

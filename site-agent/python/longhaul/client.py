@@ -90,6 +90,11 @@ class Schedule:
     #: A site catches up from this one: publish the state after this round
     #: (0: none asked, or published already; :meth:`Session.publish_state`).
     serve_after_round: int = 0
+    #: H of ``round``'s outer step and the job's inner steps through it,
+    #: as the coordinator counts them (0: not carried). ``inner_steps`` is
+    #: the schedule now, which a re-plan may have changed for later rounds.
+    round_inner_steps: int = 0
+    round_inner_steps_through: int = 0
 
     @staticmethod
     def from_wire(message: pb.TrainerSchedule) -> "Schedule":
@@ -110,6 +115,8 @@ class Schedule:
             catch_up_after_round=message.catch_up_after_round,
             catch_up_from_site=message.catch_up_from_site,
             serve_after_round=message.serve_after_round,
+            round_inner_steps=message.round_inner_steps,
+            round_inner_steps_through=message.round_inner_steps_through,
         )
 
 

@@ -18,6 +18,11 @@ between is kept on top of the new anchor, so every inner step counts in
 exactly one pseudo-gradient. With τ = 0 (or one fragment synced at the
 end) every site holds the same parameters after each outer step.
 
+The schedule (H, τ, the fragments' steps) is taken at the start of each
+outer step and holds until its end: the coordinator may re-plan H and τ
+from the measured inner step between rounds, and a change reaches this
+loop at its next outer step, never in the middle of one.
+
 A round whose average this site did not apply (aborted, this site
 excluded from it, or never opened) leaves the anchor and the outer
 optimizer where the last applied round put them, and the parameters keep
@@ -95,6 +100,10 @@ class RoundRecord:
     caught_up_after: int = 0
     #: Why a catch-up the round asked for failed ("": none failed).
     catch_up_failed: str = ""
+    #: H this outer step ran, and the job's inner steps through its round
+    #: as the coordinator counts them (0: not known).
+    inner_steps: int = 0
+    inner_steps_through: int = 0
 
 
 class DiLoCo:
@@ -125,6 +134,10 @@ class DiLoCo:
         if params.size != session.schedule.parameters:
             raise ValueError(f"params: {params.size} values; the job's schedule has {session.schedule.parameters}")
         self.session = session
+        # The schedule of the outer step under way (see the module docs).
+        self._schedule = session.schedule
+        # The job's inner steps through the round of this outer step.
+        self._round_through = 0
         self.params = params
         self.anchor = params.copy()
         self.outer = NesterovSGD(params.size, outer_lr, momentum, nesterov)
@@ -159,7 +172,8 @@ class DiLoCo:
 
     @property
     def inner_steps(self) -> int:
-        return self.session.schedule.inner_steps
+        """H of the outer step under way."""
+        return self._schedule.inner_steps
 
     def _current_round(self, catch_up: bool = True) -> int:
         # The first round opened after the last one this replica took part
@@ -169,6 +183,7 @@ class DiLoCo:
         if self.round == 0:
             schedule = self.session.wait_for_round(self._last_round, timeout=self.round_wait)
             self.round = schedule.round
+            self._round_through = schedule.round_inner_steps_through
             if catch_up:
                 self._catch_up(schedule)
         return self.round
@@ -218,7 +233,7 @@ class DiLoCo:
         return self.inner_steps if s == 0 else s
 
     def _apply_step(self, fragment) -> int:
-        return min(self._sync_step(fragment) + self.session.schedule.overlap_steps, self.inner_steps)
+        return min(self._sync_step(fragment) + self._schedule.overlap_steps, self.inner_steps)
 
     def _hand_over(self, round_id: int, fragment: int, values: np.ndarray) -> bool:
         """Submits ``values`` for the round; ``False`` when this site is left
@@ -293,7 +308,7 @@ class DiLoCo:
         elsewhere copies just these ranges in before and out after)."""
         step = self.inner_step + 1
         return [
-            f for f in self.session.schedule.fragments if step in (self._sync_step(f), self._apply_step(f))
+            f for f in self._schedule.fragments if step in (self._sync_step(f), self._apply_step(f))
         ]
 
     def step(self) -> Optional[RoundRecord]:
@@ -317,7 +332,7 @@ class DiLoCo:
             self.session.progress(self.inner_step, self.step_seconds)
         if self._record is None:
             self._record = RoundRecord(round=0)
-        for fragment in self.session.schedule.fragments:
+        for fragment in self._schedule.fragments:
             if self.inner_step == self._sync_step(fragment):
                 self._submit(fragment)
                 self._record.round = self.round or self._record.round
@@ -326,6 +341,10 @@ class DiLoCo:
         if self.inner_step < self.inner_steps:
             return None
         record, self._record = self._record, None
+        record.inner_steps = self.inner_steps
+        record.inner_steps_through = self._round_through if record.round == self.round else 0
+        # The next outer step runs the schedule as the agent has it now.
+        self._schedule = self.session.schedule
         now = time.monotonic()
         record.exchange_seconds = now - self._exchange_started
         record.outer_step_seconds = now - self._outer_started

@@ -193,6 +193,35 @@ class OuterLoopTest(unittest.TestCase):
             # Fragment 0 syncs at the end of the outer step: no drift.
             np.testing.assert_array_equal(pa[:4], pb[:4])
 
+    def test_a_replanned_schedule_takes_effect_at_the_next_outer_step_only(self):
+        hub = Hub(["a"])
+        params = np.zeros(4, dtype=np.float32)
+        before = schedule(4, 1, 4, tau=1)
+        after = schedule(4, 1, 2)
+        session = FakeSession(hub, "a", before)
+        waits = session.wait_for_round
+
+        def wait_and_replan(after_round, timeout=60.0):
+            # The coordinator re-plans while the first outer step runs: the
+            # agent's schedule changes under the loop.
+            got = waits(after_round, timeout)
+            session.schedule = after
+            return Schedule(**{**got.__dict__, "round_inner_steps": 4, "round_inner_steps_through": 4 * got.round})
+
+        session.wait_for_round = wait_and_replan
+        loop = DiLoCo(session, params, progress_every=0.0)
+        ended = []
+        for step in range(1, 9):
+            params -= 1.0
+            if loop.step() is not None:
+                ended.append(step)
+        # H = 4 until the first outer step ends, then H = 2.
+        self.assertEqual(ended, [4, 6, 8])
+        self.assertEqual([r.inner_steps for r in loop.history], [4, 2, 2])
+        self.assertEqual([r.inner_steps_through for r in loop.history], [4, 8, 12])
+        self.assertEqual(sorted(hub.submitted), [(1, 0), (2, 0), (3, 0)])
+        self.assertTrue(all(all(r.applied) for r in loop.history))
+
     def test_local_steps_after_a_submit_stay_on_top_of_the_new_anchor(self):
         hub = Hub(["a"])
         params = np.zeros(4, dtype=np.float32)

@@ -247,6 +247,8 @@ impl HubState {
                 out.participants = round.participants.clone();
                 out.excluded = excluded(round, site).is_some();
                 out.deadline_unix_ms = round.deadline_unix_ms;
+                out.round_inner_steps = round.inner_steps;
+                out.round_inner_steps_through = round.inner_steps_through;
                 out.last_round_over = round.round_id.saturating_sub(1);
                 if let Some((after, from)) = catch_up::catching_up(round, site) {
                     out.catch_up_after_round = after;

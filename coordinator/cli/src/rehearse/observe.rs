@@ -335,6 +335,29 @@ fn round_records(
         }
         observed.records.push(record);
     }
+    // A round opened with another H or τ than the one before: the
+    // coordinator re-planned the sync at the trainers' measured step.
+    if before.is_none()
+        && round.inner_steps != 0
+        && let Some(previous) = observed.rounds.get(&round.round_id.saturating_sub(1))
+        && previous.inner_steps != 0
+        && (previous.inner_steps, previous.overlap_steps)
+            != (round.inner_steps, round.overlap_steps)
+    {
+        observed.records.push(Record::new(
+            t,
+            "round",
+            format!(
+                "round {} runs H = {}, τ = {} (round {}: H = {}, τ = {}): the sync was re-planned at the trainers' measured inner step",
+                round.round_id,
+                round.inner_steps,
+                round.overlap_steps,
+                previous.round_id,
+                previous.inner_steps,
+                previous.overlap_steps
+            ),
+        ));
+    }
     let aborted = pb::RoundState::Aborted as i32;
     if round.state == aborted && before.is_none_or(|b| b.state != aborted) {
         observed.records.push(Record::new(

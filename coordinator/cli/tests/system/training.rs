@@ -86,6 +86,19 @@ fn write_scenario_with(
             .replace("max_inner_steps = 250", &format!("max_inner_steps = {h}"))
             .replace("bits = 4", &format!("bits = {bits}"));
     assert!(job.contains(&format!("inner_steps = {h}")), "{job}");
+    write_job_and_scenario(dir, name, &job, framework, steps, extra)
+}
+
+/// `job` (a job file's text) in `dir`, and a scenario training it for
+/// `steps` steps in `framework` with `extra` appended; the scenario.
+fn write_job_and_scenario(
+    dir: &Path,
+    name: &str,
+    job: &str,
+    framework: &str,
+    steps: u32,
+    extra: &str,
+) -> PathBuf {
     let job_path = dir.join(format!("{name}.job.toml"));
     std::fs::write(&job_path, job).unwrap();
     let scenario = format!(
@@ -211,6 +224,75 @@ fn diloco_through_the_agents_matches_synchronous_training_with_far_fewer_bytes()
         sync_bytes >= BYTES_FACTOR * diloco_bytes,
         "synchronous {sync_bytes} B vs DiLoCo {diloco_bytes} B"
     );
+}
+
+#[test]
+fn trainers_slower_than_predicted_get_the_sync_replanned_at_their_measured_step() {
+    if let Some(missing) = python_unavailable() {
+        eprintln!("skipped: {missing}");
+        return;
+    }
+    let _serial = crate::ONE_AT_A_TIME.blocking_lock();
+    let dir = tempfile::tempdir().unwrap();
+    // H free between 20 and 100: placement's microseconds per step make it
+    // 100; the trainers' milliseconds make it 20 once measured.
+    let job = std::fs::read_to_string(
+        Path::new(ROOT).join("deploy/examples/chars-diloco-replan.job.toml"),
+    )
+    .unwrap()
+    .replace("max_inner_steps = 200", "max_inner_steps = 100");
+    assert!(job.contains("max_inner_steps = 100"), "{job}");
+    let steps = 400;
+    let report = rehearse(&write_job_and_scenario(
+        dir.path(),
+        "train-replan",
+        &job,
+        "numpy",
+        steps,
+        "",
+    ));
+    let rounds = report["rounds"]["rounds"].as_array().unwrap();
+    let h: Vec<u64> = rounds
+        .iter()
+        .map(|r| r["inner_steps"].as_u64().unwrap_or(0))
+        .collect();
+    // The placed H, then (after the round that measured the step and the
+    // one already under way) the re-planned one, and no going back.
+    let switch = h.iter().position(|&h| h != 100).unwrap_or(h.len());
+    assert!(switch >= 2, "re-planned before any round measured: {h:?}");
+    assert!(switch < h.len(), "never re-planned: {h:?}");
+    assert!(h[switch..].iter().all(|&h| h == 20), "{h:?}");
+    assert!(
+        rounds[switch]["overlap_steps"].as_u64().unwrap_or(0) == 0,
+        "{:#}",
+        rounds[switch]
+    );
+    let timeline = report["timeline"].to_string();
+    assert!(
+        timeline.contains("re-planned at the trainers"),
+        "{timeline}"
+    );
+    let training = &report["training"];
+    let sites = training["sites"].as_array().unwrap();
+    assert_eq!(sites.len(), 2, "{training:#}");
+    for site in sites {
+        assert_exited_cleanly(site);
+        let run = &site["run"];
+        assert_eq!(run["steps"], steps, "{run:#}");
+        let ran: Vec<u64> = run["rounds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["inner_steps"].as_u64().unwrap())
+            .collect();
+        // Each outer step ran the H its round was opened with.
+        assert_eq!(ran, h, "{run:#}");
+        let last = run["rounds"].as_array().unwrap().last().unwrap();
+        assert_eq!(last["inner_steps_through"], steps, "{run:#}");
+    }
+    assert_eq!(training["same_parameters"], true, "{training:#}");
+    let loss = sites[0]["run"]["final_held_out_loss"].as_f64().unwrap();
+    assert!(loss < LEARNED, "held-out loss {loss}");
 }
 
 #[test]

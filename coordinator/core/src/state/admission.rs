@@ -286,6 +286,24 @@ pub fn check_bounds(command: &Command) -> Result<(), ApplyError> {
                 &mut out,
             );
         }
+        Command::ReplanSync { job_id, sync, .. } => {
+            id(root.key("job_id"), job_id, &mut out);
+            let path = root.key("sync");
+            check_entries(
+                &path.key("schedule"),
+                sync.schedule.len(),
+                limits::MAX_ROUND_FRAGMENTS as usize,
+                "fragments",
+                &mut out,
+            );
+            check_entries(
+                &path.key("sites"),
+                sync.sites.len(),
+                limits::MAX_SITES,
+                "sites",
+                &mut out,
+            );
+        }
         Command::AbortRound { job_id, reason, .. } => {
             id(root.key("job_id"), job_id, &mut out);
             check_len(

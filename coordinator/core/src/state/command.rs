@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::rounds::{CatchUp, ExclusionReason, LinkCodec, RoundRecord, RoundReport};
 use crate::job::JobSpec;
 use crate::placement::Plan;
+use crate::sync::SyncPlan;
 use crate::topology::{DomainGroup, Site, WanLink};
 
 /// A write, as proposed through Raft.
@@ -138,6 +139,12 @@ pub enum Command {
         /// commands logged before rounds carried them).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         links: Vec<LinkCodec>,
+        /// H and τ the trainers run this round's outer step with (0 in
+        /// commands logged before rounds carried them).
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        inner_steps: u32,
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        overlap_steps: u32,
         deadline_unix_ms: u64,
         at_unix_ms: u64,
     },
@@ -168,6 +175,17 @@ pub enum Command {
         site_id: String,
         reason: ExclusionReason,
         message: String,
+        at_unix_ms: u64,
+    },
+    /// The leader replaces a placed DiLoCo job's sync schedule with one
+    /// planned again at its trainers' measured inner step, between two
+    /// rounds (`sync::replan_sync`).
+    ReplanSync {
+        job_id: String,
+        /// The job's latest round when the re-plan was made (0: none):
+        /// refused at apply if another round opened since.
+        after_round: u64,
+        sync: SyncPlan,
         at_unix_ms: u64,
     },
     /// The leader gives up an open round (its job left DiLoCo placement).
@@ -203,6 +221,7 @@ impl Command {
             Self::ReportContributed { .. } => "report_contributed",
             Self::ReportApplied { .. } => "report_applied",
             Self::ExcludeParticipant { .. } => "exclude_participant",
+            Self::ReplanSync { .. } => "replan_sync",
             Self::AbortRound { .. } => "abort_round",
             Self::Noop { .. } => "noop",
         }

@@ -586,6 +586,8 @@ impl ClusterState {
                 fragments,
                 codec_bits,
                 links,
+                inner_steps,
+                overlap_steps,
                 deadline_unix_ms,
                 at_unix_ms,
             } => self.check_open_round(
@@ -597,6 +599,8 @@ impl ClusterState {
                     fragments: *fragments,
                     codec_bits: *codec_bits,
                     links,
+                    inner_steps: *inner_steps,
+                    overlap_steps: *overlap_steps,
                     deadline_unix_ms: *deadline_unix_ms,
                     at_unix_ms: *at_unix_ms,
                 },
@@ -657,6 +661,12 @@ impl ClusterState {
                 message,
                 revision,
             )?,
+            Command::ReplanSync {
+                job_id,
+                after_round,
+                sync,
+                ..
+            } => self.check_replan_sync(job_id, *after_round, sync, revision)?,
             Command::AbortRound {
                 job_id,
                 round,

@@ -94,6 +94,7 @@
 mod input;
 mod model;
 mod plan;
+mod replan;
 mod search;
 #[cfg(test)]
 mod tests;
@@ -108,6 +109,7 @@ use crate::state::LinkRecord;
 pub use input::{Codec, ShardHolders, SyncInput, ZSTD_BYTES_PER_SECOND_PER_CORE, configured_links};
 pub use model::{bytes_sent_per_site, compute_utilisation, exposed_seconds, reduction_vs_sync_dp};
 pub use plan::{CollectiveKind, CollectivePlan, FragmentSync, LinkPlan, SyncPlan};
+pub use replan::{Replanned, needs_replan, replan_sync};
 
 /// Why no sync plan can be made, naming the input field at fault.
 #[derive(Debug, Clone, PartialEq, Error)]

@@ -117,8 +117,14 @@ pub struct SyncPlan {
     pub sync_dp_bytes_per_step: f64,
     pub reduction_vs_sync_dp: f64,
     /// One per decision: `inner_steps`, `fragments`, `overlap_steps`,
-    /// `collective`, `codec`, `utilisation`, `reduction`.
+    /// `collective`, `codec`, `utilisation`, `reduction` (and `replan`
+    /// after a re-plan).
     pub reasons: Vec<Reason>,
+    /// Set when this plan replaced the job's earlier one from the
+    /// trainers' measured inner step ([`super::replan_sync`]); `None` as
+    /// placement planned it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replanned: Option<super::Replanned>,
 }
 
 impl SyncPlan {
@@ -308,6 +314,7 @@ pub(crate) fn assemble(model: &Model<'_>, search: &Search<'_, '_>, choice: &Choi
         sync_dp_bytes_per_step,
         reduction_vs_sync_dp: reduction,
         reasons,
+        replanned: None,
     }
 }
 

@@ -598,3 +598,86 @@ fn the_raw_training_width_is_a_codec_only_for_synchronous_data_parallelism() {
         assert_eq!((plan.inner_steps, plan.bits()), (1, bits));
     }
 }
+
+#[test]
+fn a_replan_is_asked_only_beyond_the_factor_either_way() {
+    let plan = plan_sync(&input()).unwrap();
+    let t = plan.inner_step_seconds;
+    assert!(t > 0.0);
+    for (measured, factor, asks) in [
+        (t, 2.0, false),
+        (t * 1.99, 2.0, false),
+        (t * 2.01, 2.0, true),
+        (t / 1.99, 2.0, false),
+        (t / 2.01, 2.0, true),
+        (t * 1.2, 1.0, true),
+        // Off, or nothing measured.
+        (t * 100.0, 0.0, false),
+        (t * 100.0, 0.5, false),
+        (t * 100.0, f64::NAN, false),
+        (0.0, 2.0, false),
+        (f64::INFINITY, 2.0, false),
+    ] {
+        assert_eq!(
+            needs_replan(&plan, measured, factor),
+            asks,
+            "measured {measured} s against {t} s, factor {factor}"
+        );
+    }
+    // A schedule with no usable planned step asks at any measurement.
+    let mut unplanned = plan.clone();
+    unplanned.inner_step_seconds = 0.0;
+    assert!(needs_replan(&unplanned, t, 2.0));
+}
+
+#[test]
+fn a_replan_at_the_measured_step_moves_tau_keeps_the_fragments_and_records_what_it_replaced() {
+    let topology = crate::Topology::from_toml(
+        "t.toml",
+        include_str!("../../../../deploy/examples/two-campuses-80km.toml"),
+    )
+    .unwrap();
+    let job = JobSpec::from_toml(
+        "j.toml",
+        include_str!("../../../../deploy/examples/chars-diloco.job.toml"),
+    )
+    .unwrap();
+    let plan = crate::placement::place(&topology, &job).unwrap();
+    let links = configured_links(&topology);
+    let params = CostParams::default();
+    let placed = plan.sync.clone().unwrap();
+    // Placement predicts microseconds per step, so τ hides what it can.
+    assert!(placed.overlap_steps > 0, "{placed:?}");
+    // The NumPy trainers take 10 ms: the exchange hides behind one step.
+    let next = replan_sync(&plan, &job, &links, &params, 0.010, 3).unwrap();
+    assert_eq!(next.inner_steps, 250, "the job fixes H");
+    assert_eq!(next.overlap_steps, 0);
+    assert_eq!(next.fragments, placed.fragments);
+    assert_eq!(next.schedule[0].parameters, placed.schedule[0].parameters);
+    assert_eq!(next.bits(), placed.bits());
+    assert_eq!(next.inner_step_seconds, 0.010);
+    assert_eq!(
+        next.replanned,
+        Some(Replanned {
+            after_round: 3,
+            previous_inner_step_seconds: placed.inner_step_seconds,
+            previous_inner_steps: 250,
+            previous_overlap_steps: placed.overlap_steps,
+        })
+    );
+    let reason = next.reason("replan").unwrap();
+    assert!(reason.reason.contains("from round 5"), "{reason:?}");
+    // The round after the re-plan runs the schedule before.
+    let replanned = next.replanned.as_ref().unwrap();
+    assert_eq!(
+        replanned.steps_for_round(4, (250, 0)),
+        (250, placed.overlap_steps)
+    );
+    assert_eq!(replanned.steps_for_round(5, (250, 0)), (250, 0));
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(
+            field_of(replan_sync(&plan, &job, &links, &params, bad, 3)),
+            "inner_step_seconds"
+        );
+    }
+}

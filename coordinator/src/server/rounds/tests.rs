@@ -342,22 +342,44 @@ fn a_rounds_reports_are_stored_alone_load_back_and_go_with_the_round() {
 #[test]
 fn a_deadline_follows_the_prediction_with_slack_and_a_floor() {
     let timing = RoundTiming::default();
-    assert_eq!(timing.deadline(Some(600.0)), Duration::from_secs(1200));
-    assert_eq!(timing.deadline(Some(1.0)), Duration::from_secs(30));
-    assert_eq!(timing.deadline(None), Duration::from_secs(30));
-    assert_eq!(timing.deadline(Some(f64::NAN)), Duration::from_secs(30));
+    assert_eq!(timing.deadline(Some(600.0), 0), Duration::from_secs(1200));
+    assert_eq!(timing.deadline(Some(1.0), 0), Duration::from_secs(30));
+    assert_eq!(timing.deadline(None, 0), Duration::from_secs(30));
+    assert_eq!(timing.deadline(Some(f64::NAN), 0), Duration::from_secs(30));
     assert_eq!(
-        timing.deadline(Some(1e30)),
+        timing.deadline(Some(1e30), 0),
         Duration::from_secs(365 * 24 * 3600)
     );
+    // Doubled per round that ended blind at its deadline, at most 16 ×.
+    assert_eq!(timing.deadline(Some(600.0), 1), Duration::from_secs(2400));
+    assert_eq!(timing.deadline(None, 2), Duration::from_secs(120));
+    assert_eq!(timing.deadline(None, 9), Duration::from_secs(480));
+    // A fixed deadline is what it says.
+    let fixed = RoundTiming {
+        fixed: Some(Duration::from_secs(5)),
+        ..RoundTiming::default()
+    };
+    assert_eq!(fixed.deadline(None, 3), Duration::from_secs(5));
 }
 
 /// Round 1 of `dense` opened at `at`, every participant applying every
 /// fragment measuring `inner_step_us`, then the next round's opening.
 fn next_round_after_measuring(inner_step_us: u64) -> (u64, Command) {
+    let (_, predicted, next) = after_measuring(
+        inner_step_us,
+        &RoundTiming {
+            replan_factor: None,
+            ..RoundTiming::default()
+        },
+    );
+    (predicted, next[0].clone())
+}
+
+/// As [`next_round_after_measuring`] with `timing`: the state after round
+/// 1, its predicted deadline and every command the driver then proposes.
+fn after_measuring(inner_step_us: u64, timing: &RoundTiming) -> (ClusterState, u64, Vec<Command>) {
     let mut state = state();
-    let timing = RoundTiming::default();
-    let opened = round_actions(&state, 1_000, &timing);
+    let opened = round_actions(&state, 1_000, timing);
     let Command::OpenRound {
         participants,
         fragments,
@@ -385,8 +407,8 @@ fn next_round_after_measuring(inner_step_us: u64) -> (u64, Command) {
     assert!(state.round("dense", 1).unwrap().is_committed());
     let round = state.round("dense", 1).unwrap();
     assert_eq!(round.participants[0].inner_step_us, inner_step_us);
-    let next = round_actions(&state, 3_000, &timing);
-    (deadline_unix_ms - 1_000, next[0].clone())
+    let next = round_actions(&state, 3_000, timing);
+    (state, deadline_unix_ms - 1_000, next)
 }
 
 #[test]
@@ -433,4 +455,242 @@ fn a_rounds_deadline_follows_the_inner_step_the_sites_measured() {
         panic!("{next:?}");
     };
     assert_eq!(deadline_unix_ms - 3_000, predicted);
+}
+
+/// Every participant of the open round of `dense` applies every fragment,
+/// measuring `inner_step_us`.
+fn finish_open_round(state: &mut ClusterState, inner_step_us: u64) {
+    let open = state.open_round("dense").unwrap().clone();
+    for p in &open.participants {
+        for fragment in 0..open.fragments.len() as u32 {
+            for mut command in reports(&p.site, fragment, "h", inner_step_us) {
+                match &mut command {
+                    Command::ReportContributed { round, .. }
+                    | Command::ReportApplied { round, .. } => *round = open.round,
+                    _ => unreachable!(),
+                }
+                state.apply(&Request::new(command)).unwrap();
+            }
+        }
+    }
+    assert!(state.round("dense", open.round).unwrap().is_committed());
+}
+
+#[test]
+fn trainers_faster_than_planned_get_a_schedule_replanned_at_their_step_from_the_round_after_next() {
+    let timing = RoundTiming::default();
+    let before = {
+        let state = state();
+        state
+            .job("dense")
+            .unwrap()
+            .placement
+            .plan()
+            .unwrap()
+            .sync
+            .clone()
+            .unwrap()
+    };
+    // Twenty times faster than placement predicted: the WAN now needs a
+    // longer H to hide behind.
+    let fast_us = (before.inner_step_seconds / 20.0 * 1e6).round() as u64;
+    let (mut state, _, commands) = after_measuring(fast_us, &timing);
+    assert_eq!(commands.len(), 1, "{commands:?}");
+    let Command::ReplanSync {
+        after_round, sync, ..
+    } = &commands[0]
+    else {
+        panic!("a re-plan first: {commands:?}");
+    };
+    assert_eq!(*after_round, 1);
+    assert_eq!(sync.inner_step_seconds, fast_us as f64 / 1e6);
+    assert!(
+        sync.inner_steps > before.inner_steps,
+        "H {} -> {}",
+        before.inner_steps,
+        sync.inner_steps
+    );
+    assert_eq!(sync.fragments, before.fragments);
+    assert_eq!(sync.bits(), before.bits());
+    let replanned = sync.replanned.clone().unwrap();
+    assert_eq!(replanned.previous_inner_steps, before.inner_steps);
+    assert!(sync.reason("replan").is_some());
+    let new_h = sync.inner_steps;
+    apply(&mut state, commands);
+    let plan = state
+        .job("dense")
+        .unwrap()
+        .placement
+        .plan()
+        .unwrap()
+        .clone();
+    assert_eq!(plan.mode, CrossSiteMode::Diloco { inner_steps: new_h });
+    // Round 2: the trainers are in its inner steps on the old schedule.
+    let opened = round_actions(&state, 3_001, &timing);
+    let Command::OpenRound {
+        round,
+        inner_steps,
+        overlap_steps,
+        deadline_unix_ms,
+        ..
+    } = &opened[0]
+    else {
+        panic!("{opened:?}");
+    };
+    assert_eq!(
+        (*round, *inner_steps, *overlap_steps),
+        (2, before.inner_steps, before.overlap_steps)
+    );
+    let t = fast_us as f64 / 1e6;
+    let exposed = f64::from(before.fragments)
+        * (before.fragment_transfer_seconds - f64::from(before.overlap_steps) * t).max(0.0);
+    let expected = (2.0 * (f64::from(before.inner_steps) * t + exposed)).max(30.0);
+    let got = (deadline_unix_ms - 3_001) as f64 / 1e3;
+    assert!(
+        (got - expected).abs() < 0.01,
+        "{got} s, expected {expected} s"
+    );
+    apply(&mut state, opened);
+    finish_open_round(&mut state, fast_us);
+    // Round 3 runs the new schedule, and the same measurement asks for no
+    // second re-plan.
+    let opened = round_actions(&state, 4_000, &timing);
+    let Command::OpenRound {
+        round, inner_steps, ..
+    } = &opened[0]
+    else {
+        panic!("one re-plan only: {opened:?}");
+    };
+    assert_eq!((*round, *inner_steps), (3, new_h));
+    apply(&mut state, opened);
+    assert_eq!(state.round("dense", 3).unwrap().inner_steps, new_h);
+}
+
+#[test]
+fn a_measured_step_within_the_factor_or_with_replanning_off_keeps_the_schedule() {
+    let before = {
+        let state = state();
+        state
+            .job("dense")
+            .unwrap()
+            .placement
+            .plan()
+            .unwrap()
+            .sync
+            .clone()
+            .unwrap()
+    };
+    let close_us = (before.inner_step_seconds * 1.5 * 1e6).round() as u64;
+    let (_, _, commands) = after_measuring(close_us, &RoundTiming::default());
+    assert!(
+        matches!(commands[..], [Command::OpenRound { round: 2, .. }]),
+        "{commands:?}"
+    );
+    let far_us = (before.inner_step_seconds * 10.0 * 1e6).round() as u64;
+    let off = RoundTiming {
+        replan_factor: None,
+        ..RoundTiming::default()
+    };
+    let (_, _, commands) = after_measuring(far_us, &off);
+    assert!(
+        matches!(commands[..], [Command::OpenRound { round: 2, .. }]),
+        "{commands:?}"
+    );
+}
+
+#[test]
+fn a_replan_is_refused_while_a_round_is_open_after_another_round_or_with_other_fragments() {
+    let before = {
+        let state = state();
+        state
+            .job("dense")
+            .unwrap()
+            .placement
+            .plan()
+            .unwrap()
+            .sync
+            .clone()
+            .unwrap()
+    };
+    let fast_us = (before.inner_step_seconds / 20.0 * 1e6).round() as u64;
+    let (mut state, _, commands) = after_measuring(fast_us, &RoundTiming::default());
+    let Command::ReplanSync { sync, .. } = commands[0].clone() else {
+        panic!("{commands:?}");
+    };
+    let replan = |after_round: u64, sync: &longhaul_core::sync::SyncPlan| {
+        Request::new(Command::ReplanSync {
+            job_id: "dense".into(),
+            after_round,
+            sync: sync.clone(),
+            at_unix_ms: 3_000,
+        })
+    };
+    let refused = |state: &mut ClusterState, request: Request, field: &str| {
+        let at = state.revision();
+        let error = state.apply(&request).unwrap_err();
+        assert!(error.to_string().contains(field), "{error}");
+        assert_eq!(state.revision(), at, "a refused re-plan changes nothing");
+    };
+    refused(&mut state, replan(0, &sync), "after_round");
+    let mut other = sync.clone();
+    other.schedule[0].parameters -= 1;
+    refused(&mut state, replan(1, &other), "sync.schedule");
+    let mut other = sync.clone();
+    other.sites.reverse();
+    refused(&mut state, replan(1, &other), "sync.sites");
+    let mut other = sync.clone();
+    other.overlap_steps = other.inner_steps + 1;
+    refused(&mut state, replan(1, &other), "sync.overlap_steps");
+    // With round 2 open, not even the right one applies.
+    let opened = round_actions(
+        &state,
+        3_001,
+        &RoundTiming {
+            replan_factor: None,
+            ..RoundTiming::default()
+        },
+    );
+    apply(&mut state, opened);
+    refused(&mut state, replan(1, &sync), "after_round");
+}
+
+#[test]
+fn rounds_that_end_at_their_deadline_with_nothing_measured_double_the_next_deadline() {
+    let mut state = state();
+    let timing = RoundTiming::default();
+    let deadline_of = |commands: &[Command], at: u64| match &commands[0] {
+        Command::OpenRound {
+            deadline_unix_ms, ..
+        } => deadline_unix_ms - at,
+        other => panic!("{other:?}"),
+    };
+    let opened = round_actions(&state, 1_000, &timing);
+    let first = deadline_of(&opened, 1_000);
+    apply(&mut state, opened);
+    let mut now = 1_000;
+    for doublings in 1..=MAX_DEADLINE_DOUBLINGS + 1 {
+        // No one reports: every participant is excluded at the deadline.
+        now = state.open_round("dense").unwrap().deadline_unix_ms;
+        let excluded = round_actions(&state, now, &timing);
+        for command in excluded {
+            // The last exclusion aborts the round; none is refused.
+            state.apply(&Request::new(command)).unwrap();
+        }
+        assert!(state.open_round("dense").is_none());
+        assert_eq!(
+            deadline_doublings(&state, "dense"),
+            doublings.min(MAX_DEADLINE_DOUBLINGS)
+        );
+        let opened = round_actions(&state, now, &timing);
+        assert_eq!(
+            deadline_of(&opened, now),
+            first << doublings.min(MAX_DEADLINE_DOUBLINGS),
+            "after {doublings} blind deadline(s)"
+        );
+        apply(&mut state, opened);
+    }
+    // A round that measures resets it.
+    finish_open_round(&mut state, 1);
+    assert_eq!(deadline_doublings(&state, "dense"), 0);
+    let _ = now;
 }

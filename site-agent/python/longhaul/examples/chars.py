@@ -181,7 +181,7 @@ def _train_numpy(args, session, source, held, started):
         else:
             inner.step(params, grad)
         step_time += time.perf_counter() - t0
-        ended = not sync_dp and _ends_training(loop.step(), last_round)
+        ended = not sync_dp and _ends_training(loop.step(), last_round, args.steps)
         if step % args.eval_every == 0 or step == args.steps or ended:
             _log(session, step, loss, model.loss_and_grad(*held), started, curve)
         if ended:
@@ -190,13 +190,23 @@ def _train_numpy(args, session, source, held, started):
 
 
 def _last_round(args, session) -> int:
-    """The job's last round: the outer step of ``steps`` inner steps."""
+    """The job's last round at the H it starts with: the outer step of
+    ``steps`` inner steps."""
     return max(1, args.steps // max(1, session.schedule.inner_steps))
 
 
-def _ends_training(record, last_round: int) -> bool:
-    """Whether the outer step that just ended (``record``) was the job's last."""
-    return record is not None and record.round >= last_round
+def _ends_training(record, last_round: int, steps: int) -> bool:
+    """Whether the outer step that just ended (``record``) was the job's
+    last: the one whose round brings the job's inner steps, as the
+    coordinator counts them (whatever H each round had after a re-plan),
+    to ``steps``; by round number where the count is not carried. Every
+    site ends in the same round, a site that lost steps to an outage
+    too."""
+    if record is None:
+        return False
+    if record.inner_steps_through:
+        return record.inner_steps_through >= steps
+    return record.round >= last_round
 
 
 def _train_torch(args, session, source, held, started):
@@ -239,7 +249,7 @@ def _train_torch(args, session, source, held, started):
             optimizer.allreduce_gradients()
             optimizer.sync_step()
         step_time += time.perf_counter() - t0
-        ended = not sync_dp and _ends_training(optimizer.step(), last_round)
+        ended = not sync_dp and _ends_training(optimizer.step(), last_round, args.steps)
         if step % args.eval_every == 0 or step == args.steps or ended:
             with torch.no_grad():
                 held_out = float(loss_fn(model(test_x), test_y))
@@ -337,6 +347,8 @@ def main(argv: List[str] = None) -> int:
                 "caught_up_from": r.caught_up_from,
                 "caught_up_after": r.caught_up_after,
                 "catch_up_failed": r.catch_up_failed,
+                "inner_steps": r.inner_steps,
+                "inner_steps_through": r.inner_steps_through,
             }
             for r in history
         ],

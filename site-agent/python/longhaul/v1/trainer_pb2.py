@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19longhaul/v1/trainer.proto\x12\x0blonghaul.v1\"g\n\x0cSharedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\'\n\x05\x64type\x18\x03 \x01(\x0e\x32\x18.longhaul.v1.TensorDtype\x12\x10\n\x08\x65lements\x18\x04 \x01(\x04\"\x18\n\x16TrainerDescribeRequest\"P\n\x0fTrainerJobRanks\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x04\x12\x10\n\x08replicas\x18\x04 \x03(\r\"V\n\x17TrainerDescribeResponse\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12*\n\x04jobs\x18\x02 \x03(\x0b\x32\x1c.longhaul.v1.TrainerJobRanks\"S\n\x12TrainerJoinRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x04\x12\x12\n\nparameters\x18\x03 \x01(\x04\x12\x0b\n\x03pid\x18\x04 \x01(\r\"\x7f\n\x13TrainerJoinResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12.\n\x08schedule\x18\x03 \x01(\x0b\x32\x1c.longhaul.v1.TrainerSchedule\x12\x16\n\x0esession_ttl_ms\x18\x04 \x01(\x04\"&\n\x13TrainerLeaveRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x16\n\x14TrainerLeaveResponse\")\n\x16TrainerScheduleRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x89\x01\n\x0fTrainerFragment\x12\x10\n\x08\x66ragment\x18\x01 \x01(\r\x12\x17\n\x0f\x66irst_parameter\x18\x02 \x01(\x04\x12\x12\n\nparameters\x18\x03 \x01(\x04\x12\x1a\n\x12sync_at_inner_step\x18\x04 \x01(\r\x12\x1b\n\x13\x61pply_at_inner_step\x18\x05 \x01(\r\"\xe5\x02\n\x0fTrainerSchedule\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0binner_steps\x18\x02 \x01(\r\x12\x15\n\roverlap_steps\x18\x03 \x01(\r\x12\x12\n\ncodec_bits\x18\x04 \x01(\r\x12/\n\tfragments\x18\x05 \x03(\x0b\x32\x1c.longhaul.v1.TrainerFragment\x12\x12\n\nparameters\x18\x06 \x01(\x04\x12\r\n\x05round\x18\x07 \x01(\x04\x12\x14\n\x0cparticipants\x18\x08 \x03(\t\x12\x10\n\x08\x65xcluded\x18\t \x01(\x08\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\n \x01(\x04\x12\x17\n\x0flast_round_over\x18\x0b \x01(\x04\x12\x1c\n\x14\x63\x61tch_up_after_round\x18\x0c \x01(\x04\x12\x1a\n\x12\x63\x61tch_up_from_site\x18\r \x01(\t\x12\x19\n\x11serve_after_round\x18\x0e \x01(\x04\"S\n\x16TrainerProgressRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x12\n\ninner_step\x18\x02 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\"s\n\x14TrainerSubmitRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08\x66ragment\x18\x03 \x01(\r\x12)\n\x06tensor\x18\x04 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\")\n\x15TrainerSubmitResponse\x12\x10\n\x08\x65lements\x18\x01 \x01(\x04\"\x86\x01\n\x15TrainerCollectRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08\x66ragment\x18\x03 \x01(\r\x12\'\n\x04into\x18\x04 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x04\"x\n\x16TrainerCollectResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.longhaul.v1.CollectOutcome\x12\x0c\n\x04hash\x18\x02 \x01(\t\x12\x12\n\nlive_sites\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"g\n\x1aTrainerPublishStateRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12)\n\x06tensor\x18\x03 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\"/\n\x1bTrainerPublishStateResponse\x12\x10\n\x08\x65lements\x18\x01 \x01(\x04\"t\n\x15TrainerCatchUpRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\'\n\x04into\x18\x03 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"i\n\x16TrainerCatchUpResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.longhaul.v1.CatchUpOutcome\x12\x11\n\tfrom_site\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t*X\n\x0bTensorDtype\x12\x1c\n\x18TENSOR_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10TENSOR_DTYPE_F32\x10\x01\x12\x15\n\x11TENSOR_DTYPE_BF16\x10\x02*\x8c\x01\n\x0e\x43ollectOutcome\x12\x1f\n\x1b\x43OLLECT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43OLLECT_OUTCOME_APPLIED\x10\x01\x12\x1c\n\x18\x43OLLECT_OUTCOME_EXCLUDED\x10\x02\x12\x1e\n\x1a\x43OLLECT_OUTCOME_ROUND_OVER\x10\x03*l\n\x0e\x43\x61tchUpOutcome\x12 \n\x1c\x43\x41TCH_UP_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41TCH_UP_OUTCOME_LOADED\x10\x01\x12\x1b\n\x17\x43\x41TCH_UP_OUTCOME_FAILED\x10\x02\x32\xfc\x05\n\x07Trainer\x12U\n\x08\x44\x65scribe\x12#.longhaul.v1.TrainerDescribeRequest\x1a$.longhaul.v1.TrainerDescribeResponse\x12I\n\x04Join\x12\x1f.longhaul.v1.TrainerJoinRequest\x1a .longhaul.v1.TrainerJoinResponse\x12L\n\x05Leave\x12 .longhaul.v1.TrainerLeaveRequest\x1a!.longhaul.v1.TrainerLeaveResponse\x12P\n\x0bGetSchedule\x12#.longhaul.v1.TrainerScheduleRequest\x1a\x1c.longhaul.v1.TrainerSchedule\x12S\n\x0eReportProgress\x12#.longhaul.v1.TrainerProgressRequest\x1a\x1c.longhaul.v1.TrainerSchedule\x12O\n\x06Submit\x12!.longhaul.v1.TrainerSubmitRequest\x1a\".longhaul.v1.TrainerSubmitResponse\x12R\n\x07\x43ollect\x12\".longhaul.v1.TrainerCollectRequest\x1a#.longhaul.v1.TrainerCollectResponse\x12\x61\n\x0cPublishState\x12\'.longhaul.v1.TrainerPublishStateRequest\x1a(.longhaul.v1.TrainerPublishStateResponse\x12R\n\x07\x43\x61tchUp\x12\".longhaul.v1.TrainerCatchUpRequest\x1a#.longhaul.v1.TrainerCatchUpResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19longhaul/v1/trainer.proto\x12\x0blonghaul.v1\"g\n\x0cSharedTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\'\n\x05\x64type\x18\x03 \x01(\x0e\x32\x18.longhaul.v1.TensorDtype\x12\x10\n\x08\x65lements\x18\x04 \x01(\x04\"\x18\n\x16TrainerDescribeRequest\"P\n\x0fTrainerJobRanks\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x04\x12\x10\n\x08replicas\x18\x04 \x03(\r\"V\n\x17TrainerDescribeResponse\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12*\n\x04jobs\x18\x02 \x03(\x0b\x32\x1c.longhaul.v1.TrainerJobRanks\"S\n\x12TrainerJoinRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x04\x12\x12\n\nparameters\x18\x03 \x01(\x04\x12\x0b\n\x03pid\x18\x04 \x01(\r\"\x7f\n\x13TrainerJoinResponse\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12.\n\x08schedule\x18\x03 \x01(\x0b\x32\x1c.longhaul.v1.TrainerSchedule\x12\x16\n\x0esession_ttl_ms\x18\x04 \x01(\x04\"&\n\x13TrainerLeaveRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x16\n\x14TrainerLeaveResponse\")\n\x16TrainerScheduleRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\"\x89\x01\n\x0fTrainerFragment\x12\x10\n\x08\x66ragment\x18\x01 \x01(\r\x12\x17\n\x0f\x66irst_parameter\x18\x02 \x01(\x04\x12\x12\n\nparameters\x18\x03 \x01(\x04\x12\x1a\n\x12sync_at_inner_step\x18\x04 \x01(\r\x12\x1b\n\x13\x61pply_at_inner_step\x18\x05 \x01(\r\"\xa3\x03\n\x0fTrainerSchedule\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0binner_steps\x18\x02 \x01(\r\x12\x15\n\roverlap_steps\x18\x03 \x01(\r\x12\x12\n\ncodec_bits\x18\x04 \x01(\r\x12/\n\tfragments\x18\x05 \x03(\x0b\x32\x1c.longhaul.v1.TrainerFragment\x12\x12\n\nparameters\x18\x06 \x01(\x04\x12\r\n\x05round\x18\x07 \x01(\x04\x12\x14\n\x0cparticipants\x18\x08 \x03(\t\x12\x10\n\x08\x65xcluded\x18\t \x01(\x08\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\n \x01(\x04\x12\x17\n\x0flast_round_over\x18\x0b \x01(\x04\x12\x1c\n\x14\x63\x61tch_up_after_round\x18\x0c \x01(\x04\x12\x1a\n\x12\x63\x61tch_up_from_site\x18\r \x01(\t\x12\x19\n\x11serve_after_round\x18\x0e \x01(\x04\x12\x19\n\x11round_inner_steps\x18\x0f \x01(\r\x12!\n\x19round_inner_steps_through\x18\x10 \x01(\x04\"S\n\x16TrainerProgressRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\x12\n\ninner_step\x18\x02 \x01(\x04\x12\x14\n\x0cstep_seconds\x18\x03 \x01(\x01\"s\n\x14TrainerSubmitRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08\x66ragment\x18\x03 \x01(\r\x12)\n\x06tensor\x18\x04 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\")\n\x15TrainerSubmitResponse\x12\x10\n\x08\x65lements\x18\x01 \x01(\x04\"\x86\x01\n\x15TrainerCollectRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\x10\n\x08\x66ragment\x18\x03 \x01(\r\x12\'\n\x04into\x18\x04 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\x12\x12\n\ntimeout_ms\x18\x05 \x01(\x04\"x\n\x16TrainerCollectResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.longhaul.v1.CollectOutcome\x12\x0c\n\x04hash\x18\x02 \x01(\t\x12\x12\n\nlive_sites\x18\x03 \x03(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\"g\n\x1aTrainerPublishStateRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12)\n\x06tensor\x18\x03 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\"/\n\x1bTrainerPublishStateResponse\x12\x10\n\x08\x65lements\x18\x01 \x01(\x04\"t\n\x15TrainerCatchUpRequest\x12\x0f\n\x07session\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x04\x12\'\n\x04into\x18\x03 \x01(\x0b\x32\x19.longhaul.v1.SharedTensor\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x04\"i\n\x16TrainerCatchUpResponse\x12,\n\x07outcome\x18\x01 \x01(\x0e\x32\x1b.longhaul.v1.CatchUpOutcome\x12\x11\n\tfrom_site\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t*X\n\x0bTensorDtype\x12\x1c\n\x18TENSOR_DTYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10TENSOR_DTYPE_F32\x10\x01\x12\x15\n\x11TENSOR_DTYPE_BF16\x10\x02*\x8c\x01\n\x0e\x43ollectOutcome\x12\x1f\n\x1b\x43OLLECT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43OLLECT_OUTCOME_APPLIED\x10\x01\x12\x1c\n\x18\x43OLLECT_OUTCOME_EXCLUDED\x10\x02\x12\x1e\n\x1a\x43OLLECT_OUTCOME_ROUND_OVER\x10\x03*l\n\x0e\x43\x61tchUpOutcome\x12 \n\x1c\x43\x41TCH_UP_OUTCOME_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43\x41TCH_UP_OUTCOME_LOADED\x10\x01\x12\x1b\n\x17\x43\x41TCH_UP_OUTCOME_FAILED\x10\x02\x32\xfc\x05\n\x07Trainer\x12U\n\x08\x44\x65scribe\x12#.longhaul.v1.TrainerDescribeRequest\x1a$.longhaul.v1.TrainerDescribeResponse\x12I\n\x04Join\x12\x1f.longhaul.v1.TrainerJoinRequest\x1a .longhaul.v1.TrainerJoinResponse\x12L\n\x05Leave\x12 .longhaul.v1.TrainerLeaveRequest\x1a!.longhaul.v1.TrainerLeaveResponse\x12P\n\x0bGetSchedule\x12#.longhaul.v1.TrainerScheduleRequest\x1a\x1c.longhaul.v1.TrainerSchedule\x12S\n\x0eReportProgress\x12#.longhaul.v1.TrainerProgressRequest\x1a\x1c.longhaul.v1.TrainerSchedule\x12O\n\x06Submit\x12!.longhaul.v1.TrainerSubmitRequest\x1a\".longhaul.v1.TrainerSubmitResponse\x12R\n\x07\x43ollect\x12\".longhaul.v1.TrainerCollectRequest\x1a#.longhaul.v1.TrainerCollectResponse\x12\x61\n\x0cPublishState\x12\'.longhaul.v1.TrainerPublishStateRequest\x1a(.longhaul.v1.TrainerPublishStateResponse\x12R\n\x07\x43\x61tchUp\x12\".longhaul.v1.TrainerCatchUpRequest\x1a#.longhaul.v1.TrainerCatchUpResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'longhaul.v1.trainer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENSORDTYPE']._serialized_start=2047
-  _globals['_TENSORDTYPE']._serialized_end=2135
-  _globals['_COLLECTOUTCOME']._serialized_start=2138
-  _globals['_COLLECTOUTCOME']._serialized_end=2278
-  _globals['_CATCHUPOUTCOME']._serialized_start=2280
-  _globals['_CATCHUPOUTCOME']._serialized_end=2388
+  _globals['_TENSORDTYPE']._serialized_start=2109
+  _globals['_TENSORDTYPE']._serialized_end=2197
+  _globals['_COLLECTOUTCOME']._serialized_start=2200
+  _globals['_COLLECTOUTCOME']._serialized_end=2340
+  _globals['_CATCHUPOUTCOME']._serialized_start=2342
+  _globals['_CATCHUPOUTCOME']._serialized_end=2450
   _globals['_SHAREDTENSOR']._serialized_start=42
   _globals['_SHAREDTENSOR']._serialized_end=145
   _globals['_TRAINERDESCRIBEREQUEST']._serialized_start=147
@@ -58,25 +58,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAINERFRAGMENT']._serialized_start=665
   _globals['_TRAINERFRAGMENT']._serialized_end=802
   _globals['_TRAINERSCHEDULE']._serialized_start=805
-  _globals['_TRAINERSCHEDULE']._serialized_end=1162
-  _globals['_TRAINERPROGRESSREQUEST']._serialized_start=1164
-  _globals['_TRAINERPROGRESSREQUEST']._serialized_end=1247
-  _globals['_TRAINERSUBMITREQUEST']._serialized_start=1249
-  _globals['_TRAINERSUBMITREQUEST']._serialized_end=1364
-  _globals['_TRAINERSUBMITRESPONSE']._serialized_start=1366
-  _globals['_TRAINERSUBMITRESPONSE']._serialized_end=1407
-  _globals['_TRAINERCOLLECTREQUEST']._serialized_start=1410
-  _globals['_TRAINERCOLLECTREQUEST']._serialized_end=1544
-  _globals['_TRAINERCOLLECTRESPONSE']._serialized_start=1546
-  _globals['_TRAINERCOLLECTRESPONSE']._serialized_end=1666
-  _globals['_TRAINERPUBLISHSTATEREQUEST']._serialized_start=1668
-  _globals['_TRAINERPUBLISHSTATEREQUEST']._serialized_end=1771
-  _globals['_TRAINERPUBLISHSTATERESPONSE']._serialized_start=1773
-  _globals['_TRAINERPUBLISHSTATERESPONSE']._serialized_end=1820
-  _globals['_TRAINERCATCHUPREQUEST']._serialized_start=1822
-  _globals['_TRAINERCATCHUPREQUEST']._serialized_end=1938
-  _globals['_TRAINERCATCHUPRESPONSE']._serialized_start=1940
-  _globals['_TRAINERCATCHUPRESPONSE']._serialized_end=2045
-  _globals['_TRAINER']._serialized_start=2391
-  _globals['_TRAINER']._serialized_end=3155
+  _globals['_TRAINERSCHEDULE']._serialized_end=1224
+  _globals['_TRAINERPROGRESSREQUEST']._serialized_start=1226
+  _globals['_TRAINERPROGRESSREQUEST']._serialized_end=1309
+  _globals['_TRAINERSUBMITREQUEST']._serialized_start=1311
+  _globals['_TRAINERSUBMITREQUEST']._serialized_end=1426
+  _globals['_TRAINERSUBMITRESPONSE']._serialized_start=1428
+  _globals['_TRAINERSUBMITRESPONSE']._serialized_end=1469
+  _globals['_TRAINERCOLLECTREQUEST']._serialized_start=1472
+  _globals['_TRAINERCOLLECTREQUEST']._serialized_end=1606
+  _globals['_TRAINERCOLLECTRESPONSE']._serialized_start=1608
+  _globals['_TRAINERCOLLECTRESPONSE']._serialized_end=1728
+  _globals['_TRAINERPUBLISHSTATEREQUEST']._serialized_start=1730
+  _globals['_TRAINERPUBLISHSTATEREQUEST']._serialized_end=1833
+  _globals['_TRAINERPUBLISHSTATERESPONSE']._serialized_start=1835
+  _globals['_TRAINERPUBLISHSTATERESPONSE']._serialized_end=1882
+  _globals['_TRAINERCATCHUPREQUEST']._serialized_start=1884
+  _globals['_TRAINERCATCHUPREQUEST']._serialized_end=2000
+  _globals['_TRAINERCATCHUPRESPONSE']._serialized_start=2002
+  _globals['_TRAINERCATCHUPRESPONSE']._serialized_end=2107
+  _globals['_TRAINER']._serialized_start=2453
+  _globals['_TRAINER']._serialized_end=3217
 # @@protoc_insertion_point(module_scope)

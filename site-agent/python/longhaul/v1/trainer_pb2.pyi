@@ -127,7 +127,7 @@ class TrainerFragment(_message.Message):
     def __init__(self, fragment: _Optional[int] = ..., first_parameter: _Optional[int] = ..., parameters: _Optional[int] = ..., sync_at_inner_step: _Optional[int] = ..., apply_at_inner_step: _Optional[int] = ...) -> None: ...
 
 class TrainerSchedule(_message.Message):
-    __slots__ = ("job_id", "inner_steps", "overlap_steps", "codec_bits", "fragments", "parameters", "round", "participants", "excluded", "deadline_unix_ms", "last_round_over", "catch_up_after_round", "catch_up_from_site", "serve_after_round")
+    __slots__ = ("job_id", "inner_steps", "overlap_steps", "codec_bits", "fragments", "parameters", "round", "participants", "excluded", "deadline_unix_ms", "last_round_over", "catch_up_after_round", "catch_up_from_site", "serve_after_round", "round_inner_steps", "round_inner_steps_through")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
     OVERLAP_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,8 @@ class TrainerSchedule(_message.Message):
     CATCH_UP_AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
     CATCH_UP_FROM_SITE_FIELD_NUMBER: _ClassVar[int]
     SERVE_AFTER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INNER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_INNER_STEPS_THROUGH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     inner_steps: int
     overlap_steps: int
@@ -156,7 +158,9 @@ class TrainerSchedule(_message.Message):
     catch_up_after_round: int
     catch_up_from_site: str
     serve_after_round: int
-    def __init__(self, job_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., codec_bits: _Optional[int] = ..., fragments: _Optional[_Iterable[_Union[TrainerFragment, _Mapping]]] = ..., parameters: _Optional[int] = ..., round: _Optional[int] = ..., participants: _Optional[_Iterable[str]] = ..., excluded: _Optional[bool] = ..., deadline_unix_ms: _Optional[int] = ..., last_round_over: _Optional[int] = ..., catch_up_after_round: _Optional[int] = ..., catch_up_from_site: _Optional[str] = ..., serve_after_round: _Optional[int] = ...) -> None: ...
+    round_inner_steps: int
+    round_inner_steps_through: int
+    def __init__(self, job_id: _Optional[str] = ..., inner_steps: _Optional[int] = ..., overlap_steps: _Optional[int] = ..., codec_bits: _Optional[int] = ..., fragments: _Optional[_Iterable[_Union[TrainerFragment, _Mapping]]] = ..., parameters: _Optional[int] = ..., round: _Optional[int] = ..., participants: _Optional[_Iterable[str]] = ..., excluded: _Optional[bool] = ..., deadline_unix_ms: _Optional[int] = ..., last_round_over: _Optional[int] = ..., catch_up_after_round: _Optional[int] = ..., catch_up_from_site: _Optional[str] = ..., serve_after_round: _Optional[int] = ..., round_inner_steps: _Optional[int] = ..., round_inner_steps_through: _Optional[int] = ...) -> None: ...
 
 class TrainerProgressRequest(_message.Message):
     __slots__ = ("session", "inner_step", "step_seconds")

@@ -72,6 +72,13 @@ pub struct RoundRow {
     pub fragments: u32,
     /// The widest link's bits per value.
     pub bits: u32,
+    /// H and τ of the round's outer step (0: not carried); they change
+    /// when the coordinator re-plans the sync at the trainers' measured
+    /// inner step.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub inner_steps: u32,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub overlap_steps: u32,
     /// Opened to committed or aborted.
     pub took_ms: Option<u64>,
     /// From the first agent's start of an exchange of its fragments to the
@@ -158,6 +165,8 @@ pub(in crate::rehearse) fn rounds_report(
                     .collect(),
                 fragments: r.fragments,
                 bits: r.codec_bits,
+                inner_steps: r.inner_steps,
+                overlap_steps: r.overlap_steps,
                 took_ms: (r.ended_at_unix_ms != 0)
                     .then(|| r.ended_at_unix_ms.saturating_sub(r.opened_at_unix_ms)),
                 exchange_ms: span(&records),
@@ -355,12 +364,23 @@ const COLUMNS: &[(&str, bool)] = &[
     ("excluded, catching up", false),
     ("fragments", true),
     ("bits", true),
+    ("H, τ", true),
     ("bytes", true),
     ("exchange", true),
     ("predicted", true),
     ("simulated", true),
     ("took", true),
 ];
+
+/// For `skip_serializing_if`: a figure not carried.
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// H and τ of a round: a row where they change (a re-plan) is shown.
+fn steps(r: &RoundRow) -> (u32, u32) {
+    (r.inner_steps, r.overlap_steps)
+}
 
 /// A row of the rounds table standing for `hidden` rounds not shown.
 fn elided(hidden: usize, columns: usize) -> Vec<String> {
@@ -394,6 +414,7 @@ pub(super) fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::i
             || !r.excluded.is_empty()
             || !r.catching_up.is_empty()
             || r.state == "aborted"
+            || (i > 0 && steps(&rounds.rounds[i - 1]) != steps(r))
     };
     let mut hidden = 0;
     for (i, r) in rounds.rounds.iter().enumerate() {
@@ -418,6 +439,11 @@ pub(super) fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::i
             },
             r.fragments.to_string(),
             r.bits.to_string(),
+            if r.inner_steps == 0 {
+                "-".into()
+            } else {
+                format!("{}, {}", r.inner_steps, r.overlap_steps)
+            },
             units::human_bytes(r.bytes as f64),
             r.exchange_ms.map_or("-".into(), |t| format!("{t} ms")),
             format!("{:.1} ms", r.predicted_ms),
@@ -481,6 +507,8 @@ mod tests {
             catching_up: catching_up.iter().map(|s| s.to_string()).collect(),
             fragments: 1,
             bits: 4,
+            inner_steps: 20,
+            overlap_steps: 0,
             took_ms: Some(10),
             exchange_ms: None,
             bytes: 0,
@@ -498,6 +526,11 @@ mod tests {
             .map(|r| match r {
                 30 => row(r, &["east (site_down)"], &[]),
                 31 => row(r, &[], &["east (after round 30 from north)"]),
+                // A re-plan: H from 20 to 50 from round 40.
+                40.. => RoundRow {
+                    inner_steps: 50,
+                    ..row(r, &[], &[])
+                },
                 _ => row(r, &[], &[]),
             })
             .collect();
@@ -523,8 +556,11 @@ mod tests {
             text.contains("catching up: east (after round 30 from north)"),
             "{text}"
         );
-        // Rounds 13-29 and 32-48 stand for themselves as one line each.
+        // Round 40, where H changed, is shown; rounds 13-29, 32-39 and
+        // 41-48 stand for themselves as one line each.
+        assert!(text.contains("50, 0"), "{text}");
         assert!(text.contains("17 more"), "{text}");
-        assert_eq!(text.matches(" more").count(), 2, "{text}");
+        assert_eq!(text.matches("8 more").count(), 2, "{text}");
+        assert_eq!(text.matches(" more").count(), 3, "{text}");
     }
 }

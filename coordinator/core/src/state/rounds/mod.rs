@@ -49,6 +49,7 @@
 
 mod effects;
 mod open;
+mod replan;
 mod reports;
 
 use serde::{Deserialize, Serialize};
@@ -121,9 +122,10 @@ pub struct Participant {
     pub inner_step_us: u64,
 }
 
-/// For `skip_serializing_if`: a measurement not taken.
-pub(crate) fn is_zero(value: &u64) -> bool {
-    *value == 0
+/// For `skip_serializing_if`: a measurement not taken, a figure not
+/// carried.
+pub(crate) fn is_zero<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -229,6 +231,19 @@ pub struct RoundRecord {
     /// schedule (empty in rounds opened before rounds carried them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkCodec>,
+    /// H and τ of the round's outer step, as the sync schedule had them
+    /// for it (0 in rounds opened before rounds carried them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inner_steps: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub overlap_steps: u32,
+    /// The job's inner steps through this round: the previous round's
+    /// count plus this round's H (every round counts, aborted ones too:
+    /// their trainers ran its steps). Trainers spend a step budget by it,
+    /// whatever H each round had. 0 in rounds opened before rounds
+    /// carried H.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inner_steps_through: u64,
     pub opened_at_unix_ms: u64,
     pub deadline_unix_ms: u64,
     pub opened_revision: u64,
@@ -486,6 +501,8 @@ pub(in crate::state) struct OpenRound<'a> {
     pub fragments: u32,
     pub codec_bits: u32,
     pub links: &'a [LinkCodec],
+    pub inner_steps: u32,
+    pub overlap_steps: u32,
     pub deadline_unix_ms: u64,
     pub at_unix_ms: u64,
 }

@@ -191,6 +191,10 @@ impl ClusterState {
             fragments: vec![FragmentState::Open; open.fragments as usize],
             codec_bits: open.codec_bits,
             links: open.links.to_vec(),
+            inner_steps: open.inner_steps,
+            overlap_steps: open.overlap_steps,
+            inner_steps_through: latest.map_or(0, |r| r.inner_steps_through)
+                + u64::from(open.inner_steps),
             opened_at_unix_ms: open.at_unix_ms,
             deadline_unix_ms: open.deadline_unix_ms,
             opened_revision: revision,
