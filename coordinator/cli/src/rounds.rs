@@ -109,6 +109,9 @@ pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure
                         "waiting_on": r.waiting_on,
                         "fragments": r.fragments,
                         "codec_bits": r.codec_bits,
+                        "inner_steps": r.inner_steps,
+                        "overlap_steps": r.overlap_steps,
+                        "inner_steps_through": r.inner_steps_through,
                         "opened_at_unix_ms": r.opened_at_unix_ms,
                         "deadline_unix_ms": r.deadline_unix_ms,
                         "measured_inner_step_ms": measured_step_ms(r),
@@ -140,6 +143,7 @@ pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure
             ("waiting on", false),
             ("fragments", true),
             ("bits", true),
+            ("H, τ", true),
             ("duration", true),
             ("deadline", true),
             ("inner step", true),
@@ -154,6 +158,11 @@ pub fn rounds(command: RoundsCommand, out: &mut dyn Write) -> Result<(), Failure
                 if r.waiting_on.is_empty() { "-".into() } else { r.waiting_on.join(", ") },
                 r.fragments.to_string(),
                 r.codec_bits.to_string(),
+                if r.inner_steps == 0 {
+                    "-".into()
+                } else {
+                    format!("{}, {}", r.inner_steps, r.overlap_steps)
+                },
                 duration(r),
                 deadline(r),
                 measured_step_ms(r).map_or_else(|| "-".into(), |ms| format!("{ms:.1} ms")),
