@@ -371,7 +371,13 @@ async fn run_round(
             Values::Trainers(hub) if !hub.fetched(&round.job_id, after) => {
                 tracing::info!(job = %round.job_id, round = round.round_id, from_site = %from, after_round = after, "catch-up asked: fetching the state");
                 let (shared, rx, hub) = (Arc::clone(&shared), rx.clone(), Arc::clone(hub));
-                fragments.spawn(async move { fetch_state(&shared, rx, &hub, after, &from).await });
+                let coordinators = coordinators.clone();
+                fragments.spawn(async move {
+                    let fetched = fetch_state(&shared, rx.clone(), &hub, after, &from).await;
+                    if let Err(Failed { why, leave: true }) = fetched {
+                        leave_round(&shared, &rx, coordinators, &why).await;
+                    }
+                });
             }
             Values::Trainers(_) => {}
             Values::Synthetic { .. } => {
@@ -394,33 +400,48 @@ async fn run_round(
     while fragments.join_next().await.is_some() {}
 }
 
+/// A catch-up that failed: why, and whether the site should leave the
+/// round (it is still open and the site still in it).
+struct Failed {
+    why: String,
+    leave: bool,
+}
+
+/// Failed attempts at a catch-up stop once this long has passed since the
+/// first began (an attempt under way is never cut short: a large state
+/// may take longer to move): the site then sits the round out and says
+/// so ([`leave_round`]), so the others need not wait for its deadline.
+const CATCH_UP_PATIENCE: Duration = Duration::from_secs(60);
+
 /// Fetches this site's catch-up state (after round `after`, from the agent
 /// of `from`) for the round `rx` follows, trying again while the round is
-/// open and this site not excluded from it, and records what came of it
-/// for the trainers.
+/// open, this site not excluded from it and [`CATCH_UP_PATIENCE`] not
+/// spent, and records what came of it for the trainers.
 async fn fetch_state(
     shared: &Shared,
     mut rx: watch::Receiver<pb::OuterRound>,
     hub: &TrainerHub,
     after: u64,
     from: &str,
-) {
+) -> Result<(), Failed> {
     let site = shared.settings.site_id.as_str();
     let (job, round_id) = {
         let round = rx.borrow();
         (round.job_id.clone(), round.round_id)
     };
-    let fail = |why: String| {
+    let fail = |why: String, leave: bool| {
         tracing::warn!(job, round = round_id, from_site = from, after_round = after, reason = %why, "catch-up failed: the trainers sit this round out");
         metrics::counter!("longhaul_agent_catch_ups_failed_total").increment(1);
-        hub.record_fetch(&job, round_id, after, from, Err(why));
+        hub.record_fetch(&job, round_id, after, from, Err(why.clone()));
+        Err(Failed { why, leave })
     };
     let Some(client) = &shared.settings.catch_up else {
-        return fail("this agent fetches no states".to_string());
+        return fail("this agent fetches no states".to_string(), true);
     };
     let Some(elements) = hub.state_elements(&job) else {
-        return fail(format!("{job}'s sync schedule is not known here"));
+        return fail(format!("{job}'s sync schedule is not known here"), true);
     };
+    let first = std::time::Instant::now();
     let request = longhaul_exchange::catchup::CatchUpRequest {
         job: job.clone(),
         site: site.to_string(),
@@ -439,11 +460,23 @@ async fn fetch_state(
             None
         };
         if let Some(why) = why {
-            return fail(if attempts == 0 {
-                why.to_string()
-            } else {
-                format!("{why}; {attempts} tries, the last: {last}")
-            });
+            return fail(
+                if attempts == 0 {
+                    why.to_string()
+                } else {
+                    format!("{why}; {attempts} tries, the last: {last}")
+                },
+                false,
+            );
+        }
+        if attempts > 0 && first.elapsed() >= CATCH_UP_PATIENCE {
+            return fail(
+                format!(
+                    "no state from {from} after {attempts} tries in {} s, the last: {last}",
+                    first.elapsed().as_secs()
+                ),
+                true,
+            );
         }
         let addr = shared.peers.borrow().get(from).copied();
         let left = Duration::from_millis(round.deadline_unix_ms.saturating_sub(now_unix_ms()));
@@ -478,7 +511,7 @@ async fn fetch_state(
                 );
                 metrics::counter!("longhaul_agent_catch_ups_total").increment(1);
                 hub.record_fetch(&job, round_id, after, from, Ok(values));
-                return;
+                return Ok(());
             }
             Err(why) => {
                 tracing::debug!(job, round = round_id, from_site = from, attempt = attempts, reason = %why, "catch-up fetch failed; trying again while the round is open");
@@ -486,7 +519,65 @@ async fn fetch_state(
             }
         }
         if let Ok(Err(_)) = tokio::time::timeout(RETRY_PAUSE, rx.changed()).await {
-            return fail("the round driver stopped".to_string());
+            return fail("the round driver stopped".to_string(), false);
+        }
+    }
+}
+
+/// Tells the coordinator this site sits the round `rx` follows out
+/// (`LeaveRound`), so the others go on without it now rather than at the
+/// deadline; tried again on a transient error for at most a minute, and
+/// not at all once the round is over or this site out of it.
+async fn leave_round(
+    shared: &Shared,
+    rx: &watch::Receiver<pb::OuterRound>,
+    mut coordinators: Coordinators,
+    why: &str,
+) {
+    let site = shared.settings.site_id.as_str();
+    let (job, round_id) = {
+        let round = rx.borrow();
+        (round.job_id.clone(), round.round_id)
+    };
+    let request = pb::LeaveRoundRequest {
+        site_id: site.to_string(),
+        job_id: job.clone(),
+        round: round_id,
+        // Within the coordinator's bound on the reason (1 KiB).
+        reason: format!("its catch-up failed: {why}")
+            .chars()
+            .take(250)
+            .collect(),
+    };
+    let mut backoff = Backoff::new();
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        {
+            let round = rx.borrow();
+            if round.state != pb::RoundState::Open as i32 || !takes_part(&round, site) {
+                return;
+            }
+        }
+        let mut call = tonic::Request::new(request.clone());
+        call.set_timeout(shared.settings.call_timeout);
+        match coordinators.client().leave_round(call).await {
+            Ok(_) => {
+                tracing::info!(
+                    job,
+                    round = round_id,
+                    "sat the round out: the others go on without this site"
+                );
+                metrics::counter!("longhaul_agent_rounds_sat_out_total").increment(1);
+                return;
+            }
+            Err(status) if is_transient(&status) && tokio::time::Instant::now() < give_up => {
+                coordinators.rotate();
+                tokio::time::sleep(backoff.next_pause()).await;
+            }
+            Err(status) => {
+                tracing::warn!(job, round = round_id, code = ?status.code(), message = status.message(), "leaving the round refused");
+                return;
+            }
         }
     }
 }

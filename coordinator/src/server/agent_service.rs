@@ -9,8 +9,8 @@
 
 use longhaul_core::limits;
 use longhaul_core::state::{
-    Change, ClusterState, Command, Event, InventoryChange, JobRecord, LinkMeasurement,
-    Request as StateRequest,
+    Change, ClusterState, Command, Event, ExclusionReason, InventoryChange, JobRecord,
+    LinkMeasurement, Request as StateRequest,
 };
 use longhaul_proto::v1 as pb;
 use longhaul_proto::v1::agent_service_client::AgentServiceClient;
@@ -69,6 +69,10 @@ fn required_site(site_id: &str) -> Result<(), Status> {
 }
 
 /// Checks the fields every round report carries.
+/// The most a `LeaveRound` reason may hold: with its prefix it stays
+/// within an exclusion message's bound (`limits::MAX_REASON_LEN`).
+const MAX_LEAVE_REASON_LEN: usize = 1024;
+
 fn round_report_fields(site_id: &str, job_id: &str, round: u64) -> Result<(), Status> {
     required_site(site_id)?;
     if job_id.is_empty() {
@@ -447,6 +451,42 @@ impl AgentService for AgentServiceImpl {
             hash: body.hash,
             at_unix_ms: now_unix_ms(),
             inner_step_us: body.inner_step_us,
+        };
+        let response = self
+            .report_round(command, &body.job_id, body.round, wait)
+            .await?;
+        Ok(Response::new(response))
+    }
+
+    async fn leave_round(
+        &self,
+        request: Request<pb::LeaveRoundRequest>,
+    ) -> Result<Response<pb::RoundReportResponse>, Status> {
+        let body = request.get_ref();
+        round_report_fields(&body.site_id, &body.job_id, body.round)?;
+        if body.reason.is_empty() {
+            return Err(invalid("reason", "is required"));
+        }
+        if body.reason.len() > MAX_LEAVE_REASON_LEN {
+            return Err(invalid(
+                "reason",
+                format!(
+                    "is {} bytes, more than the {MAX_LEAVE_REASON_LEN} allowed",
+                    body.reason.len(),
+                ),
+            ));
+        }
+        check_identity(&request, &body.site_id)?;
+        forward!(self, request, leave_round);
+        let wait = wait_for(&request, DEFAULT_WAIT);
+        let body = request.into_inner();
+        let command = Command::ExcludeParticipant {
+            job_id: body.job_id.clone(),
+            round: body.round,
+            site_id: body.site_id,
+            reason: ExclusionReason::SatOut,
+            message: format!("its agent sits the round out: {}", body.reason),
+            at_unix_ms: now_unix_ms(),
         };
         let response = self
             .report_round(command, &body.job_id, body.round, wait)

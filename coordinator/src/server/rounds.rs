@@ -62,6 +62,9 @@ pub struct RoundTiming {
     pub replan_factor: Option<f64>,
 }
 
+/// A re-plan waits for this many rounds to end after the last one.
+pub const ROUNDS_BETWEEN_REPLANS: u64 = 3;
+
 /// The most a deadline is doubled for rounds that ended at theirs with
 /// nothing measured (2⁴ = 16 ×).
 pub const MAX_DEADLINE_DOUBLINGS: u32 = 4;
@@ -123,37 +126,33 @@ pub fn deadline_doublings(state: &ClusterState, job_id: &str) -> u32 {
         .count() as u32
 }
 
-/// What the sync schedule says about one round of a placed DiLoCo job.
+/// What the sync schedule says about the next round of a placed DiLoCo job.
 #[derive(Debug, Clone, PartialEq)]
 struct Planned {
     fragments: u32,
     /// The widest link's.
     codec_bits: u32,
     links: Vec<LinkCodec>,
-    /// H and τ the trainers run the round with (0: no schedule).
-    inner_steps: u32,
-    overlap_steps: u32,
     /// [`expected_outer_step`]; `None` without a schedule.
     outer_step_seconds: Option<f64>,
 }
 
-/// What the sync schedule says about round `round` of a placed DiLoCo job:
-/// fragments, codec bits (the widest), the codec of each link, H and τ
-/// (the schedule before a re-plan for the round right after it) and the
-/// expected outer step ([`expected_outer_step`]); one uncompressed
+/// What the sync schedule says about the next round of a placed DiLoCo
+/// job: fragments, codec bits (the widest), the codec of each link and the
+/// expected outer step ([`expected_outer_step`]) at the H and τ its
+/// trainers run it with ([`ClusterState::next_round_steps`], which apply
+/// records in the round); one uncompressed
 /// fragment, no links and no prediction when there is none. The schedule
 /// is the one placement costed the plan with (or the coordinator
 /// re-planned it to) and `GetSyncSchedule` serves
 /// ([`longhaul_core::sync::schedule_of`]), so a round and the schedule
 /// never disagree; only a plan stored before placement ran the planner is
 /// planned here.
-fn planned(state: &ClusterState, job_id: &str, round: u64, participants: &[String]) -> Planned {
+fn planned(state: &ClusterState, job_id: &str, participants: &[String]) -> Planned {
     let none = Planned {
         fragments: 1,
         codec_bits: 0,
         links: Vec::new(),
-        inner_steps: 0,
-        overlap_steps: 0,
         outer_step_seconds: None,
     };
     let Some(job) = state.job(job_id) else {
@@ -169,17 +168,11 @@ fn planned(state: &ClusterState, job_id: &str, round: u64, participants: &[Strin
     };
     match schedule_of(plan, &job.spec, &links, &CostParams::default()) {
         Ok(sync) => {
-            let now = (sync.inner_steps, sync.overlap_steps);
-            let (inner_steps, overlap_steps) = sync
-                .replanned
-                .as_ref()
-                .map_or(now, |r| r.steps_for_round(round, now));
+            let (inner_steps, overlap_steps) = state.next_round_steps(job_id);
             Planned {
                 fragments: sync.fragments.max(1),
                 codec_bits: sync.bits(),
                 links: LinkCodec::of_schedule(&sync),
-                inner_steps,
-                overlap_steps,
                 outer_step_seconds: Some(expected_outer_step(
                     state,
                     job_id,
@@ -262,13 +255,22 @@ fn replan_command(
     let factor = timing.replan_factor?;
     let plan = job.placement.plan()?;
     let sync = plan.sync.as_ref()?;
+    let after_round = state.latest_round(&job.id).map_or(0, |r| r.round);
+    // Not again until a few rounds have run on the last re-plan: a first
+    // measurement taken while warming up must not make the schedule swing.
+    if sync
+        .replanned
+        .as_ref()
+        .is_some_and(|r| after_round < r.after_round + ROUNDS_BETWEEN_REPLANS)
+    {
+        return None;
+    }
     let measured_us = measured_inner_step_us(state, &job.id, participants);
     let measured = measured_us as f64 / 1e6;
     if measured_us == 0 || !needs_replan(sync, measured, factor) {
         return None;
     }
     let links: Vec<_> = state.links().cloned().collect();
-    let after_round = state.latest_round(&job.id).map_or(0, |r| r.round);
     let next = match replan_sync(
         plan,
         &job.spec,
@@ -389,7 +391,7 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                     }
                 }
                 let round = state.latest_round(&job.id).map_or(1, |r| r.round + 1);
-                let planned = planned(state, &job.id, round, &participants);
+                let planned = planned(state, &job.id, &participants);
                 let deadline = timing
                     .deadline(
                         planned.outer_step_seconds,
@@ -407,8 +409,6 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                     fragments,
                     codec_bits: planned.codec_bits,
                     links: planned.links,
-                    inner_steps: planned.inner_steps,
-                    overlap_steps: planned.overlap_steps,
                     deadline_unix_ms: now_unix_ms.saturating_add(deadline.max(1)),
                     at_unix_ms: now_unix_ms,
                 });
@@ -725,6 +725,8 @@ pub fn round_to_wire(record: &RoundRecord) -> pb::OuterRound {
         inner_steps: record.inner_steps,
         overlap_steps: record.overlap_steps,
         inner_steps_through: record.inner_steps_through,
+        schedule_inner_steps: record.schedule_inner_steps,
+        schedule_overlap_steps: record.schedule_overlap_steps,
         opened_at_unix_ms: record.opened_at_unix_ms,
         ended_at_unix_ms: record.ended_at_unix_ms().unwrap_or(0),
         opened_revision: record.opened_revision,

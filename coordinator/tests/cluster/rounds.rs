@@ -478,6 +478,12 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
             .revision
     };
     let before = revision().await;
+    let leave = |job: &str, reason: String| pb::LeaveRoundRequest {
+        site_id: "tokyo".into(),
+        job_id: job.into(),
+        round: 1,
+        reason,
+    };
     let contributed =
         |job: &str, round: u64, site: &str, fragment: u32| pb::ReportContributedRequest {
             site_id: site.into(),
@@ -543,6 +549,22 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
             Code::InvalidArgument,
             "hash",
         );
+        for (job, reason, code, field) in [
+            (JOB_ID, String::new(), Code::InvalidArgument, "reason"),
+            (JOB_ID, "x".repeat(1025), Code::InvalidArgument, "reason"),
+            (
+                "nope",
+                "its catch-up failed".to_string(),
+                Code::NotFound,
+                "job_id",
+            ),
+        ] {
+            refused(
+                c.leave_round(leave(job, reason)).await.unwrap_err(),
+                code,
+                field,
+            );
+        }
     }
     assert_eq!(revision().await, before, "a refused report stored nothing");
 
@@ -574,6 +596,35 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
         "hash",
     );
     assert_eq!(revision().await, stored, "a second report stored nothing");
+
+    // Tokyo sits the round out (its catch-up failed, say): it is excluded
+    // at once, and the round no longer waits for it.
+    let left = c
+        .leave_round(leave(JOB_ID, "its catch-up failed: no state".into()))
+        .await
+        .unwrap()
+        .into_inner();
+    let tokyo = participant(left.round.as_ref().unwrap(), "tokyo").unwrap();
+    assert!(tokyo.excluded, "{tokyo:?}");
+    assert_eq!(tokyo.exclusion_reason, "sat_out");
+    assert!(tokyo.exclusion_message.contains("no state"), "{tokyo:?}");
+    assert!(
+        !left
+            .round
+            .as_ref()
+            .unwrap()
+            .waiting_on
+            .contains(&"tokyo".to_string())
+    );
+    let stored = revision().await;
+    refused(
+        c.leave_round(leave(JOB_ID, "again".into()))
+            .await
+            .unwrap_err(),
+        Code::FailedPrecondition,
+        "site_id",
+    );
+    assert_eq!(revision().await, stored, "leaving twice stored nothing");
 
     // The stand-ins report the rest: the round commits, and the watch says so.
     for stand_in in &stand_ins {

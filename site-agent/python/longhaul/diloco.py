@@ -345,6 +345,7 @@ class DiLoCo:
         record.inner_steps_through = self._round_through if record.round == self.round else 0
         # The next outer step runs the schedule as the agent has it now.
         self._schedule = self.session.schedule
+        self._round_through = 0
         now = time.monotonic()
         record.exchange_seconds = now - self._exchange_started
         record.outer_step_seconds = now - self._outer_started

@@ -240,6 +240,25 @@ impl HubState {
                 })
                 .collect();
             out.parameters = sync.schedule.iter().map(|f| f.parameters).sum();
+            // The round names the schedule in force when it opened. When
+            // that is not the assignment's, the assignment (a stream of its
+            // own) has not caught up with a re-plan yet: H and τ are the
+            // round's, the fragments (which a re-plan keeps) staggered
+            // for them.
+            if let Some(round) = self.rounds.get(job_id)
+                && round.schedule_inner_steps != 0
+                && (round.schedule_inner_steps, round.schedule_overlap_steps)
+                    != (sync.inner_steps, sync.overlap_steps)
+            {
+                let (h, tau) = (round.schedule_inner_steps, round.schedule_overlap_steps);
+                let p = out.fragments.len() as u32;
+                out.inner_steps = h;
+                out.overlap_steps = tau;
+                for f in &mut out.fragments {
+                    (f.sync_at_inner_step, f.apply_at_inner_step) =
+                        longhaul_core::sync::stagger(f.fragment, p, h, tau);
+                }
+            }
         }
         if let Some(round) = self.rounds.get(job_id) {
             if round.state == pb::RoundState::Open as i32 {

@@ -185,6 +185,54 @@ fn a_silent_trainer_releases_its_rank_after_the_ttl() {
 }
 
 #[test]
+fn a_round_opened_on_a_replanned_schedule_the_assignment_lacks_sets_h_and_tau() {
+    let f = fixture(Duration::from_secs(30));
+    let session = join(&f.hub, "job", 4, 10).unwrap();
+    // The round (its own stream) names H = 20, τ = 1 in force, before
+    // the assignment with the re-planned schedule arrives.
+    let mut replanned = round("job", 8, 2, pb::RoundState::Open);
+    replanned.schedule_inner_steps = 20;
+    replanned.schedule_overlap_steps = 1;
+    replanned.inner_steps = 10;
+    replanned.inner_steps_through = 80;
+    f.hub.observe_round(&replanned);
+    let schedule = f.hub.schedule(&session).unwrap();
+    assert_eq!((schedule.inner_steps, schedule.overlap_steps), (20, 1));
+    let staggered: Vec<_> = schedule
+        .fragments
+        .iter()
+        .map(|f| {
+            (
+                f.first_parameter,
+                f.parameters,
+                f.sync_at_inner_step,
+                f.apply_at_inner_step,
+            )
+        })
+        .collect();
+    assert_eq!(staggered, vec![(0, 6, 0, 1), (6, 4, 10, 11)]);
+    assert_eq!(
+        (
+            schedule.round_inner_steps,
+            schedule.round_inner_steps_through
+        ),
+        (10, 80)
+    );
+    // Once the assignment has it, the assignment's schedule is served.
+    let mut assigned = assignment("job", "diloco", &[4, 5], &[6, 4]);
+    let sync = assigned.sync.as_mut().unwrap();
+    sync.inner_steps = 20;
+    sync.overlap_steps = 1;
+    f.hub.assign(&assigned);
+    let schedule = f.hub.schedule(&session).unwrap();
+    assert_eq!((schedule.inner_steps, schedule.overlap_steps), (20, 1));
+    assert_eq!(
+        schedule.fragments[1].sync_at_inner_step, 9,
+        "the assignment's own"
+    );
+}
+
+#[test]
 fn the_schedule_has_the_fragments_and_the_open_round() {
     let f = fixture(Duration::from_secs(30));
     let session = join(&f.hub, "job", 4, 10).unwrap();

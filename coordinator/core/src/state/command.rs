@@ -139,12 +139,6 @@ pub enum Command {
         /// commands logged before rounds carried them).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         links: Vec<LinkCodec>,
-        /// H and τ the trainers run this round's outer step with (0 in
-        /// commands logged before rounds carried them).
-        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
-        inner_steps: u32,
-        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
-        overlap_steps: u32,
         deadline_unix_ms: u64,
         at_unix_ms: u64,
     },

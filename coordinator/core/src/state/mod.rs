@@ -586,8 +586,6 @@ impl ClusterState {
                 fragments,
                 codec_bits,
                 links,
-                inner_steps,
-                overlap_steps,
                 deadline_unix_ms,
                 at_unix_ms,
             } => self.check_open_round(
@@ -599,8 +597,6 @@ impl ClusterState {
                     fragments: *fragments,
                     codec_bits: *codec_bits,
                     links,
-                    inner_steps: *inner_steps,
-                    overlap_steps: *overlap_steps,
                     deadline_unix_ms: *deadline_unix_ms,
                     at_unix_ms: *at_unix_ms,
                 },

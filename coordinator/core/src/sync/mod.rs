@@ -108,7 +108,7 @@ use crate::state::LinkRecord;
 
 pub use input::{Codec, ShardHolders, SyncInput, ZSTD_BYTES_PER_SECOND_PER_CORE, configured_links};
 pub use model::{bytes_sent_per_site, compute_utilisation, exposed_seconds, reduction_vs_sync_dp};
-pub use plan::{CollectiveKind, CollectivePlan, FragmentSync, LinkPlan, SyncPlan};
+pub use plan::{CollectiveKind, CollectivePlan, FragmentSync, LinkPlan, SyncPlan, stagger};
 pub use replan::{Replanned, needs_replan, replan_sync};
 
 /// Why no sync plan can be made, naming the input field at fault.

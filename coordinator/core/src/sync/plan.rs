@@ -233,13 +233,13 @@ pub(crate) fn assemble(model: &Model<'_>, search: &Search<'_, '_>, choice: &Choi
     let schedule = (0..p)
         .map(|f| {
             let start = |f: u32| (u128::from(f) * u128::from(n) / u128::from(p)) as u64;
-            let sync_at = (u64::from(f) * u64::from(h) / u64::from(p)) as u32;
+            let (sync_at, apply_at) = stagger(f, p, h, tau);
             FragmentSync {
                 fragment: f,
                 first_parameter: start(f),
                 parameters: start(f + 1) - start(f),
                 sync_at_inner_step: sync_at,
-                apply_at_inner_step: sync_at.saturating_add(tau),
+                apply_at_inner_step: apply_at,
             }
         })
         .collect();
@@ -316,6 +316,16 @@ pub(crate) fn assemble(model: &Model<'_>, search: &Search<'_, '_>, choice: &Choi
         reasons,
         replanned: None,
     }
+}
+
+/// When fragment `fragment` of `fragments` syncs within an outer step of
+/// `inner_steps` with overlap `overlap_steps` (Streaming DiLoCo's
+/// stagger): its exchange starts after inner step ⌊f·H/P⌋ and its result
+/// is applied τ steps later.
+pub fn stagger(fragment: u32, fragments: u32, inner_steps: u32, overlap_steps: u32) -> (u32, u32) {
+    let sync_at =
+        (u64::from(fragment) * u64::from(inner_steps) / u64::from(fragments.max(1))) as u32;
+    (sync_at, sync_at.saturating_add(overlap_steps))
 }
 
 /// The best utilisation any admissible (P, τ) reaches at H = `h`; `None`

@@ -27,7 +27,7 @@ pub struct Replanned {
     /// The job's latest round when the re-plan was made (0: none yet).
     /// The trainers are already in the inner steps of the round after it,
     /// on the schedule before: the new one is theirs from the round after
-    /// that.
+    /// that (the rounds record which H each ran, `RoundRecord`).
     pub after_round: u64,
     /// The inner step the schedule before assumed, seconds (placement's
     /// prediction, or an earlier measurement).
@@ -35,18 +35,6 @@ pub struct Replanned {
     /// H and τ of the schedule before.
     pub previous_inner_steps: u32,
     pub previous_overlap_steps: u32,
-}
-
-impl Replanned {
-    /// H and τ the trainers run `round` with: the schedule before for the
-    /// round after `after_round`, `now` (the new one's) from then on.
-    pub fn steps_for_round(&self, round: u64, now: (u32, u32)) -> (u32, u32) {
-        if round == self.after_round + 1 {
-            (self.previous_inner_steps, self.previous_overlap_steps)
-        } else {
-            now
-        }
-    }
 }
 
 /// Whether `measured_seconds` (the slowest inner step the trainers

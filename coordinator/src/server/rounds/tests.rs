@@ -516,6 +516,7 @@ fn trainers_faster_than_planned_get_a_schedule_replanned_at_their_step_from_the_
     assert_eq!(replanned.previous_inner_steps, before.inner_steps);
     assert!(sync.reason("replan").is_some());
     let new_h = sync.inner_steps;
+    let sync_after = sync.clone();
     apply(&mut state, commands);
     let plan = state
         .job("dense")
@@ -529,18 +530,13 @@ fn trainers_faster_than_planned_get_a_schedule_replanned_at_their_step_from_the_
     let opened = round_actions(&state, 3_001, &timing);
     let Command::OpenRound {
         round,
-        inner_steps,
-        overlap_steps,
         deadline_unix_ms,
         ..
     } = &opened[0]
     else {
         panic!("{opened:?}");
     };
-    assert_eq!(
-        (*round, *inner_steps, *overlap_steps),
-        (2, before.inner_steps, before.overlap_steps)
-    );
+    assert_eq!(*round, 2);
     let t = fast_us as f64 / 1e6;
     let exposed = f64::from(before.fragments)
         * (before.fragment_transfer_seconds - f64::from(before.overlap_steps) * t).max(0.0);
@@ -551,19 +547,31 @@ fn trainers_faster_than_planned_get_a_schedule_replanned_at_their_step_from_the_
         "{got} s, expected {expected} s"
     );
     apply(&mut state, opened);
+    let two = state.round("dense", 2).unwrap();
+    assert_eq!(
+        (two.inner_steps, two.overlap_steps),
+        (before.inner_steps, before.overlap_steps)
+    );
+    assert_eq!(
+        (two.schedule_inner_steps, two.schedule_overlap_steps),
+        (new_h, sync_after.overlap_steps)
+    );
+    assert_eq!(two.inner_steps_through, 2 * u64::from(before.inner_steps));
     finish_open_round(&mut state, fast_us);
     // Round 3 runs the new schedule, and the same measurement asks for no
     // second re-plan.
     let opened = round_actions(&state, 4_000, &timing);
-    let Command::OpenRound {
-        round, inner_steps, ..
-    } = &opened[0]
-    else {
-        panic!("one re-plan only: {opened:?}");
-    };
-    assert_eq!((*round, *inner_steps), (3, new_h));
+    assert!(
+        matches!(opened[..], [Command::OpenRound { round: 3, .. }]),
+        "one re-plan only: {opened:?}"
+    );
     apply(&mut state, opened);
-    assert_eq!(state.round("dense", 3).unwrap().inner_steps, new_h);
+    let three = state.round("dense", 3).unwrap();
+    assert_eq!(three.inner_steps, new_h);
+    assert_eq!(
+        three.inner_steps_through,
+        2 * u64::from(before.inner_steps) + u64::from(new_h)
+    );
 }
 
 #[test]
@@ -693,4 +701,63 @@ fn rounds_that_end_at_their_deadline_with_nothing_measured_double_the_next_deadl
     finish_open_round(&mut state, 1);
     assert_eq!(deadline_doublings(&state, "dense"), 0);
     let _ = now;
+}
+
+#[test]
+fn a_second_replan_waits_rounds_and_each_round_runs_the_schedule_read_in_the_one_before() {
+    let timing = RoundTiming::default();
+    let before = {
+        let state = state();
+        state
+            .job("dense")
+            .unwrap()
+            .placement
+            .plan()
+            .unwrap()
+            .sync
+            .clone()
+            .unwrap()
+    };
+    let fast_us = (before.inner_step_seconds / 20.0 * 1e6).round() as u64;
+    let (mut state, _, commands) = after_measuring(fast_us, &timing);
+    apply(&mut state, commands);
+    let first_h = state.next_round_steps("dense");
+    assert_eq!(first_h.0, before.inner_steps, "round 2 runs the old H");
+    // The trainers now measure 100 times slower still: no re-plan before
+    // three rounds ran on the first.
+    let slow_us = fast_us * 100;
+    let mut now = 3_001;
+    let mut replanned_after = None;
+    for round in 2..=6 {
+        let mut commands = round_actions(&state, now, &timing);
+        if let [Command::ReplanSync { after_round, .. }] = &commands[..] {
+            replanned_after = Some(*after_round);
+            apply(&mut state, commands);
+            commands = round_actions(&state, now, &timing);
+        }
+        assert!(
+            matches!(&commands[..], [Command::OpenRound { round: r, .. }] if *r == round),
+            "{commands:?}"
+        );
+        apply(&mut state, commands);
+        finish_open_round(&mut state, slow_us);
+        now += 1_000;
+    }
+    assert_eq!(
+        replanned_after,
+        Some(4),
+        "three rounds after the first re-plan"
+    );
+    // Every round ran the schedule in force when the round before opened.
+    for round in 2..=6 {
+        let (ran, before) = (
+            state.round("dense", round).unwrap(),
+            state.round("dense", round - 1).unwrap(),
+        );
+        assert_eq!(
+            (ran.inner_steps, ran.overlap_steps),
+            (before.schedule_inner_steps, before.schedule_overlap_steps),
+            "round {round}"
+        );
+    }
 }

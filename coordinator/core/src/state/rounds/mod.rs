@@ -79,6 +79,8 @@ pub enum ExclusionReason {
     SiteDown,
     /// The job was re-placed without the site.
     LeftPlan,
+    /// The site's agent said it sits the round out (its catch-up failed).
+    SatOut,
 }
 
 impl ExclusionReason {
@@ -87,6 +89,7 @@ impl ExclusionReason {
             Self::DeadlineMissed => "deadline_missed",
             Self::SiteDown => "site_down",
             Self::LeftPlan => "left_plan",
+            Self::SatOut => "sat_out",
         }
     }
 }
@@ -231,12 +234,22 @@ pub struct RoundRecord {
     /// schedule (empty in rounds opened before rounds carried them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkCodec>,
-    /// H and τ of the round's outer step, as the sync schedule had them
-    /// for it (0 in rounds opened before rounds carried them).
+    /// H and τ the trainers run the round's outer step with
+    /// ([`ClusterState::next_round_steps`] when it opened; 0 in rounds
+    /// opened before rounds carried them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inner_steps: u32,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub overlap_steps: u32,
+    /// H and τ of the job's sync schedule when the round opened. The
+    /// trainers read the schedule while the round runs (at its first
+    /// submit) and take it at the start of their next outer step: these
+    /// are the next round's H and τ, whatever re-plans or re-placements
+    /// came between.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub schedule_inner_steps: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub schedule_overlap_steps: u32,
     /// The job's inner steps through this round: the previous round's
     /// count plus this round's H (every round counts, aborted ones too:
     /// their trainers ran its steps). Trainers spend a step budget by it,
@@ -501,8 +514,6 @@ pub(in crate::state) struct OpenRound<'a> {
     pub fragments: u32,
     pub codec_bits: u32,
     pub links: &'a [LinkCodec],
-    pub inner_steps: u32,
-    pub overlap_steps: u32,
     pub deadline_unix_ms: u64,
     pub at_unix_ms: u64,
 }

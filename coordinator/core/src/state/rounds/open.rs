@@ -11,6 +11,23 @@ use crate::placement::CrossSiteMode;
 use crate::state::{ApplyError, Change, ClusterState, JobState, Liveness};
 
 impl ClusterState {
+    /// H and τ the trainers of `job_id` run its next round with: the
+    /// schedule in force when its latest round opened (they read it during
+    /// that round and take it at the start of their next outer step), or,
+    /// before any round (or after rounds that did not carry it), the
+    /// schedule in force now. (0, 0) for a job not placed as DiLoCo.
+    pub fn next_round_steps(&self, job_id: &str) -> (u32, u32) {
+        match self.latest_round(job_id) {
+            Some(r) if r.schedule_inner_steps != 0 => {
+                (r.schedule_inner_steps, r.schedule_overlap_steps)
+            }
+            _ => self
+                .job(job_id)
+                .and_then(|j| j.placement.plan())
+                .map_or((0, 0), schedule_steps),
+        }
+    }
+
     pub(in crate::state) fn check_open_round(
         &self,
         open: &OpenRound<'_>,
@@ -184,6 +201,8 @@ impl ClusterState {
             }
             participants[index].catch_up = Some(catch_up.clone());
         }
+        let (inner_steps, overlap_steps) = self.next_round_steps(open.job_id);
+        let (schedule_inner_steps, schedule_overlap_steps) = schedule_steps(plan);
         let record = RoundRecord {
             job_id: open.job_id.to_string(),
             round: open.round,
@@ -191,10 +210,12 @@ impl ClusterState {
             fragments: vec![FragmentState::Open; open.fragments as usize],
             codec_bits: open.codec_bits,
             links: open.links.to_vec(),
-            inner_steps: open.inner_steps,
-            overlap_steps: open.overlap_steps,
+            inner_steps,
+            overlap_steps,
             inner_steps_through: latest.map_or(0, |r| r.inner_steps_through)
-                + u64::from(open.inner_steps),
+                + u64::from(inner_steps),
+            schedule_inner_steps,
+            schedule_overlap_steps,
             opened_at_unix_ms: open.at_unix_ms,
             deadline_unix_ms: open.deadline_unix_ms,
             opened_revision: revision,
@@ -286,4 +307,15 @@ fn check_links(open: &OpenRound<'_>, plan: &crate::placement::Plan) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// H and τ of `plan`'s sync schedule: the planner's, or for a plan stored
+/// before placement ran it, its H and no overlap; (0, 0) when it is not a
+/// DiLoCo plan.
+fn schedule_steps(plan: &crate::placement::Plan) -> (u32, u32) {
+    match (&plan.sync, plan.mode) {
+        (Some(sync), _) => (sync.inner_steps, sync.overlap_steps),
+        (None, CrossSiteMode::Diloco { inner_steps }) => (inner_steps, 0),
+        (None, _) => (0, 0),
+    }
 }

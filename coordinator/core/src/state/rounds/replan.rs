@@ -51,7 +51,7 @@ impl ClusterState {
                 ),
             ));
         }
-        check_sync(plan, sync)?;
+        check_sync(plan, job.spec.model.parameters, sync)?;
         let mut next: Plan = plan.clone();
         next.mode = CrossSiteMode::Diloco {
             inner_steps: sync.inner_steps,
@@ -69,10 +69,10 @@ impl ClusterState {
     }
 }
 
-/// `sync` as a replacement of `plan`'s schedule: the same sites and
-/// fragments, H at least 1, P·τ at most H, one schedule entry per
-/// fragment.
-fn check_sync(plan: &Plan, sync: &SyncPlan) -> Result<(), ApplyError> {
+/// `sync` as a replacement of `plan`'s schedule (a job of `parameters`):
+/// the same sites and fragments, H at least 1, P·τ at most H, one schedule
+/// entry per fragment.
+fn check_sync(plan: &Plan, parameters: u64, sync: &SyncPlan) -> Result<(), ApplyError> {
     if sync.sites != plan.site_order {
         return Err(ApplyError::invalid(
             "sync.sites",
@@ -117,7 +117,7 @@ fn check_sync(plan: &Plan, sync: &SyncPlan) -> Result<(), ApplyError> {
         Some(current) => ranges(current),
         // A plan stored before placement ran the planner syncs one
         // fragment of every parameter.
-        None => vec![(0, sync.parameters)],
+        None => vec![(0, parameters)],
     };
     if ranges(sync) != before {
         return Err(ApplyError::invalid(
