@@ -242,6 +242,7 @@ pub const TABLE: &[Metric] = &[
             &[("reason", "deadline_missed")],
             &[("reason", "site_down")],
             &[("reason", "left_plan")],
+            &[("reason", "sat_out")],
         ],
     ),
     Metric::labelled(

@@ -130,7 +130,6 @@ pub async fn run(config_path: &Path) -> anyhow::Result<()> {
             args: s.args.clone(),
             timeout: s.timeout.into(),
         }),
-        submitted: Default::default(),
     };
     let settings = Settings {
         site_id: config.site.clone(),

@@ -180,6 +180,12 @@ pub const TABLE: &[Metric] = &[
         None,
         "Catch-ups that fetched no state before their round ended (the trainers sat the round out).",
     ),
+    Metric::plain(
+        "longhaul_agent_rounds_sat_out_total",
+        Counter,
+        None,
+        "Rounds this site left at once (LeaveRound) after its catch-up failed, so the others need not wait for its deadline.",
+    ),
     // The local trainer API.
     Metric::plain(
         "longhaul_trainer_sessions",

@@ -407,10 +407,11 @@ struct Failed {
     leave: bool,
 }
 
-/// Failed attempts at a catch-up stop once this long has passed since the
-/// first began (an attempt under way is never cut short: a large state
-/// may take longer to move): the site then sits the round out and says
-/// so ([`leave_round`]), so the others need not wait for its deadline.
+/// Failed attempts at a catch-up stop once this long, or half the round's
+/// time from opening to deadline if less, has passed since the first
+/// began (an attempt under way is never cut short: a large state may take
+/// longer to move): the site then sits the round out and says so
+/// ([`leave_round`]), so the others need not wait for its deadline.
 const CATCH_UP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Fetches this site's catch-up state (after round `after`, from the agent
@@ -438,10 +439,19 @@ async fn fetch_state(
     let Some(client) = &shared.settings.catch_up else {
         return fail("this agent fetches no states".to_string(), true);
     };
+    // The assignment comes on a stream of its own and may follow the
+    // round: not a reason to leave (the round's deadline stands).
     let Some(elements) = hub.state_elements(&job) else {
-        return fail(format!("{job}'s sync schedule is not known here"), true);
+        return fail(format!("{job}'s sync schedule is not known here"), false);
     };
     let first = std::time::Instant::now();
+    let patience = {
+        let round = rx.borrow();
+        let span = round
+            .deadline_unix_ms
+            .saturating_sub(round.opened_at_unix_ms);
+        CATCH_UP_PATIENCE.min(Duration::from_millis(span / 2))
+    };
     let request = longhaul_exchange::catchup::CatchUpRequest {
         job: job.clone(),
         site: site.to_string(),
@@ -469,7 +479,7 @@ async fn fetch_state(
                 false,
             );
         }
-        if attempts > 0 && first.elapsed() >= CATCH_UP_PATIENCE {
+        if attempts > 0 && first.elapsed() >= patience {
             return fail(
                 format!(
                     "no state from {from} after {attempts} tries in {} s, the last: {last}",

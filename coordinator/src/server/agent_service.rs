@@ -68,11 +68,11 @@ fn required_site(site_id: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// Checks the fields every round report carries.
 /// The most a `LeaveRound` reason may hold: with its prefix it stays
 /// within an exclusion message's bound (`limits::MAX_REASON_LEN`).
 const MAX_LEAVE_REASON_LEN: usize = 1024;
 
+/// Checks the fields every round report carries.
 fn round_report_fields(site_id: &str, job_id: &str, round: u64) -> Result<(), Status> {
     required_site(site_id)?;
     if job_id.is_empty() {
@@ -474,6 +474,12 @@ impl AgentService for AgentServiceImpl {
                     "is {} bytes, more than the {MAX_LEAVE_REASON_LEN} allowed",
                     body.reason.len(),
                 ),
+            ));
+        }
+        if body.reason.chars().any(char::is_control) {
+            return Err(invalid(
+                "reason",
+                "holds a control character; it is stored in the round's record",
             ));
         }
         check_identity(&request, &body.site_id)?;

@@ -133,6 +133,11 @@ struct Planned {
     /// The widest link's.
     codec_bits: u32,
     links: Vec<LinkCodec>,
+    /// H and τ the trainers run the round with, and of the schedule now.
+    inner_steps: u32,
+    overlap_steps: u32,
+    schedule_inner_steps: u32,
+    schedule_overlap_steps: u32,
     /// [`expected_outer_step`]; `None` without a schedule.
     outer_step_seconds: Option<f64>,
 }
@@ -153,6 +158,10 @@ fn planned(state: &ClusterState, job_id: &str, participants: &[String]) -> Plann
         fragments: 1,
         codec_bits: 0,
         links: Vec::new(),
+        inner_steps: 0,
+        overlap_steps: 0,
+        schedule_inner_steps: 0,
+        schedule_overlap_steps: 0,
         outer_step_seconds: None,
     };
     let Some(job) = state.job(job_id) else {
@@ -169,10 +178,15 @@ fn planned(state: &ClusterState, job_id: &str, participants: &[String]) -> Plann
     match schedule_of(plan, &job.spec, &links, &CostParams::default()) {
         Ok(sync) => {
             let (inner_steps, overlap_steps) = state.next_round_steps(job_id);
+            let (schedule_inner_steps, schedule_overlap_steps) = state.schedule_steps(job_id);
             Planned {
                 fragments: sync.fragments.max(1),
                 codec_bits: sync.bits(),
                 links: LinkCodec::of_schedule(&sync),
+                inner_steps,
+                overlap_steps,
+                schedule_inner_steps,
+                schedule_overlap_steps,
                 outer_step_seconds: Some(expected_outer_step(
                     state,
                     job_id,
@@ -409,6 +423,10 @@ pub fn round_actions(state: &ClusterState, now_unix_ms: u64, timing: &RoundTimin
                     fragments,
                     codec_bits: planned.codec_bits,
                     links: planned.links,
+                    inner_steps: planned.inner_steps,
+                    overlap_steps: planned.overlap_steps,
+                    schedule_inner_steps: planned.schedule_inner_steps,
+                    schedule_overlap_steps: planned.schedule_overlap_steps,
                     deadline_unix_ms: now_unix_ms.saturating_add(deadline.max(1)),
                     at_unix_ms: now_unix_ms,
                 });

@@ -553,6 +553,12 @@ async fn round_reports_are_validated_and_rounds_commit_and_are_watched() {
             (JOB_ID, String::new(), Code::InvalidArgument, "reason"),
             (JOB_ID, "x".repeat(1025), Code::InvalidArgument, "reason"),
             (
+                JOB_ID,
+                "no\u{1b}[2J state".into(),
+                Code::InvalidArgument,
+                "reason",
+            ),
+            (
                 "nope",
                 "its catch-up failed".to_string(),
                 Code::NotFound,

@@ -246,6 +246,7 @@ impl HubState {
             // round's, the fragments (which a re-plan keeps) staggered
             // for them.
             if let Some(round) = self.rounds.get(job_id)
+                && round.state == pb::RoundState::Open as i32
                 && round.schedule_inner_steps != 0
                 && (round.schedule_inner_steps, round.schedule_overlap_steps)
                     != (sync.inner_steps, sync.overlap_steps)
@@ -367,7 +368,11 @@ impl TrainerHub {
             sync: assignment.sync.clone(),
         };
         let mut state = lock(&self.state);
-        state.jobs.insert(assignment.job_id.clone(), view);
+        // A job new here (placed here again, or submitted again under the
+        // same id) starts without the rounds held of an earlier one.
+        if state.jobs.insert(assignment.job_id.clone(), view).is_none() {
+            state.rounds.remove(&assignment.job_id);
+        }
         drop(state);
         self.changed.notify_waiters();
     }

@@ -139,6 +139,20 @@ pub enum Command {
         /// commands logged before rounds carried them).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         links: Vec<LinkCodec>,
+        /// H and τ the trainers run this round's outer step with, and
+        /// those of the job's sync schedule as the round opens (the next
+        /// round's; `ClusterState::next_round_steps`,
+        /// `ClusterState::schedule_steps`). The leader decides them and
+        /// the log carries them, so a replay records what was decided. 0
+        /// in commands logged before rounds carried them.
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        inner_steps: u32,
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        overlap_steps: u32,
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        schedule_inner_steps: u32,
+        #[serde(default, skip_serializing_if = "crate::state::rounds::is_zero")]
+        schedule_overlap_steps: u32,
         deadline_unix_ms: u64,
         at_unix_ms: u64,
     },

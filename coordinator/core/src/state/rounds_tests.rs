@@ -94,6 +94,10 @@ fn open(
         fragments,
         codec_bits: 4,
         links: Vec::new(),
+        inner_steps: 0,
+        overlap_steps: 0,
+        schedule_inner_steps: 0,
+        schedule_overlap_steps: 0,
         deadline_unix_ms: at + 1_000,
         at_unix_ms: at,
     })

@@ -235,8 +235,9 @@ pub struct RoundRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub links: Vec<LinkCodec>,
     /// H and τ the trainers run the round's outer step with
-    /// ([`ClusterState::next_round_steps`] when it opened; 0 in rounds
-    /// opened before rounds carried them).
+    /// ([`ClusterState::next_round_steps`] when it opened, as its
+    /// `OpenRound` carries them; 0 in rounds opened before rounds carried
+    /// them).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inner_steps: u32,
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -514,6 +515,10 @@ pub(in crate::state) struct OpenRound<'a> {
     pub fragments: u32,
     pub codec_bits: u32,
     pub links: &'a [LinkCodec],
+    pub inner_steps: u32,
+    pub overlap_steps: u32,
+    pub schedule_inner_steps: u32,
+    pub schedule_overlap_steps: u32,
     pub deadline_unix_ms: u64,
     pub at_unix_ms: u64,
 }

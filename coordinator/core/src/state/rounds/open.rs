@@ -21,11 +21,17 @@ impl ClusterState {
             Some(r) if r.schedule_inner_steps != 0 => {
                 (r.schedule_inner_steps, r.schedule_overlap_steps)
             }
-            _ => self
-                .job(job_id)
-                .and_then(|j| j.placement.plan())
-                .map_or((0, 0), schedule_steps),
+            _ => self.schedule_steps(job_id),
         }
+    }
+
+    /// H and τ of `job_id`'s sync schedule now: the planner's, or for a
+    /// plan stored before placement ran it, its H and no overlap; (0, 0)
+    /// for a job not placed as DiLoCo.
+    pub fn schedule_steps(&self, job_id: &str) -> (u32, u32) {
+        self.job(job_id)
+            .and_then(|j| j.placement.plan())
+            .map_or((0, 0), schedule_steps)
     }
 
     pub(in crate::state) fn check_open_round(
@@ -201,8 +207,6 @@ impl ClusterState {
             }
             participants[index].catch_up = Some(catch_up.clone());
         }
-        let (inner_steps, overlap_steps) = self.next_round_steps(open.job_id);
-        let (schedule_inner_steps, schedule_overlap_steps) = schedule_steps(plan);
         let record = RoundRecord {
             job_id: open.job_id.to_string(),
             round: open.round,
@@ -210,12 +214,12 @@ impl ClusterState {
             fragments: vec![FragmentState::Open; open.fragments as usize],
             codec_bits: open.codec_bits,
             links: open.links.to_vec(),
-            inner_steps,
-            overlap_steps,
+            inner_steps: open.inner_steps,
+            overlap_steps: open.overlap_steps,
             inner_steps_through: latest.map_or(0, |r| r.inner_steps_through)
-                + u64::from(inner_steps),
-            schedule_inner_steps,
-            schedule_overlap_steps,
+                + u64::from(open.inner_steps),
+            schedule_inner_steps: open.schedule_inner_steps,
+            schedule_overlap_steps: open.schedule_overlap_steps,
             opened_at_unix_ms: open.at_unix_ms,
             deadline_unix_ms: open.deadline_unix_ms,
             opened_revision: revision,
