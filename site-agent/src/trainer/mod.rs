@@ -368,11 +368,9 @@ impl TrainerHub {
             sync: assignment.sync.clone(),
         };
         let mut state = lock(&self.state);
-        // A job new here (placed here again, or submitted again under the
-        // same id) starts without the rounds held of an earlier one.
-        if state.jobs.insert(assignment.job_id.clone(), view).is_none() {
-            state.rounds.remove(&assignment.job_id);
-        }
+        // The held round stays: rounds come on a stream of their own, and
+        // the job's first round may be here before its assignment.
+        state.jobs.insert(assignment.job_id.clone(), view);
         drop(state);
         self.changed.notify_waiters();
     }

@@ -185,6 +185,17 @@ fn a_silent_trainer_releases_its_rank_after_the_ttl() {
 }
 
 #[test]
+fn a_first_round_seen_before_its_jobs_assignment_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = TrainerHub::new(SITE, Duration::from_secs(30), dir.path());
+    // The rounds' stream is ahead of the assignments' one.
+    hub.observe_round(&round("late", 1, 2, pb::RoundState::Open));
+    hub.assign(&assignment("late", "diloco", &[4, 5], &[6, 4]));
+    let session = join(&hub, "late", 4, 10).unwrap();
+    assert_eq!(hub.schedule(&session).unwrap().round, 1);
+}
+
+#[test]
 fn a_round_opened_on_a_replanned_schedule_the_assignment_lacks_sets_h_and_tau() {
     let f = fixture(Duration::from_secs(30));
     let session = join(&f.hub, "job", 4, 10).unwrap();
