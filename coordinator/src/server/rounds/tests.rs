@@ -457,6 +457,13 @@ fn a_rounds_deadline_follows_the_inner_step_the_sites_measured() {
     assert_eq!(deadline_unix_ms - 3_000, predicted);
 }
 
+/// The sync schedule `dense` was placed with.
+fn placed_sync() -> longhaul_core::sync::SyncPlan {
+    let state = state();
+    let plan = state.job("dense").unwrap().placement.plan().unwrap();
+    plan.sync.clone().unwrap()
+}
+
 /// Every participant of the open round of `dense` applies every fragment,
 /// measuring `inner_step_us`.
 fn finish_open_round(state: &mut ClusterState, inner_step_us: u64) {
@@ -479,18 +486,7 @@ fn finish_open_round(state: &mut ClusterState, inner_step_us: u64) {
 #[test]
 fn trainers_faster_than_planned_get_a_schedule_replanned_at_their_step_from_the_round_after_next() {
     let timing = RoundTiming::default();
-    let before = {
-        let state = state();
-        state
-            .job("dense")
-            .unwrap()
-            .placement
-            .plan()
-            .unwrap()
-            .sync
-            .clone()
-            .unwrap()
-    };
+    let before = placed_sync();
     // Twenty times faster than placement predicted: the WAN now needs a
     // longer H to hide behind.
     let fast_us = (before.inner_step_seconds / 20.0 * 1e6).round() as u64;
@@ -576,18 +572,7 @@ fn trainers_faster_than_planned_get_a_schedule_replanned_at_their_step_from_the_
 
 #[test]
 fn a_measured_step_within_the_factor_or_with_replanning_off_keeps_the_schedule() {
-    let before = {
-        let state = state();
-        state
-            .job("dense")
-            .unwrap()
-            .placement
-            .plan()
-            .unwrap()
-            .sync
-            .clone()
-            .unwrap()
-    };
+    let before = placed_sync();
     let close_us = (before.inner_step_seconds * 1.5 * 1e6).round() as u64;
     let (_, _, commands) = after_measuring(close_us, &RoundTiming::default());
     assert!(
@@ -608,18 +593,7 @@ fn a_measured_step_within_the_factor_or_with_replanning_off_keeps_the_schedule()
 
 #[test]
 fn a_replan_is_refused_while_a_round_is_open_after_another_round_or_with_other_fragments() {
-    let before = {
-        let state = state();
-        state
-            .job("dense")
-            .unwrap()
-            .placement
-            .plan()
-            .unwrap()
-            .sync
-            .clone()
-            .unwrap()
-    };
+    let before = placed_sync();
     let fast_us = (before.inner_step_seconds / 20.0 * 1e6).round() as u64;
     let (mut state, _, commands) = after_measuring(fast_us, &RoundTiming::default());
     let Command::ReplanSync { sync, .. } = commands[0].clone() else {
@@ -706,18 +680,7 @@ fn rounds_that_end_at_their_deadline_with_nothing_measured_double_the_next_deadl
 #[test]
 fn a_second_replan_waits_rounds_and_each_round_runs_the_schedule_read_in_the_one_before() {
     let timing = RoundTiming::default();
-    let before = {
-        let state = state();
-        state
-            .job("dense")
-            .unwrap()
-            .placement
-            .plan()
-            .unwrap()
-            .sync
-            .clone()
-            .unwrap()
-    };
+    let before = placed_sync();
     let fast_us = (before.inner_step_seconds / 20.0 * 1e6).round() as u64;
     let (mut state, _, commands) = after_measuring(fast_us, &timing);
     apply(&mut state, commands);

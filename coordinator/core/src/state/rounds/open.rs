@@ -11,6 +11,29 @@ use crate::placement::CrossSiteMode;
 use crate::state::{ApplyError, Change, ClusterState, JobState, Liveness};
 
 impl ClusterState {
+    /// The live job `job_id` and its plan, if it is placed as DiLoCo
+    /// replicas; else a refusal naming `job_id` that says the job has no
+    /// `what` (outer rounds, a sync schedule).
+    pub(in crate::state) fn diloco_plan(
+        &self,
+        job_id: &str,
+        what: &str,
+    ) -> Result<(&crate::state::JobRecord, &crate::placement::Plan), ApplyError> {
+        let job = self.live_job(job_id)?;
+        match (job.state, job.placement.plan()) {
+            (JobState::Placed, Some(plan)) if matches!(plan.mode, CrossSiteMode::Diloco { .. }) => {
+                Ok((job, plan))
+            }
+            _ => Err(ApplyError::precondition(
+                "job_id",
+                format!(
+                    "job {job_id:?} is not placed as DiLoCo replicas (state {:?}); it has no {what}",
+                    job.state
+                ),
+            )),
+        }
+    }
+
     /// H and τ the trainers of `job_id` run its next round with: the
     /// schedule in force when its latest round opened (they read it during
     /// that round and take it at the start of their next outer step), or,
@@ -39,21 +62,7 @@ impl ClusterState {
         open: &OpenRound<'_>,
         revision: u64,
     ) -> Result<Vec<Change>, ApplyError> {
-        let job = self.live_job(open.job_id)?;
-        let plan = match (job.state, job.placement.plan()) {
-            (JobState::Placed, Some(plan)) if matches!(plan.mode, CrossSiteMode::Diloco { .. }) => {
-                plan
-            }
-            _ => {
-                return Err(ApplyError::precondition(
-                    "job_id",
-                    format!(
-                        "job {:?} is not placed as DiLoCo replicas (state {:?}); it has no outer rounds",
-                        open.job_id, job.state
-                    ),
-                ));
-            }
-        };
+        let (_, plan) = self.diloco_plan(open.job_id, "outer rounds")?;
         let latest = self.latest_round(open.job_id);
         if let Some(latest) = latest {
             if latest.round == open.round {

@@ -2,7 +2,7 @@
 //! rounds by one planned at its trainers' measured inner step.
 
 use crate::placement::{CrossSiteMode, Plan};
-use crate::state::{ApplyError, Change, ClusterState, JobRecord, JobState, Placement};
+use crate::state::{ApplyError, Change, ClusterState, JobRecord, Placement};
 use crate::sync::SyncPlan;
 
 impl ClusterState {
@@ -17,21 +17,7 @@ impl ClusterState {
         sync: &SyncPlan,
         revision: u64,
     ) -> Result<Vec<Change>, ApplyError> {
-        let job = self.live_job(job_id)?;
-        let plan = match (job.state, job.placement.plan()) {
-            (JobState::Placed, Some(plan)) if matches!(plan.mode, CrossSiteMode::Diloco { .. }) => {
-                plan
-            }
-            _ => {
-                return Err(ApplyError::precondition(
-                    "job_id",
-                    format!(
-                        "job {job_id:?} is not placed as DiLoCo replicas (state {:?}); it has no sync schedule",
-                        job.state
-                    ),
-                ));
-            }
-        };
+        let (job, plan) = self.diloco_plan(job_id, "sync schedule")?;
         let latest = self.latest_round(job_id);
         if let Some(open) = latest.filter(|r| r.is_open()) {
             return Err(ApplyError::precondition(
