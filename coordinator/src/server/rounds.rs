@@ -301,11 +301,7 @@ fn replan_command(
     };
     // A plan that does not come back from JSON as itself (a non-finite
     // figure) would be refused by every replica's log replay.
-    let replays = serde_json::to_string(&next)
-        .ok()
-        .and_then(|json| serde_json::from_str::<longhaul_core::sync::SyncPlan>(&json).ok())
-        .is_some_and(|back| back == next);
-    if !replays {
+    if !longhaul_core::state::replays_from_json(&next) {
         tracing::warn!(job = %job.id, "the re-planned sync schedule does not replay from JSON; kept the old one");
         return None;
     }

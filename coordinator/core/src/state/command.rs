@@ -279,11 +279,7 @@ impl Placement {
     /// would refuse the command. It becomes an infeasible placement that says
     /// why.
     pub fn placed(plan: Plan) -> Self {
-        let replays = serde_json::to_string(&plan)
-            .ok()
-            .and_then(|json| serde_json::from_str::<Plan>(&json).ok())
-            .is_some_and(|back| back == plan);
-        if replays {
+        if replays_from_json(&plan) {
             Placement::Placed {
                 plan: Box::new(plan),
             }
@@ -303,6 +299,19 @@ impl Placement {
             Placement::Infeasible { .. } | Placement::Pending => None,
         }
     }
+}
+
+/// Whether `value` comes back from JSON as itself: what a command must do
+/// to be replicated (a non-finite number, which JSON cannot hold, is
+/// written as `null`, and every replica would refuse the command).
+pub fn replays_from_json<T>(value: &T) -> bool
+where
+    T: Serialize + serde::de::DeserializeOwned + PartialEq,
+{
+    serde_json::to_string(value)
+        .ok()
+        .and_then(|json| serde_json::from_str::<T>(&json).ok())
+        .is_some_and(|back| back == *value)
 }
 
 /// What a placement may look like in storage: the typed plan, or the plan

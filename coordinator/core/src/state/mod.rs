@@ -18,6 +18,7 @@ pub(crate) use admission::{link_bounds, site_bounds, total_gpus};
 pub use command::{
     ApplyError, Change, Command, Compacted, Event, InventoryChange, JobRecord, JobState,
     LinkMeasurement, LinkRecord, Liveness, Member, Placement, Request, SiteRecord,
+    replays_from_json,
 };
 pub use rounds::{
     CatchUp, Exclusion, ExclusionReason, FragmentState, HashGroup, LinkCodec, Participant,

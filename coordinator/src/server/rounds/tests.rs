@@ -649,10 +649,9 @@ fn rounds_that_end_at_their_deadline_with_nothing_measured_double_the_next_deadl
     let opened = round_actions(&state, 1_000, &timing);
     let first = deadline_of(&opened, 1_000);
     apply(&mut state, opened);
-    let mut now = 1_000;
     for doublings in 1..=MAX_DEADLINE_DOUBLINGS + 1 {
         // No one reports: every participant is excluded at the deadline.
-        now = state.open_round("dense").unwrap().deadline_unix_ms;
+        let now = state.open_round("dense").unwrap().deadline_unix_ms;
         let excluded = round_actions(&state, now, &timing);
         for command in excluded {
             // The last exclusion aborts the round; none is refused.
@@ -674,7 +673,6 @@ fn rounds_that_end_at_their_deadline_with_nothing_measured_double_the_next_deadl
     // A round that measures resets it.
     finish_open_round(&mut state, 1);
     assert_eq!(deadline_doublings(&state, "dense"), 0);
-    let _ = now;
 }
 
 #[test]
