@@ -223,6 +223,8 @@ fn status_json(s: &pb::AgentStatus) -> serde_json::Value {
             "live_sites": e.live_sites, "hash": e.hash,
             "started_at_unix_ms": e.started_at_unix_ms, "ended_at_unix_ms": e.ended_at_unix_ms,
             "attempts_failed": e.attempts_failed,
+            "encoded_us": e.encoded_us, "first_data_us": e.first_data_us,
+            "reduced_us": e.reduced_us, "assembled_us": e.assembled_us,
             "peers": e.peers.iter().map(|p| serde_json::json!({
                 "site_id": p.site_id, "sent_bytes": p.sent_bytes,
                 "received_bytes": p.received_bytes, "resent_bytes": p.resent_bytes,

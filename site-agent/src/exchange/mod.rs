@@ -297,6 +297,24 @@ pub struct ExchangeOutcome {
     /// Why the exchange ended without a result (a dead peer, the deadline).
     pub reason: Option<String>,
     pub elapsed: Duration,
+    /// When the exchange passed its milestones, from its start.
+    pub phases: Phases,
+}
+
+/// When a fragment's exchange passed its milestones at this node, from the
+/// start of the attempt (zero for one passed in an earlier attempt; `None`
+/// for one not reached): what its time is made of.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Its contributions encoded and queued for the peers (the codec's
+    /// time, before the first byte can leave).
+    pub encoded: Option<Duration>,
+    /// The first data message from a peer taken.
+    pub first_data: Option<Duration>,
+    /// This node's shard reduced from every live site's contribution.
+    pub reduced: Option<Duration>,
+    /// Every shard's average held: the result (the last acks follow).
+    pub assembled: Option<Duration>,
 }
 
 /// Why an exchange could not run. Errors of peers are not here: they end

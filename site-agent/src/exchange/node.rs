@@ -20,7 +20,7 @@ use tokio::task::JoinSet;
 
 use super::io::{MAX_CONTROL_MESSAGE_BYTES, ReadMessageError, expect, read_message, write_message};
 use super::state::{FragmentKey, FragmentState, Registry, Taken};
-use super::{ExchangeError, ExchangeOptions, ExchangeOutcome, code, sender};
+use super::{ExchangeError, ExchangeOptions, ExchangeOutcome, Phases, code, sender};
 use crate::data_endpoint::{Pending, Source};
 use crate::tls::{self, AgentTls};
 
@@ -322,7 +322,7 @@ impl ExchangeNode {
                 if active.0.delivered.load(Ordering::SeqCst) {
                     // Its result was returned before: the result again,
                     // the residuals as the caller kept them after it.
-                    return Ok(outcome(&active.0, None, started.elapsed(), Vec::new()));
+                    return Ok(outcome(&active.0, None, started, Vec::new()));
                 }
                 // Encoded again from the checkpoint only to move the
                 // residuals as the first attempt did: the same values and
@@ -357,7 +357,7 @@ impl ExchangeNode {
         }
         let reason = wait(node, &state, started + request.deadline).await;
         // The exchange's time, without the pool's shutdown.
-        let elapsed = started.elapsed();
+        let ended = Instant::now();
         let dead = disconnected(&state);
         let _ = stop.send(true);
         // The pool ends at once on the stop signal; the bound is a guard.
@@ -366,7 +366,8 @@ impl ExchangeNode {
         })
         .await;
         pool.abort_all();
-        let outcome = outcome(&state, reason, elapsed, dead);
+        let mut outcome = outcome(&state, reason, started, dead);
+        outcome.elapsed = ended.saturating_duration_since(started);
         if outcome.reason.is_none() {
             state.delivered.store(true, Ordering::SeqCst);
         }
@@ -429,6 +430,8 @@ impl ExchangeNode {
                         .map_err(|reason| ExchangeError::Average { reason })?;
                 }
             }
+            inner.timeline.encoded = Some(Instant::now());
+            FragmentState::milestones(inner);
         }
         state.active.store(true, Ordering::SeqCst);
         if !node.registry.insert(Arc::clone(&state)) {
@@ -535,15 +538,22 @@ fn disconnected(state: &FragmentState) -> Vec<String> {
         .collect()
 }
 
-/// The outcome of an attempt; `dead`: the peers [`disconnected`] when it
-/// ended.
+/// The outcome of an attempt that started at `started` and ends now;
+/// `dead`: the peers [`disconnected`] when it ended.
 fn outcome(
     state: &FragmentState,
     reason: Option<String>,
-    elapsed: Duration,
+    started: Instant,
     dead: Vec<String>,
 ) -> ExchangeOutcome {
     let inner = state.lock();
+    let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(started));
+    let phases = Phases {
+        encoded: since(inner.timeline.encoded),
+        first_data: since(inner.timeline.first_data),
+        reduced: since(inner.timeline.reduced),
+        assembled: since(inner.timeline.assembled),
+    };
     let waiting: Vec<&str> = inner.reducer.waiting_on();
     let mut peers = BTreeMap::new();
     let mut unfinished = Vec::new();
@@ -585,7 +595,8 @@ fn outcome(
         unfinished,
         dead,
         reason,
-        elapsed,
+        elapsed: started.elapsed(),
+        phases,
     }
 }
 

@@ -52,6 +52,22 @@ pub(crate) struct Inner {
     pub assembler: Assembler,
     pub ledger: AckLedger,
     pub peers: BTreeMap<String, Peer>,
+    pub timeline: Timeline,
+}
+
+/// When the fragment's exchange passed its milestones at this node (the
+/// first time it did, over every attempt): what a round's time is made of.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Timeline {
+    /// Its contributions encoded and queued.
+    pub encoded: Option<Instant>,
+    /// The first data message from a peer taken.
+    pub first_data: Option<Instant>,
+    /// This node's shard reduced from every live site's contribution (the
+    /// reduce-scatter done here).
+    pub reduced: Option<Instant>,
+    /// Every shard's average held (the result, before the last acks).
+    pub assembled: Option<Instant>,
 }
 
 /// The state of one fragment's exchange (see the module docs).
@@ -115,6 +131,7 @@ impl FragmentState {
                 assembler,
                 ledger: AckLedger::new(),
                 peers,
+                timeline: Timeline::default(),
             }),
             changed: watch::channel(0).0,
             active: AtomicBool::new(false),
@@ -247,6 +264,7 @@ impl FragmentState {
         };
         match accepted {
             Ok(accepted) => {
+                inner.timeline.first_data.get_or_insert_with(Instant::now);
                 inner.ledger.record(from, chunk);
                 if accepted == Accepted::Duplicate {
                     peer.report.duplicate_bytes += bytes;
@@ -259,6 +277,7 @@ impl FragmentState {
                 {
                     tracing::error!(%error, "cannot send a reduced chunk");
                 }
+                Self::milestones(inner);
                 drop(guard);
                 self.notify();
                 Taken::Ack
@@ -267,6 +286,18 @@ impl FragmentState {
                 peer.report.refused += 1;
                 Taken::Refused(error.to_string())
             }
+        }
+    }
+
+    /// Notes the reduce-scatter's and the result's completion, the first
+    /// time either is seen.
+    pub fn milestones(inner: &mut Inner) {
+        let now = Instant::now();
+        if inner.timeline.reduced.is_none() && inner.reducer.is_complete() {
+            inner.timeline.reduced = Some(now);
+        }
+        if inner.timeline.assembled.is_none() && inner.assembler.is_complete() {
+            inner.timeline.assembled = Some(now);
         }
     }
 

@@ -559,6 +559,10 @@ async fn run_fragment(
                             })
                             .collect(),
                         attempts_failed: failed,
+                        encoded_us: micros(outcome.phases.encoded),
+                        first_data_us: micros(outcome.phases.first_data),
+                        reduced_us: micros(outcome.phases.reduced),
+                        assembled_us: micros(outcome.phases.assembled),
                     };
                     record(shared, exchange, outcome.elapsed);
                 }
@@ -588,6 +592,11 @@ async fn run_fragment(
         }
     }
     lock(&shared.contributors).insert(contributor_key, contributor);
+}
+
+/// A milestone's time for [`pb::FragmentExchange`] (0: not reached).
+fn micros(at: Option<Duration>) -> u64 {
+    at.map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The site's pseudo-gradient of the fragment: the synthetic one, or the

@@ -91,6 +91,16 @@ async fn three_sites_exchange_a_fragment_and_every_hash_is_the_references() {
             "{site}: {:?}",
             outcome.unfinished
         );
+        // Every milestone passed, in the order the collective passes
+        // them, within the exchange's time.
+        let p = outcome.phases;
+        let at = [p.encoded, p.first_data, p.reduced, p.assembled];
+        assert!(at.iter().all(Option::is_some), "{site}: {p:?}");
+        assert!(
+            at.windows(2).all(|w| w[0] <= w[1]) && p.assembled <= Some(outcome.elapsed),
+            "{site}: {p:?} in {:?}",
+            outcome.elapsed
+        );
         for (peer, report) in &outcome.peers {
             assert!(
                 report.finished && report.connections >= 1,

@@ -32,9 +32,62 @@ pub struct RoundsReport {
     /// The median over the same rounds of each round's measured exchange
     /// over its simulated one: the simulator's fidelity in this rehearsal.
     pub median_measured_over_simulated: Option<f64>,
+    /// Each milestone's median over the same rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_milestones: Option<Milestones>,
     pub rounds: Vec<RoundRow>,
     /// Per link, over the rounds whose exchanges the agents reported.
     pub links: Vec<ExchangeLinkRow>,
+}
+
+/// When a round's exchange passed its milestones: milliseconds from the
+/// first agent's start of an exchange to the last agent to pass each (its
+/// fragments' latest), as the agents timed them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Milestones {
+    /// The last agent's start: how far apart the sites began.
+    pub last_start_ms: f64,
+    /// Contributions encoded and queued.
+    pub encoded_ms: f64,
+    /// The first data message from a peer.
+    pub first_data_ms: f64,
+    /// The site's shard reduced from every live site (reduce-scatter).
+    pub reduced_ms: f64,
+    /// Every shard's average held (all-gather); the last acks follow.
+    pub assembled_ms: f64,
+}
+
+impl Milestones {
+    /// The round's milestones from its agents' records (`None` when there
+    /// are none).
+    fn of(records: &[(&str, &pb::FragmentExchange)]) -> Option<Milestones> {
+        let start = records.iter().map(|(_, e)| e.started_at_unix_ms).min()?;
+        let latest = |at: fn(&pb::FragmentExchange) -> u64| {
+            records
+                .iter()
+                .map(|(_, e)| (e.started_at_unix_ms - start) as f64 + at(e) as f64 / 1e3)
+                .fold(0.0, f64::max)
+        };
+        Some(Milestones {
+            last_start_ms: latest(|_| 0),
+            encoded_ms: latest(|e| e.encoded_us),
+            first_data_ms: latest(|e| e.first_data_us),
+            reduced_ms: latest(|e| e.reduced_us),
+            assembled_ms: latest(|e| e.assembled_us),
+        })
+    }
+
+    /// Each milestone's median over `rows`.
+    fn median(rows: &[Milestones], median: impl Fn(Vec<f64>) -> Option<f64>) -> Option<Milestones> {
+        let of = |at: fn(&Milestones) -> f64| median(rows.iter().map(at).collect());
+        Some(Milestones {
+            last_start_ms: of(|m| m.last_start_ms)?,
+            encoded_ms: of(|m| m.encoded_ms)?,
+            first_data_ms: of(|m| m.first_data_ms)?,
+            reduced_ms: of(|m| m.reduced_ms)?,
+            assembled_ms: of(|m| m.assembled_ms)?,
+        })
+    }
 }
 
 /// One link's part in the rounds' exchanges.
@@ -85,6 +138,9 @@ pub struct RoundRow {
     /// last one's result, as the agents reported them (`None` when none
     /// did: an agent killed since loses its records).
     pub exchange_ms: Option<u64>,
+    /// What `exchange_ms` is made of, as the agents timed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub milestones: Option<Milestones>,
     /// Data bytes the agents sent each other for the round.
     pub bytes: u64,
     /// The exchange of its fragments among the sites left, by the
@@ -170,6 +226,7 @@ pub(in crate::rehearse) fn rounds_report(
                 took_ms: (r.ended_at_unix_ms != 0)
                     .then(|| r.ended_at_unix_ms.saturating_sub(r.opened_at_unix_ms)),
                 exchange_ms: span(&records),
+                milestones: Milestones::of(&records),
                 bytes: records
                     .iter()
                     .flat_map(|(_, e)| &e.peers)
@@ -284,6 +341,13 @@ pub(in crate::rehearse) fn rounds_report(
                 .iter()
                 .filter_map(|r| Some(r.exchange_ms? as f64 / r.simulated_ms.filter(|s| *s > 0.0)?))
                 .collect(),
+        ),
+        median_milestones: Milestones::median(
+            &measured
+                .iter()
+                .filter_map(|r| r.milestones)
+                .collect::<Vec<_>>(),
+            median,
         ),
         measured: measured.len(),
         rounds: rows,
@@ -467,6 +531,20 @@ pub(super) fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::i
             .map_or("-".to_string(), |r| format!("{r:.2}")),
         ms(rounds.median_took_ms),
     )?;
+    if let Some(m) = &rounds.median_milestones {
+        writeln!(
+            out,
+            "  where the exchange's time went (medians, from the first agent's start to the last \
+             agent past each): last start {:.1} ms, encoded {:.1} ms, first data in {:.1} ms, \
+             own shard reduced {:.1} ms, result held {:.1} ms, done (acknowledged) {}",
+            m.last_start_ms,
+            m.encoded_ms,
+            m.first_data_ms,
+            m.reduced_ms,
+            m.assembled_ms,
+            ms(rounds.median_exchange_ms),
+        )?;
+    }
     if !rounds.links.is_empty() {
         writeln!(out, "\nexchanges per link (predicted vs measured)")?;
         let mut links = Table::new(&[
@@ -511,6 +589,7 @@ mod tests {
             overlap_steps: 0,
             took_ms: Some(10),
             exchange_ms: None,
+            milestones: None,
             bytes: 0,
             predicted_ms: 0.0,
             simulated_ms: None,
@@ -518,6 +597,47 @@ mod tests {
             inner_step_ms: None,
             reason: String::new(),
         }
+    }
+
+    #[test]
+    fn a_rounds_milestones_are_the_latest_agents_from_the_first_start() {
+        let record =
+            |started: u64, [encoded, first, reduced, assembled]: [u64; 4]| pb::FragmentExchange {
+                started_at_unix_ms: started,
+                encoded_us: encoded,
+                first_data_us: first,
+                reduced_us: reduced,
+                assembled_us: assembled,
+                ..Default::default()
+            };
+        let north = record(1_000, [10_000, 40_000, 150_000, 200_000]);
+        // South started 5 ms later and encoded faster.
+        let south = record(1_005, [2_000, 30_000, 160_000, 190_000]);
+        let m = Milestones::of(&[("north", &north), ("south", &south)]).unwrap();
+        assert_eq!(
+            m,
+            Milestones {
+                last_start_ms: 5.0,
+                encoded_ms: 10.0,
+                first_data_ms: 40.0,
+                reduced_ms: 165.0,
+                assembled_ms: 200.0,
+            }
+        );
+        assert_eq!(Milestones::of(&[]), None);
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied()
+        };
+        let later = Milestones {
+            last_start_ms: 1.0,
+            ..m
+        };
+        assert_eq!(
+            Milestones::median(&[m, later, later], median).map(|m| m.last_start_ms),
+            Some(1.0)
+        );
+        assert_eq!(Milestones::median(&[], median), None);
     }
 
     #[test]
@@ -545,6 +665,7 @@ mod tests {
             median_predicted_ms: None,
             median_simulated_ms: None,
             median_measured_over_simulated: None,
+            median_milestones: None,
             rounds: rows,
             links: Vec::new(),
         };
