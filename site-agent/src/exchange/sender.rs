@@ -221,13 +221,14 @@ async fn run_connection(
                 let Some(p) = inner.peers.get_mut(peer) else {
                     return Err(format!("{peer:?} is not a peer"));
                 };
-                // Spread over the live connections, each within its
-                // share of the pool's bytes in flight (at least two
-                // chunks, so that the next is queued behind the one on
-                // the wire): see `Outbox::next_within`.
+                // Spread over the live connections, each within its cap:
+                // see `Outbox::next_within` and `connection_cap`.
                 let live = p.connected.max(open).max(1);
-                let cap = (node.options.pool_in_flight_bytes() / u64::from(live))
-                    .max(p.outbox.largest_message().saturating_mul(2));
+                let cap = connection_cap(
+                    node.options.pool_in_flight_bytes() / u64::from(live),
+                    connection.stats().path.cwnd,
+                    p.outbox.largest_message(),
+                );
                 p.outbox
                     .next_within(id, cap, live as usize)
                     .map(|(_, message)| {
@@ -262,6 +263,27 @@ async fn run_connection(
     }
 }
 
+/// Bytes one connection of the pool may have in flight (chunks handed to
+/// it and not yet acknowledged): what its own congestion window carries
+/// in [`CWND_ROUND_TRIPS`] round trips (a chunk's bytes cross the link,
+/// then its ack comes back), at least two chunks (the next one queued
+/// behind the one on the wire), at most its `share` of the pool's bytes.
+///
+/// Each connection's cap follows its own window, so a chunk is not queued
+/// behind a connection that a loss has slowed down. A chunk queued there
+/// finishes last while the pool's other connections go idle, and the
+/// fragment waits for its slowest chunk. The share alone, which is four
+/// BDPs of the configured link over the live connections, queued most of
+/// a small fragment on each connection at once.
+fn connection_cap(share: u64, cwnd: u64, largest_message: u64) -> u64 {
+    cwnd.saturating_mul(CWND_ROUND_TRIPS)
+        .min(share)
+        .max(largest_message.saturating_mul(2))
+}
+
+/// See [`connection_cap`].
+const CWND_ROUND_TRIPS: u64 = 3;
+
 /// When the next `bytes` may go to the peer at `rate` bytes per second
 /// (`None`: now), counting them as sent. A pool idle for more than 10 ms
 /// starts its count again, so pacing never allows a burst after a pause.
@@ -276,4 +298,22 @@ fn pace(peer: &mut super::state::Peer, bytes: u64, rate: Option<u64>) -> Option<
     let due = peer.paced_since + Duration::from_secs_f64(peer.paced_bytes as f64 / rate as f64);
     peer.paced_bytes += bytes;
     (due > now).then_some(due)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_cap;
+
+    #[test]
+    fn a_connection_is_capped_by_its_own_window_within_its_share() {
+        let chunk = 136_000;
+        // A small window: two chunks, not the share.
+        assert_eq!(connection_cap(640_000, 40_000, chunk), 272_000);
+        // A large one: three windows, below the share.
+        assert_eq!(connection_cap(4_000_000, 800_000, chunk), 2_400_000);
+        // The share bounds a window larger still.
+        assert_eq!(connection_cap(3_000_000, 2_000_000, chunk), 3_000_000);
+        // Two chunks whatever the share.
+        assert_eq!(connection_cap(1_000, 1_000, chunk), 272_000);
+    }
 }
