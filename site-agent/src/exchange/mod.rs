@@ -177,7 +177,9 @@ impl ExchangeOptions {
     /// connections: four BDPs, so that a connection whose stream waits
     /// out a loss's recovery (every later chunk on it held until the
     /// retransmission arrives) or a path longer than `link_rtt` still
-    /// leaves the pool enough to fill the link.
+    /// leaves the pool enough to fill the link. Each connection's share is
+    /// the most it is given; its own congestion window sets what it is
+    /// given below that (`sender::connection_cap`).
     pub fn pool_in_flight_bytes(&self) -> u64 {
         self.bdp_bytes().saturating_mul(4).max(1)
     }
