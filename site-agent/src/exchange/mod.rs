@@ -15,9 +15,13 @@
 //!   other. Chunks are handed to whichever connection is free
 //!   ([`longhaul_exchange::Outbox`]), spread: one with chunks in flight
 //!   takes another only when every live connection has some, and within
-//!   its share of [`ExchangeOptions::pool_in_flight_bytes`] (at least two
-//!   chunks). Without that, the first connection whose send buffer had
-//!   room took every chunk of a fragment and the rest of the pool idled.
+//!   its cap: what its own congestion window carries in three round
+//!   trips, at least two chunks, at most its share of
+//!   [`ExchangeOptions::pool_in_flight_bytes`]. Without the spreading, the
+//!   first connection whose send buffer had room took every chunk of a
+//!   fragment and the rest of the pool idled; without the window, most of
+//!   a small fragment was queued on each connection at once and the
+//!   fragment waited for the slowest.
 //!   The connections stay open after a
 //!   fragment (keep-alives hold them) and carry the next fragment's
 //!   streams, so a congestion window grown on one fragment serves the
@@ -304,8 +308,11 @@ pub struct ExchangeOutcome {
 }
 
 /// When a fragment's exchange passed its milestones at this node, from the
-/// start of the attempt (zero for one passed in an earlier attempt; `None`
-/// for one not reached): what its time is made of.
+/// start of the attempt (zero for one passed in an earlier attempt, whose
+/// re-encoding then counts toward the next milestone; `None` for one not
+/// reached by the attempt's end): what its time is made of. A site whose
+/// shard is empty (fewer elements than live sites) has it reduced when
+/// encoded, before any data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Phases {
     /// Its contributions encoded and queued for the peers (the codec's

@@ -322,7 +322,13 @@ impl ExchangeNode {
                 if active.0.delivered.load(Ordering::SeqCst) {
                     // Its result was returned before: the result again,
                     // the residuals as the caller kept them after it.
-                    return Ok(outcome(&active.0, None, started, Vec::new()));
+                    return Ok(outcome(
+                        &active.0,
+                        None,
+                        started,
+                        Instant::now(),
+                        Vec::new(),
+                    ));
                 }
                 // Encoded again from the checkpoint only to move the
                 // residuals as the first attempt did: the same values and
@@ -366,8 +372,7 @@ impl ExchangeNode {
         })
         .await;
         pool.abort_all();
-        let mut outcome = outcome(&state, reason, started, dead);
-        outcome.elapsed = ended.saturating_duration_since(started);
+        let outcome = outcome(&state, reason, started, ended, dead);
         if outcome.reason.is_none() {
             state.delivered.store(true, Ordering::SeqCst);
         }
@@ -538,16 +543,21 @@ fn disconnected(state: &FragmentState) -> Vec<String> {
         .collect()
 }
 
-/// The outcome of an attempt that started at `started` and ends now;
+/// The outcome of an attempt from `started` to `ended` (before its pool
+/// stopped: what the server side takes later is not the attempt's);
 /// `dead`: the peers [`disconnected`] when it ended.
 fn outcome(
     state: &FragmentState,
     reason: Option<String>,
     started: Instant,
+    ended: Instant,
     dead: Vec<String>,
 ) -> ExchangeOutcome {
     let inner = state.lock();
-    let since = |t: Option<Instant>| t.map(|t| t.saturating_duration_since(started));
+    let since = |t: Option<Instant>| {
+        t.filter(|t| *t <= ended)
+            .map(|t| t.saturating_duration_since(started))
+    };
     let phases = Phases {
         encoded: since(inner.timeline.encoded),
         first_data: since(inner.timeline.first_data),
@@ -595,7 +605,7 @@ fn outcome(
         unfinished,
         dead,
         reason,
-        elapsed: started.elapsed(),
+        elapsed: ended.saturating_duration_since(started),
         phases,
     }
 }

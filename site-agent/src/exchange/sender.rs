@@ -216,6 +216,9 @@ async fn run_connection(
             // a fragment, before each stream is welcomed: else the first
             // welcomed would take every chunk before the others could.
             let open = node.pooled_open(addr);
+            // Read outside the fragment's lock: quinn's driver holds the
+            // connection's own lock while it handles packets.
+            let cwnd = connection.stats().path.cwnd;
             let next = {
                 let mut inner = state.lock();
                 let Some(p) = inner.peers.get_mut(peer) else {
@@ -226,7 +229,7 @@ async fn run_connection(
                 let live = p.connected.max(open).max(1);
                 let cap = connection_cap(
                     node.options.pool_in_flight_bytes() / u64::from(live),
-                    connection.stats().path.cwnd,
+                    cwnd,
                     p.outbox.largest_message(),
                 );
                 p.outbox
@@ -269,10 +272,12 @@ async fn run_connection(
 /// then its ack comes back), at least two chunks (the next one queued
 /// behind the one on the wire), at most its `share` of the pool's bytes.
 ///
-/// Each connection's cap follows its own window, so a chunk is not queued
-/// behind a connection that a loss has slowed down. A chunk queued there
-/// finishes last while the pool's other connections go idle, and the
-/// fragment waits for its slowest chunk. The share alone, which is four
+/// Each connection's cap follows its own window, so a connection that a
+/// loss has slowed down is not handed more than it can carry (beyond the
+/// two-chunk floor). A chunk queued there finishes last while the pool's
+/// other connections go idle, and the fragment waits for its slowest
+/// chunk. The cap is per fragment: fragments exchanged at once over one
+/// pooled connection may each queue this much on it. The share alone, which is four
 /// BDPs of the configured link over the live connections, queued most of
 /// a small fragment on each connection at once.
 fn connection_cap(share: u64, cwnd: u64, largest_message: u64) -> u64 {

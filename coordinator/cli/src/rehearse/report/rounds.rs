@@ -45,7 +45,8 @@ pub struct RoundsReport {
 /// fragments' latest), as the agents timed them.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Milestones {
-    /// The last agent's start: how far apart the sites began.
+    /// The last start of an exchange: how far apart the sites began, and
+    /// with more fragments than run at once, when the last batch began.
     pub last_start_ms: f64,
     /// Contributions encoded and queued.
     pub encoded_ms: f64,
