@@ -80,6 +80,7 @@
 mod io;
 pub mod metrics;
 mod node;
+mod outcome;
 mod sender;
 mod state;
 
