@@ -72,10 +72,11 @@ struct Args {
     /// Bound on one exchange.
     #[arg(long, default_value_t = 300)]
     deadline_seconds: u64,
-    /// The pool's congestion controller: `cubic` (quinn's) or `dedicated`
+    /// The pool's congestion controller: `cubic` (quinn's), `dedicated`
     /// (a fixed share of 1.25 × BDP per connection, for a link the job
-    /// owns; `longhaul_site_agent::congestion`).
-    #[arg(long, default_value = "cubic", value_parser = ["cubic", "dedicated"])]
+    /// owns; `longhaul_site_agent::congestion`) or `bbr` (quinn's
+    /// experimental BBR).
+    #[arg(long, default_value = "cubic", value_parser = ["cubic", "dedicated", "bbr"])]
     congestion: String,
 }
 
@@ -197,10 +198,10 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
         link_rate_bits_per_second: args.rate_mbit * 1_000_000,
         link_rtt: rtt,
         peer_timeout: Duration::from_secs(60),
-        congestion: if args.congestion == "dedicated" {
-            Congestion::Dedicated
-        } else {
-            Congestion::Cubic
+        congestion: match args.congestion.as_str() {
+            "dedicated" => Congestion::Dedicated,
+            "bbr" => Congestion::Bbr,
+            _ => Congestion::Cubic,
         },
         ..ExchangeOptions::default()
     };

@@ -33,7 +33,7 @@
 //! synthetic_elements = 4_000_000    # rehearsals: a seeded pseudo-gradient per fragment
 //! link_rate = "1 Gbit/s"            # sizes the QUIC windows and UDP buffers
 //! link_rtt = "50 ms"
-//! congestion = "cubic"              # or "dedicated", for links the job owns
+//! congestion = "cubic"              # or "dedicated", for links the job owns; "bbr" (quinn's, experimental)
 //!
 //! [trainer]                         # optional: trainers hand the agent their pseudo-gradients
 //! socket = "/run/longhaul/north.sock"  # the local trainer API (or `listen`, TCP loopback)
@@ -293,7 +293,8 @@ pub struct ExchangeConfig {
     /// `cubic` (default; backs off on every loss, right on a shared path)
     /// or `dedicated` (for links the job owns: each connection holds its
     /// share of 1.25 × the link's bandwidth-delay product through random
-    /// loss; it does not back off for other traffic).
+    /// loss; it does not back off for other traffic) or `bbr` (quinn's
+    /// experimental BBR, for evaluation).
     pub congestion: crate::exchange::Congestion,
 }
 
@@ -752,7 +753,7 @@ static = { file = "topology.toml" }
             ("link_rate = \"100 kbit/s\"", "exchange.link_rate"),
             ("pacing = \"1 kbit/s\"", "exchange.pacing"),
             ("peer_timeout = \"0 s\"", "exchange.peer_timeout"),
-            ("congestion = \"bbr\"", "exchange.congestion"),
+            ("congestion = \"vegas\"", "exchange.congestion"),
         ] {
             let text = format!("{GOOD}\n[exchange]\n{setting}\n");
             let error = AgentConfig::from_toml("agent.toml", &text, Path::new("."))
@@ -779,6 +780,11 @@ static = { file = "topology.toml" }
         let tuning = config.exchange.options().tuning();
         // 1.25 × BDP (1 Gbit/s × 50 ms = 6.25 MB) over 4 connections.
         assert_eq!(tuning.dedicated_window, Some(1_953_125));
+        assert!(!tuning.bbr);
+        let text = format!("{GOOD}\n[exchange]\ncongestion = \"bbr\"\n");
+        let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
+        let tuning = config.exchange.options().tuning();
+        assert!(tuning.bbr && tuning.dedicated_window.is_none());
     }
 
     /// A config with every field and section set to something other than

@@ -147,6 +147,10 @@ pub enum Congestion {
     /// For a link the job owns ([`crate::congestion`]): each connection
     /// holds its share of 1.25 × BDP through random loss.
     Dedicated,
+    /// quinn's BBR, which quinn marks experimental: paces at the rate it
+    /// measures and does not back off on a random loss. For evaluation on
+    /// shared paths (README, the `exchange_bulk` section).
+    Bbr,
 }
 
 impl Default for ExchangeOptions {
@@ -203,6 +207,7 @@ impl ExchangeOptions {
             dedicated_window: (self.congestion == Congestion::Dedicated).then(|| {
                 (bdp.saturating_mul(5) / 4).div_ceil(u64::from(self.connections_per_peer.max(1)))
             }),
+            bbr: self.congestion == Congestion::Bbr,
             ..QuicTuning::default()
         }
     }

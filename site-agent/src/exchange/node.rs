@@ -235,6 +235,17 @@ impl ExchangeNode {
             .collect()
     }
 
+    /// A copy of the congestion controller of each of the pool's live
+    /// connections (which one runs, and its state).
+    pub fn pool_controllers(&self) -> Vec<Box<dyn quinn::congestion::Controller>> {
+        self.inner
+            .connections()
+            .values()
+            .filter(|c| c.close_reason().is_none())
+            .map(Connection::congestion_state)
+            .collect()
+    }
+
     /// Closes the endpoint and waits (at most `wait`) until its
     /// connections are gone, so that the address can be bound again.
     pub async fn shutdown(self, wait: Duration) {

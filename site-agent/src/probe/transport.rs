@@ -46,6 +46,9 @@ pub struct QuicTuning {
     /// A fixed target window per connection, bytes: the dedicated-link
     /// controller ([`crate::congestion`]) instead of quinn's Cubic.
     pub dedicated_window: Option<u64>,
+    /// quinn's experimental BBR instead of its Cubic (ignored with a
+    /// `dedicated_window`).
+    pub bbr: bool,
 }
 
 impl Default for QuicTuning {
@@ -58,6 +61,7 @@ impl Default for QuicTuning {
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
             initial_rtt: None,
             dedicated_window: None,
+            bbr: false,
         }
     }
 }
@@ -173,6 +177,8 @@ impl QuicTuning {
             config.congestion_controller_factory(Arc::new(crate::congestion::DedicatedConfig {
                 window,
             }));
+        } else if self.bbr {
+            config.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
         }
         Ok(Arc::new(config))
     }

@@ -192,3 +192,58 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
     let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
     assert!(lost > 0, "the emulator lost nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quinns_bbr_carries_a_fragment_through_random_loss() {
+    let seed = 29;
+    println!("emulator seed {seed}");
+    let mut link = LinkConfig::new(
+        DataRate::from_bits_per_second(200_000_000),
+        Distance::from_km(500.0).unwrap(),
+    );
+    link.loss = LossModel::Bernoulli { p: 0.02 };
+    let emulator = Emulator::new(seed, vec![LinkSpec::symmetric("a", "b", link)]).unwrap();
+    let pki = Pki::new("test CA");
+    let n = 1 << 20;
+    let fragments = fragments(seed, &[("a", 1.0), ("b", 1.0)], n);
+    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 1 << 14).unwrap();
+    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
+    let bbr = |incarnation| ExchangeOptions {
+        connections_per_peer: 2,
+        link_rate_bits_per_second: 200_000_000,
+        link_rtt: Duration::from_millis(5),
+        peer_timeout: Duration::from_secs(60),
+        congestion: Congestion::Bbr,
+        ..options(incarnation)
+    };
+    let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), bbr(1)).unwrap());
+    let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), bbr(2)).unwrap());
+    let (_proxies, peers_of_a, peers_of_b) = through_link(&emulator, &a, &b).await;
+    let deadline = Duration::from_secs(90);
+    let (a_outcome, b_outcome) = tokio::join!(
+        run(&a, &plan, &codecs, &fragments["a"], &peers_of_a, deadline),
+        run(&b, &plan, &codecs, &fragments["b"], &peers_of_b, deadline),
+    );
+    let expected = reference_hash(&plan, &codecs, &fragments);
+    for outcome in [&a_outcome, &b_outcome] {
+        assert_eq!(
+            outcome.hash.as_deref(),
+            Some(expected.as_str()),
+            "{outcome:?}"
+        );
+    }
+    // Every connection of the pool ran quinn's BBR, not its Cubic.
+    let controllers = a.pool_controllers();
+    assert!(!controllers.is_empty(), "no pooled connection");
+    for controller in controllers {
+        assert!(
+            controller
+                .into_any()
+                .downcast::<quinn::congestion::Bbr>()
+                .is_ok(),
+            "a pooled connection does not run BBR"
+        );
+    }
+    let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
+    assert!(lost > 0, "the emulator lost nothing");
+}
