@@ -138,9 +138,11 @@ async fn a_link_cut_mid_fragment_and_healed_resumes_without_duplicates() {
     assert_eq!(from_a.duplicate_bytes, 0, "{from_a:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() {
-    let seed = 23;
+/// Two nodes running `congestion` exchange a fragment through a 500 km,
+/// 200 Mbit/s emulated link losing 2 % of its packets; both get the
+/// reference's hash and the link did lose packets. Returns both nodes and
+/// the link, still up, for what node a's pool ran.
+async fn through_random_loss(seed: u64, congestion: Congestion) -> LossyPair {
     println!("emulator seed {seed}");
     let mut link = LinkConfig::new(
         DataRate::from_bits_per_second(200_000_000),
@@ -153,17 +155,17 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
     let fragments = fragments(seed, &[("a", 1.0), ("b", 1.0)], n);
     let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 1 << 14).unwrap();
     let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
-    let dedicated = |incarnation| ExchangeOptions {
+    let with = |incarnation| ExchangeOptions {
         connections_per_peer: 2,
         link_rate_bits_per_second: 200_000_000,
         link_rtt: Duration::from_millis(5),
         peer_timeout: Duration::from_secs(60),
-        congestion: Congestion::Dedicated,
+        congestion,
         ..options(incarnation)
     };
-    let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), dedicated(1)).unwrap());
-    let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), dedicated(2)).unwrap());
-    let (_proxies, peers_of_a, peers_of_b) = through_link(&emulator, &a, &b).await;
+    let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), with(1)).unwrap());
+    let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), with(2)).unwrap());
+    let (proxies, peers_of_a, peers_of_b) = through_link(&emulator, &a, &b).await;
     let deadline = Duration::from_secs(90);
     let (a_outcome, b_outcome) = tokio::join!(
         run(&a, &plan, &codecs, &fragments["a"], &peers_of_a, deadline),
@@ -177,6 +179,30 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
             "{outcome:?}"
         );
     }
+    // The link did lose packets: the result is QUIC's retransmissions'.
+    let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
+    assert!(lost > 0, "the emulator lost nothing");
+    LossyPair {
+        a,
+        _b: b,
+        _proxies: proxies,
+        _emulator: emulator,
+    }
+}
+
+/// What [`through_random_loss`] leaves up: node a, and what keeps its
+/// pooled connections open (node b, the link's proxies, the emulator).
+struct LossyPair {
+    a: Arc<ExchangeNode>,
+    _b: Arc<ExchangeNode>,
+    _proxies: [UdpProxy; 2],
+    _emulator: Emulator,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() {
+    let pair = through_random_loss(23, Congestion::Dedicated).await;
+    let a = &pair.a;
     // The pool ran the dedicated controller: no window past its share of
     // 1.25 × BDP (200 Mbit/s × 5 ms = 125 kB, over 2 connections), and
     // one at exactly that share after the losses (Cubic halves on loss
@@ -188,50 +214,12 @@ async fn the_dedicated_link_controller_carries_a_fragment_through_random_loss() 
         "{windows:?}"
     );
     assert!(windows.contains(&target), "{windows:?}");
-    // The link did lose packets: the result is QUIC's retransmissions'.
-    let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
-    assert!(lost > 0, "the emulator lost nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quinns_bbr_carries_a_fragment_through_random_loss() {
-    let seed = 29;
-    println!("emulator seed {seed}");
-    let mut link = LinkConfig::new(
-        DataRate::from_bits_per_second(200_000_000),
-        Distance::from_km(500.0).unwrap(),
-    );
-    link.loss = LossModel::Bernoulli { p: 0.02 };
-    let emulator = Emulator::new(seed, vec![LinkSpec::symmetric("a", "b", link)]).unwrap();
-    let pki = Pki::new("test CA");
-    let n = 1 << 20;
-    let fragments = fragments(seed, &[("a", 1.0), ("b", 1.0)], n);
-    let plan = CollectivePlan::new(&["a", "b"], &[], n as u64, 1 << 14).unwrap();
-    let codecs = LinkCodecs::uniform(EncoderConfig::new(8, 256, true, false).unwrap());
-    let bbr = |incarnation| ExchangeOptions {
-        connections_per_peer: 2,
-        link_rate_bits_per_second: 200_000_000,
-        link_rtt: Duration::from_millis(5),
-        peer_timeout: Duration::from_secs(60),
-        congestion: Congestion::Bbr,
-        ..options(incarnation)
-    };
-    let a = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("a"), bbr(1)).unwrap());
-    let b = Arc::new(ExchangeNode::bind(loopback(), &pki.agent("b"), bbr(2)).unwrap());
-    let (_proxies, peers_of_a, peers_of_b) = through_link(&emulator, &a, &b).await;
-    let deadline = Duration::from_secs(90);
-    let (a_outcome, b_outcome) = tokio::join!(
-        run(&a, &plan, &codecs, &fragments["a"], &peers_of_a, deadline),
-        run(&b, &plan, &codecs, &fragments["b"], &peers_of_b, deadline),
-    );
-    let expected = reference_hash(&plan, &codecs, &fragments);
-    for outcome in [&a_outcome, &b_outcome] {
-        assert_eq!(
-            outcome.hash.as_deref(),
-            Some(expected.as_str()),
-            "{outcome:?}"
-        );
-    }
+    let pair = through_random_loss(29, Congestion::Bbr).await;
+    let a = &pair.a;
     // Every connection of the pool ran quinn's BBR, not its Cubic.
     let controllers = a.pool_controllers();
     assert!(!controllers.is_empty(), "no pooled connection");
@@ -244,6 +232,4 @@ async fn quinns_bbr_carries_a_fragment_through_random_loss() {
             "a pooled connection does not run BBR"
         );
     }
-    let lost: u64 = emulator.statuses().iter().map(|s| s.stats.drops.loss).sum();
-    assert!(lost > 0, "the emulator lost nothing");
 }
