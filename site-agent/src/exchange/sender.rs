@@ -276,10 +276,12 @@ async fn run_connection(
 /// loss has slowed down is not handed more than it can carry (beyond the
 /// two-chunk floor). A chunk queued there finishes last while the pool's
 /// other connections go idle, and the fragment waits for its slowest
-/// chunk. The cap is per fragment: fragments exchanged at once over one
-/// pooled connection may each queue this much on it. The share alone, which is four
-/// BDPs of the configured link over the live connections, queued most of
-/// a small fragment on each connection at once.
+/// chunk. The share alone, which is four BDPs of the configured link over
+/// the live connections, queued most of a small fragment on each
+/// connection at once.
+///
+/// The cap is per fragment: fragments exchanged at once over one pooled
+/// connection may each queue this much on it.
 fn connection_cap(share: u64, cwnd: u64, largest_message: u64) -> u64 {
     cwnd.saturating_mul(CWND_ROUND_TRIPS)
         .min(share)
