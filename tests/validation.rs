@@ -794,6 +794,20 @@ fn invalid_scenarios_name_field_and_line() {
             5,
             "measures a distance",
         ),
+        (
+            "no-connections",
+            Append("[exchange]\nconnections = 0\n"),
+            "exchange.connections",
+            14,
+            "between 1 and 64",
+        ),
+        (
+            "too-many-connections",
+            Append("[exchange]\nconnections = 65\n"),
+            "exchange.connections",
+            14,
+            "is 65",
+        ),
     ];
     for (case, edit, path, line, needle) in cases {
         let text = apply(SCENARIO, edit);

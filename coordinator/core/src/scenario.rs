@@ -62,14 +62,27 @@ pub struct ScenarioExchange {
     /// f32 values each agent contributes per fragment; 0 turns the
     /// exchange off. Default 262,144 (1 MiB), at most 2^28.
     pub elements: u64,
+    /// QUIC connections in each agent's pool to each peer (and in the
+    /// simulator's beside it), between 1 and
+    /// [`MAX_EXCHANGE_CONNECTIONS`]; the agents' default (4) when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<u32>,
 }
 
 /// Largest synthetic fragment of a rehearsal.
 pub const MAX_EXCHANGE_ELEMENTS: u64 = 1 << 28;
 
+/// Most connections per peer of a rehearsal's agents: the agents' own
+/// bound (`longhaul_site_agent::exchange::MAX_CONNECTIONS_PER_PEER`, which
+/// the rehearsal checks is the same).
+pub const MAX_EXCHANGE_CONNECTIONS: u32 = 64;
+
 impl Default for ScenarioExchange {
     fn default() -> Self {
-        Self { elements: 1 << 18 }
+        Self {
+            elements: 1 << 18,
+            connections: None,
+        }
     }
 }
 
@@ -276,6 +289,14 @@ impl Validate for Scenario {
                     "is {}; at most {MAX_EXCHANGE_ELEMENTS} (1 GiB of f32 per fragment)",
                     self.exchange.elements
                 ),
+            ));
+        }
+        if let Some(n) = self.exchange.connections
+            && !(1..=MAX_EXCHANGE_CONNECTIONS).contains(&n)
+        {
+            out.push(Violation::new(
+                root.key("exchange").key("connections"),
+                format!("is {n}; it must be between 1 and {MAX_EXCHANGE_CONNECTIONS}"),
             ));
         }
         if let Some(training) = &self.training {

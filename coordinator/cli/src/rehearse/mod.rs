@@ -712,7 +712,7 @@ async fn play(
     let played = emulator::scenario_links(topology, Some(scenario));
     let simulator = simulated::Simulator::new(
         &played,
-        longhaul_site_agent::config::ExchangeConfig::default().connections_per_peer,
+        processes::connections_per_peer(&scenario.exchange),
         seed,
     );
     // The planner's cost model on the links as played: at an impairment's

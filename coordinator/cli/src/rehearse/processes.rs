@@ -346,6 +346,7 @@ pub(super) async fn start_agents(
             seed,
             link_rate: units::DataRate::from_gbit_per_second(1),
             link_rtt: units::Duration::from_nanos((longest.max(0.001) * 1e9) as u64),
+            connections_per_peer: connections_per_peer(exchange),
             ..ExchangeConfig::default()
         };
         let metrics_listen = match metrics.as_deref_mut() {
@@ -484,6 +485,20 @@ pub(super) fn running_addrs(replicas: &[ReplicaProcess]) -> Vec<SocketAddr> {
         .map(|r| r.addr)
         .collect()
 }
+
+/// The pool each agent keeps to each peer: the scenario's `[exchange]
+/// connections`, or the agents' default.
+pub(super) fn connections_per_peer(exchange: &ScenarioExchange) -> u32 {
+    exchange
+        .connections
+        .unwrap_or(ExchangeConfig::default().connections_per_peer)
+}
+
+// The scenario's bound on `[exchange] connections` is the agents' own.
+const _: () = assert!(
+    longhaul_core::scenario::MAX_EXCHANGE_CONNECTIONS
+        == longhaul_site_agent::exchange::MAX_CONNECTIONS_PER_PEER
+);
 
 #[cfg(test)]
 mod tests {
