@@ -419,6 +419,57 @@ fn link_codecs(round: &pb::OuterRound) -> Vec<LinkCodec> {
         .collect()
 }
 
+/// The plan of one fragment of `elements` values in `round`: its
+/// participants less those it excluded, in chunks of
+/// [`DEFAULT_CHUNK_ELEMENTS`].
+fn fragment_plan(
+    round: &pb::OuterRound,
+    elements: u64,
+) -> Result<CollectivePlan, longhaul_exchange::PlanError> {
+    let excluded: Vec<String> = round
+        .participant_states
+        .iter()
+        .filter(|p| p.excluded)
+        .map(|p| p.site_id.clone())
+        .collect();
+    CollectivePlan::new(
+        &round.participants,
+        &excluded,
+        elements,
+        DEFAULT_CHUNK_ELEMENTS,
+    )
+}
+
+/// How long this machine takes to encode `site`'s synthetic contribution
+/// to one fragment of `elements` values in `round`, as the driver does
+/// before the exchange sends anything (error feedback, every shard at its
+/// link's codec, the residuals checkpointed first): the median of `runs`
+/// (at least one) by one contributor, as a site's is kept across rounds.
+/// `None` when the round cannot be planned or `site` is not live in it.
+/// What the simulator beside a rehearsal charges for encoding.
+pub fn time_encoding(
+    round: &pb::OuterRound,
+    site: &str,
+    elements: u64,
+    runs: u32,
+) -> Option<Duration> {
+    let plan = fragment_plan(round, elements).ok()?;
+    let codecs = LinkCodecs::from_round(&link_codecs(round)).ok()?;
+    let values = synthetic_values(0, &round.job_id, round.round_id, 0, site, elements);
+    let mut contributor = Contributor::new(elements);
+    let mut times = Vec::new();
+    for _ in 0..runs.max(1) {
+        let started = std::time::Instant::now();
+        let checkpoint = contributor.checkpoint();
+        contributor
+            .contributions_from(&checkpoint, &plan, &codecs, site, &values)
+            .ok()?;
+        times.push(started.elapsed());
+    }
+    times.sort_unstable();
+    Some(times[times.len() / 2])
+}
+
 fn now_unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -460,18 +511,7 @@ async fn run_fragment(
             );
             break;
         }
-        let excluded: Vec<&str> = round
-            .participant_states
-            .iter()
-            .filter(|p| p.excluded)
-            .map(|p| p.site_id.as_str())
-            .collect();
-        let plan = match CollectivePlan::new(
-            &round.participants,
-            &excluded.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-            elements,
-            DEFAULT_CHUNK_ELEMENTS,
-        ) {
+        let plan = match fragment_plan(&round, elements) {
             Ok(plan) => plan,
             Err(error) => {
                 tracing::warn!(job, round = round_id, fragment, %error, "cannot plan the fragment; waiting for the round to change");

@@ -709,12 +709,34 @@ async fn play(
         .as_ref()
         .map(|_| report::training_report(&mut trainers, dir, &exchanges, &links));
     drop(trainers);
+    let mut records = lock(&shared).records.clone();
+    records.sort_by_key(|r| r.t_ms);
+    if let Some(metrics) = &metrics {
+        let saved = metrics.save(&emulator).await;
+        progress(
+            quiet,
+            &format!(
+                "  metrics of {saved} processes and the emulator saved in {}",
+                metrics.dir.display()
+            ),
+        );
+    }
+    for agent in agents.values_mut() {
+        agent.kill();
+    }
+    for replica in &mut replicas.processes {
+        replica.process.kill();
+    }
+    // After the processes are stopped, so that nothing else runs while
+    // the simulation times encoding on this machine.
     let played = emulator::scenario_links(topology, Some(scenario));
     let simulator = simulated::Simulator::new(
         &played,
         processes::connections_per_peer(&scenario.exchange),
         seed,
-    );
+    )
+    .with_coordinators(replicas.processes.iter().map(|r| r.site.clone()))
+    .timing_encoding();
     // The planner's cost model on the links as played: at an impairment's
     // rate where the scenario sets one.
     let mut as_played = topology.clone();
@@ -738,24 +760,6 @@ async fn play(
         },
         &simulator,
     );
-    let mut records = lock(&shared).records.clone();
-    records.sort_by_key(|r| r.t_ms);
-    if let Some(metrics) = &metrics {
-        let saved = metrics.save(&emulator).await;
-        progress(
-            quiet,
-            &format!(
-                "  metrics of {saved} processes and the emulator saved in {}",
-                metrics.dir.display()
-            ),
-        );
-    }
-    for agent in agents.values_mut() {
-        agent.kill();
-    }
-    for replica in &mut replicas.processes {
-        replica.process.kill();
-    }
     drop(wan);
     let sites = packet
         .as_ref()

@@ -17,10 +17,28 @@
 //! phase with its own link fates; a phase ends with its slowest pair, and
 //! a round is the sum of its batches' round trip and two phases.
 //!
+//! Before the links, two costs the agents pay before their first byte
+//! ([`SimulatedRound`]): the sites do not start together, since each
+//! learns of the round from the coordinator, one way from the nearest
+//! replica's site (the replicas' own replication before the round opens
+//! is not charged); and each site encodes its whole contribution to a
+//! fragment (error feedback, every shard at its link's codec) before
+//! anything is sent. Encoding is CPU, so it is not simulated but timed
+//! here, on this machine, with the agents' own code
+//! ([`longhaul_site_agent::rounds::time_encoding`], the median of
+//! [`ENCODE_RUNS`] for each live site, the slowest site's charged), once
+//! per shape of round; the round's fragments are charged one after
+//! another, as on one core per site.
+//!
 //! Left out, which the simulation does not charge for: QUIC's handshakes
-//! (the pool's connections are kept across rounds), encoding, reducing and
-//! hashing (CPU), the control messages of a phase, and the coordinator's
-//! opening and committing of the round. Also left out, the other way:
+//! (the pool's connections are kept across rounds), reducing, decoding and
+//! hashing (CPU, overlapped with the transfers, chunk by chunk), the
+//! control messages of a phase, and the coordinator's
+//! opening and committing of the round. Nor does it keep a connection's
+//! congestion state from one phase to the next: each phase's senders
+//! begin in slow start, where the agents' pooled connections carry their
+//! window (and what loss made of it) across phases and rounds. Also left
+//! out, the other way:
 //! quinn paces its packets over the RTT, where the simulated senders send
 //! a window at once, so slow start's bursts meet a buffer of under one BDP
 //! harder in the simulation than on the emulated link. Packets are QUIC's
@@ -28,6 +46,9 @@
 //! acknowledges about every second packet: the simulated ACK traffic is
 //! larger than the real, which matters only on a link whose reverse
 //! direction is full).
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 
 use longhaul_core::rng::derive;
 use longhaul_core::units::Duration;
@@ -37,7 +58,8 @@ use longhaul_simulations::des::{
 };
 use longhaul_simulations::emulator::{LinkSpec, direction_seed};
 use longhaul_simulations::link::LinkConfig;
-use longhaul_site_agent::rounds::FRAGMENTS_AT_ONCE;
+use longhaul_site_agent::rounds::{FRAGMENTS_AT_ONCE, time_encoding};
+use serde::Serialize;
 
 /// QUIC's packets and loss timer on the emulator's UDP path, for an agent
 /// configured with `initial_rtt`: payload bytes of one full packet
@@ -72,22 +94,136 @@ const LIMITS: Limits = Limits {
     max_events: 20_000_000,
 };
 
+/// Timed encodes of one site's contribution, of which the median is
+/// charged.
+const ENCODE_RUNS: u32 = 5;
+
+/// What the simulation says a round's exchange takes, in parts, each in
+/// milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SimulatedRound {
+    /// The last live site's start after the first's.
+    pub start_ms: f64,
+    /// Encoding the round's fragments, batch after batch (timed on this
+    /// machine; 0 when not timed).
+    pub encode_ms: f64,
+    /// The exchange over the links: the discrete-event tier.
+    pub links_ms: f64,
+}
+
+impl SimulatedRound {
+    pub fn total_ms(&self) -> f64 {
+        self.start_ms + self.encode_ms + self.links_ms
+    }
+}
+
 /// The rounds' exchanges, simulated on the emulator's links.
 pub(super) struct Simulator<'a> {
     links: &'a [LinkSpec],
     connections: u32,
     seed: u64,
+    /// The sites of the coordinator's replicas.
+    coordinators: Vec<String>,
+    /// Whether encoding is timed (the rehearsal's report) or charged as
+    /// nothing (the tests of the simulation, which must be exact).
+    time_encoding: bool,
+    /// Seconds one fragment's encoding is charged, by shape of round.
+    encodes: Mutex<HashMap<String, Option<f64>>>,
 }
 
 impl<'a> Simulator<'a> {
     /// `links` as the emulator was configured (`scenario_links`), pools of
-    /// `connections` per peer, link fates seeded from the rehearsal's seed.
+    /// `connections` per peer, link fates seeded from the rehearsal's seed;
+    /// every site starting at once and encoding charged as nothing until
+    /// [`Simulator::with_coordinators`] and [`Simulator::timing_encoding`].
     pub(super) fn new(links: &'a [LinkSpec], connections: u32, seed: u64) -> Self {
         Self {
             links,
             connections: connections.max(1),
             seed,
+            coordinators: Vec::new(),
+            time_encoding: false,
+            encodes: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Sites learn of a round one way from the nearest of `sites` (the
+    /// coordinator's replicas').
+    pub(super) fn with_coordinators(mut self, sites: impl IntoIterator<Item = String>) -> Self {
+        self.coordinators = sites.into_iter().collect();
+        self
+    }
+
+    /// Encoding is timed on this machine and charged.
+    pub(super) fn timing_encoding(mut self) -> Self {
+        self.time_encoding = true;
+        self
+    }
+
+    /// Seconds after the round opens that `site` learns of it: one way
+    /// from the nearest replica's site over a link (0 at a replica's site;
+    /// `None` when no replica's site is linked to it).
+    fn learns_after(&self, site: &str) -> Option<f64> {
+        self.coordinators
+            .iter()
+            .filter_map(|c| {
+                if c == site {
+                    Some(0)
+                } else {
+                    self.direction(c, site).map(|(f, _)| f.one_way_ns())
+                }
+            })
+            .min()
+            .map(|ns| ns as f64 / 1e9)
+    }
+
+    /// One fragment's encoding at the slowest live site, timed (cached by
+    /// the round's participants, exclusions, codecs and `elements`).
+    fn encode_seconds(&self, round: &pb::OuterRound, elements: u64) -> Option<f64> {
+        if !self.time_encoding || elements == 0 {
+            return Some(0.0);
+        }
+        let key = format!(
+            "{:?} {:?} {:?} {elements}",
+            round.participants,
+            super::report::live_sites(round),
+            round.links
+        );
+        let mut cache = self.encodes.lock().unwrap_or_else(PoisonError::into_inner);
+        *cache.entry(key).or_insert_with(|| {
+            super::report::live_sites(round)
+                .into_iter()
+                .map(|site| time_encoding(round, site, elements, ENCODE_RUNS))
+                .map(|t| t.map(|t| t.as_secs_f64()))
+                .try_fold(0.0f64, |slowest, t| Some(slowest.max(t?)))
+        })
+    }
+
+    /// The round's exchange, simulated: `None` for a round with nothing to
+    /// exchange (no fragments, fewer than two live sites, no values) or one
+    /// the simulation could not finish. Each fragment holds `elements`
+    /// values (what encoding is timed on; 0: not timed), and
+    /// `fragment_bytes(a, b)` is one fragment's encoded bytes on the link
+    /// between `a` and `b`.
+    pub(super) fn round(
+        &self,
+        round: &pb::OuterRound,
+        elements: u64,
+        fragment_bytes: impl Fn(&str, &str) -> f64,
+    ) -> Option<SimulatedRound> {
+        let links = self.round_seconds(round, fragment_bytes)?;
+        let starts: Vec<f64> = super::report::live_sites(round)
+            .into_iter()
+            .filter_map(|site| self.learns_after(site))
+            .collect();
+        let first = starts.iter().copied().reduce(f64::min).unwrap_or(0.0);
+        let start = starts.iter().copied().fold(first, f64::max) - first;
+        let encode = self.encode_seconds(round, elements)?;
+        Some(SimulatedRound {
+            start_ms: start * 1e3,
+            encode_ms: encode * f64::from(round.fragments) * 1e3,
+            links_ms: links * 1e3,
+        })
     }
 
     /// The configuration of the direction `from` → `to` and of its reverse.
@@ -133,12 +269,9 @@ impl<'a> Simulator<'a> {
             .map(|d| d.as_nanos() as f64 / 1e9)
     }
 
-    /// What the round's exchange takes, simulated, in seconds: `None` for
-    /// a round with nothing to exchange (no fragments, fewer than two live
-    /// sites, no values) or one the simulation could not finish.
-    /// `fragment_bytes(a, b)` is one fragment's encoded bytes on the link
-    /// between `a` and `b`.
-    pub(super) fn round_seconds(
+    /// What the round's exchange over the links takes, simulated, in
+    /// seconds (see [`Simulator::round`]).
+    fn round_seconds(
         &self,
         round: &pb::OuterRound,
         fragment_bytes: impl Fn(&str, &str) -> f64,
@@ -306,6 +439,60 @@ mod tests {
             sim.round_seconds(&round(&[("a", false), ("c", false)], 1), bytes),
             None
         );
+    }
+
+    #[test]
+    fn a_round_charges_the_sites_start_apart_and_their_encoding_before_the_links() {
+        let links = [
+            link("north", "south", 100, 1000.0),
+            link("north", "east", 100, 400.0),
+            link("south", "east", 100, 800.0),
+        ];
+        let mut r = round(&[("north", false), ("south", false), ("east", false)], 2);
+        r.job_id = "job".into();
+        r.participants = vec!["north".into(), "south".into(), "east".into()];
+        r.codec_bits = 4;
+        let elements = 1 << 16;
+        let bytes = |_: &str, _: &str| elements as f64 / 2.0;
+        let untimed = Simulator::new(&links, 2, 5)
+            .round(&r, elements, bytes)
+            .unwrap();
+        // Every site starts at once and encoding is not charged.
+        assert_eq!((untimed.start_ms, untimed.encode_ms), (0.0, 0.0));
+        let links_ms = Simulator::new(&links, 2, 5)
+            .round_seconds(&r, bytes)
+            .unwrap()
+            * 1e3;
+        assert_eq!(untimed.links_ms, links_ms);
+        // With the replica at north: south learns 5 ms after the round
+        // opens, east 2 ms after; the last starts 5 ms after the first.
+        let sim = Simulator::new(&links, 2, 5)
+            .with_coordinators(["north".to_string()])
+            .timing_encoding();
+        let timed = sim.round(&r, elements, bytes).unwrap();
+        assert!((timed.start_ms - 5.0).abs() < 1e-6, "{timed:?}");
+        assert_eq!(timed.links_ms, links_ms);
+        assert!(timed.encode_ms > 0.0, "{timed:?}");
+        assert_eq!(
+            timed.total_ms(),
+            timed.start_ms + timed.encode_ms + timed.links_ms
+        );
+        // Timed once per shape of round, charged per fragment.
+        assert_eq!(sim.round(&r, elements, bytes).unwrap(), timed);
+        let mut one = r.clone();
+        one.fragments = 1;
+        let one = sim.round(&one, elements, bytes).unwrap();
+        assert_eq!(one.encode_ms * 2.0, timed.encode_ms);
+        // Replicas at north and east: south hears from the nearer, east.
+        let both = Simulator::new(&links, 2, 5)
+            .with_coordinators(["north".to_string(), "east".to_string()])
+            .round(&r, elements, bytes)
+            .unwrap();
+        assert!((both.start_ms - 4.0).abs() < 1e-6, "{both:?}");
+        // A round the agents could not plan is not simulated.
+        let mut unplannable = r.clone();
+        unplannable.participants.clear();
+        assert_eq!(sim.round(&unplannable, elements, bytes), None);
     }
 
     #[test]

@@ -49,12 +49,13 @@ fn the_agents_exchange_every_round_through_the_link_and_the_rounds_commit() {
         assert!(round["bytes"].as_u64().unwrap() > 0, "{round:#}");
         assert!(round["exchange_ms"].as_u64().is_some(), "{round:#}");
     }
-    // Beside each with both sites live, the simulator's discrete-event
-    // tier on the same link: a hello's round trip and two one-way trips
-    // at least (80 km and 20 µs each way), and, the link losing nothing at
-    // random, the same for every round of the same sites and size. A
-    // round that went on without south (its agent killed) has nothing to
-    // exchange over the link, and no simulation.
+    // Beside each with both sites live, the simulator: south starts one
+    // way (80 km and 20 µs: 0.42 ms) after north, the replica's site; encoding is
+    // timed once and charged alike; the discrete-event tier on the same
+    // link takes a hello's round trip and two one-way trips at least, and, the link losing nothing at random, the same
+    // for every round of the same sites and size. A round that went on
+    // without south (its agent killed) has nothing to exchange over the
+    // link, and no simulation.
     let (both, alone): (Vec<&&Value>, Vec<&&Value>) = committed
         .iter()
         .partition(|r| r["excluded"].as_array().is_some_and(|e| e.is_empty()));
@@ -70,10 +71,18 @@ fn the_agents_exchange_every_round_through_the_link_and_the_rounds_commit() {
                 .unwrap_or_else(|| panic!("{r:#}"))
         })
         .collect();
-    assert!(simulated[0] >= 4.0 * 0.42, "{simulated:?}");
     assert!(
         simulated.iter().all(|s| *s == simulated[0]),
         "{simulated:?}"
+    );
+    let parts = &both[0]["simulated"];
+    let part = |name: &str| parts[name].as_f64().unwrap_or_else(|| panic!("{parts:#}"));
+    assert!((part("start_ms") - 0.42).abs() < 1e-6, "{parts:#}");
+    assert!(part("encode_ms") > 0.0, "{parts:#}");
+    assert!(part("links_ms") >= 4.0 * 0.42, "{parts:#}");
+    assert!(
+        (part("start_ms") + part("encode_ms") + part("links_ms") - simulated[0]).abs() < 1e-9,
+        "{parts:#}"
     );
     assert!(
         rounds["median_measured_over_simulated"].as_f64().unwrap() > 0.0,

@@ -8,6 +8,7 @@ use longhaul_core::units;
 use longhaul_proto::v1 as pb;
 use serde::Serialize;
 
+use crate::rehearse::simulated::SimulatedRound;
 use crate::table::{Table, thousands};
 
 /// The job's outer rounds: what each took at the coordinator (opened to
@@ -32,6 +33,9 @@ pub struct RoundsReport {
     /// The median over the same rounds of each round's measured exchange
     /// over its simulated one: the simulator's fidelity in this rehearsal.
     pub median_measured_over_simulated: Option<f64>,
+    /// Each part of the simulated exchange's median over the same rounds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_simulated: Option<SimulatedRound>,
     /// Each milestone's median over the same rounds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub median_milestones: Option<Milestones>,
@@ -149,11 +153,15 @@ pub struct RoundRow {
     /// (α one way, B the link's rate, F the fragment's encoded bytes, M
     /// the sites), the agents' fragments four at a time.
     pub predicted_ms: f64,
-    /// The same exchange through the simulator's discrete-event tier, on
-    /// the links as the emulator played them (Cubic senders, the pool's
-    /// connections; see `rehearse::simulated`); `None` when there was
-    /// nothing to exchange or the simulation did not finish.
+    /// The same exchange through the simulator: the sites' start apart
+    /// and their encoding timed on this machine, then the discrete-event
+    /// tier on the links as the emulator played them (Cubic senders, the
+    /// pool's connections; see `rehearse::simulated`); `None` when there
+    /// was nothing to exchange or the simulation did not finish.
     pub simulated_ms: Option<f64>,
+    /// `simulated_ms` in its parts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<SimulatedRound>,
     /// Opened to deadline (the coordinator's, from the expected outer
     /// step: the measured inner step once the trainers reported one).
     pub deadline_ms: u64,
@@ -194,6 +202,7 @@ pub(in crate::rehearse) fn rounds_report(
         .values()
         .map(|r| {
             let records = of_round(r);
+            let simulated = simulator.round(r, elements, |a, b| fragment_bytes(r, a, b, elements));
             RoundRow {
                 round: r.round_id,
                 state: match pb::RoundState::try_from(r.state) {
@@ -237,9 +246,8 @@ pub(in crate::rehearse) fn rounds_report(
                     .map(|(a, b, wan)| predicted_link_seconds(r, a, b, wan, elements))
                     .fold(0.0, f64::max)
                     * 1e3,
-                simulated_ms: simulator
-                    .round_seconds(r, |a, b| fragment_bytes(r, a, b, elements))
-                    .map(|s| s * 1e3),
+                simulated_ms: simulated.map(|s| s.total_ms()),
+                simulated,
                 deadline_ms: r.deadline_unix_ms.saturating_sub(r.opened_at_unix_ms),
                 inner_step_ms: r
                     .participant_states
@@ -343,6 +351,17 @@ pub(in crate::rehearse) fn rounds_report(
                 .filter_map(|r| Some(r.exchange_ms? as f64 / r.simulated_ms.filter(|s| *s > 0.0)?))
                 .collect(),
         ),
+        median_simulated: {
+            let parts: Vec<SimulatedRound> = measured.iter().filter_map(|r| r.simulated).collect();
+            let of = |part: fn(&SimulatedRound) -> f64| median(parts.iter().map(part).collect());
+            (|| {
+                Some(SimulatedRound {
+                    start_ms: of(|p| p.start_ms)?,
+                    encode_ms: of(|p| p.encode_ms)?,
+                    links_ms: of(|p| p.links_ms)?,
+                })
+            })()
+        },
         median_milestones: Milestones::median(
             &measured
                 .iter()
@@ -532,6 +551,14 @@ pub(super) fn print_rounds(rounds: &RoundsReport, out: &mut dyn Write) -> std::i
             .map_or("-".to_string(), |r| format!("{r:.2}")),
         ms(rounds.median_took_ms),
     )?;
+    if let Some(p) = &rounds.median_simulated {
+        writeln!(
+            out,
+            "  what the simulation charged (medians): the sites' start apart {:.1} ms, encoding \
+             (timed here) {:.1} ms, the links {:.1} ms",
+            p.start_ms, p.encode_ms, p.links_ms,
+        )?;
+    }
     if let Some(m) = &rounds.median_milestones {
         writeln!(
             out,
@@ -594,6 +621,7 @@ mod tests {
             bytes: 0,
             predicted_ms: 0.0,
             simulated_ms: None,
+            simulated: None,
             deadline_ms: 30_000,
             inner_step_ms: None,
             reason: String::new(),
@@ -665,6 +693,7 @@ mod tests {
             median_exchange_ms: None,
             median_predicted_ms: None,
             median_simulated_ms: None,
+            median_simulated: None,
             median_measured_over_simulated: None,
             median_milestones: None,
             rounds: rows,
