@@ -74,9 +74,9 @@ struct Args {
     deadline_seconds: u64,
     /// The pool's congestion controller: `cubic` (quinn's), `dedicated`
     /// (a fixed share of 1.25 × BDP per connection, for a link the job
-    /// owns; `longhaul_site_agent::congestion`) or `bbr` (quinn's
-    /// experimental BBR).
-    #[arg(long, default_value = "cubic", value_parser = ["cubic", "dedicated", "bbr"])]
+    /// owns; `longhaul_site_agent::congestion`), `new-reno` (quinn's) or
+    /// `bbr` (quinn's experimental BBR).
+    #[arg(long, default_value = "cubic", value_parser = ["cubic", "dedicated", "new-reno", "bbr"])]
     congestion: String,
 }
 
@@ -200,6 +200,7 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
         peer_timeout: Duration::from_secs(60),
         congestion: match args.congestion.as_str() {
             "dedicated" => Congestion::Dedicated,
+            "new-reno" => Congestion::NewReno,
             "bbr" => Congestion::Bbr,
             _ => Congestion::Cubic,
         },

@@ -33,7 +33,7 @@
 //! synthetic_elements = 4_000_000    # rehearsals: a seeded pseudo-gradient per fragment
 //! link_rate = "1 Gbit/s"            # sizes the QUIC windows and UDP buffers
 //! link_rtt = "50 ms"
-//! congestion = "cubic"              # or "dedicated", for links the job owns; "bbr" (quinn's, experimental)
+//! congestion = "cubic"              # or "dedicated", for links the job owns; "new-reno" or "bbr" (quinn's, to evaluate)
 //!
 //! [trainer]                         # optional: trainers hand the agent their pseudo-gradients
 //! socket = "/run/longhaul/north.sock"  # the local trainer API (or `listen`, TCP loopback)
@@ -293,8 +293,8 @@ pub struct ExchangeConfig {
     /// `cubic` (default; backs off on every loss, right on a shared path)
     /// or `dedicated` (for links the job owns: each connection holds its
     /// share of 1.25 × the link's bandwidth-delay product through random
-    /// loss; it does not back off for other traffic) or `bbr` (quinn's
-    /// experimental BBR, for evaluation).
+    /// loss; it does not back off for other traffic), or for evaluation
+    /// `new-reno` (quinn's NewReno) or `bbr` (quinn's experimental BBR).
     pub congestion: crate::exchange::Congestion,
 }
 

@@ -2,6 +2,7 @@
 //! refusal naming the field, and the options each section gives.
 
 use super::*;
+use crate::probe::QuinnController;
 
 const GOOD: &str = r#"
 site = "north"
@@ -173,11 +174,25 @@ fn bad_exchange_settings_are_named() {
     let tuning = config.exchange.options().tuning();
     // 1.25 × BDP (1 Gbit/s × 50 ms = 6.25 MB) over 4 connections.
     assert_eq!(tuning.dedicated_window, Some(1_953_125));
-    assert!(!tuning.bbr);
-    let text = format!("{GOOD}\n[exchange]\ncongestion = \"bbr\"\n");
-    let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
-    let tuning = config.exchange.options().tuning();
-    assert!(tuning.bbr && tuning.dedicated_window.is_none());
+    for (name, controller) in [
+        ("cubic", QuinnController::Cubic),
+        ("new-reno", QuinnController::NewReno),
+        ("bbr", QuinnController::Bbr),
+    ] {
+        let text = format!("{GOOD}\n[exchange]\ncongestion = \"{name}\"\n");
+        let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
+        let tuning = config.exchange.options().tuning();
+        assert_eq!(tuning.controller, controller, "{name}");
+        assert_eq!(tuning.dedicated_window, None, "{name}");
+    }
+    let text = format!("{GOOD}\n[exchange]\ncongestion = \"reno\"\n");
+    let error = AgentConfig::from_toml("agent.toml", &text, Path::new("."))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("congestion") && error.contains("new-reno"),
+        "{error}"
+    );
 }
 
 /// A config with every field and section set to something other than

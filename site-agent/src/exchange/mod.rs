@@ -90,7 +90,7 @@ use std::time::Duration;
 pub(crate) use node::MAX_FRAGMENTS_AT_ONCE;
 pub use node::{ExchangeNode, FragmentRequest};
 
-use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, SOCKET_BUFFER_RANGE};
+use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, QuinnController, SOCKET_BUFFER_RANGE};
 
 /// Application error codes for closing exchange connections and stopping
 /// their streams.
@@ -147,6 +147,10 @@ pub enum Congestion {
     /// For a link the job owns ([`crate::congestion`]): each connection
     /// holds its share of 1.25 × BDP through random loss.
     Dedicated,
+    /// quinn's NewReno: halves its window on every loss and grows it by
+    /// one packet a round trip, slower than Cubic on a long link. For
+    /// evaluation (README, the `exchange_bulk` section).
+    NewReno,
     /// quinn's BBR, which quinn marks experimental: paces at the rate it
     /// measures and does not back off on a random loss. For evaluation on
     /// shared paths (README, the `exchange_bulk` section).
@@ -207,7 +211,11 @@ impl ExchangeOptions {
             dedicated_window: (self.congestion == Congestion::Dedicated).then(|| {
                 (bdp.saturating_mul(5) / 4).div_ceil(u64::from(self.connections_per_peer.max(1)))
             }),
-            bbr: self.congestion == Congestion::Bbr,
+            controller: match self.congestion {
+                Congestion::Cubic | Congestion::Dedicated => QuinnController::Cubic,
+                Congestion::NewReno => QuinnController::NewReno,
+                Congestion::Bbr => QuinnController::Bbr,
+            },
             ..QuicTuning::default()
         }
     }

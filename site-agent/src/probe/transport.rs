@@ -44,11 +44,24 @@ pub struct QuicTuning {
     /// link's when known (the exchange sets it), else quinn's 333 ms.
     pub initial_rtt: Option<Duration>,
     /// A fixed target window per connection, bytes: the dedicated-link
-    /// controller ([`crate::congestion`]) instead of quinn's Cubic.
+    /// controller ([`crate::congestion`]) instead of quinn's.
     pub dedicated_window: Option<u64>,
-    /// quinn's experimental BBR instead of its Cubic (ignored with a
+    /// Which of quinn's controllers runs (ignored with a
     /// `dedicated_window`).
-    pub bbr: bool,
+    pub controller: QuinnController,
+}
+
+/// quinn's congestion controllers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QuinnController {
+    /// quinn's default.
+    #[default]
+    Cubic,
+    /// RFC 9002's NewReno: halves its window on a loss, grows it by one
+    /// packet a round trip.
+    NewReno,
+    /// quinn's BBR, which it marks experimental.
+    Bbr,
 }
 
 impl Default for QuicTuning {
@@ -61,7 +74,7 @@ impl Default for QuicTuning {
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
             initial_rtt: None,
             dedicated_window: None,
-            bbr: false,
+            controller: QuinnController::Cubic,
         }
     }
 }
@@ -177,8 +190,20 @@ impl QuicTuning {
             config.congestion_controller_factory(Arc::new(crate::congestion::DedicatedConfig {
                 window,
             }));
-        } else if self.bbr {
-            config.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+        } else {
+            match self.controller {
+                QuinnController::Cubic => {}
+                QuinnController::NewReno => {
+                    config.congestion_controller_factory(Arc::new(
+                        quinn::congestion::NewRenoConfig::default(),
+                    ));
+                }
+                QuinnController::Bbr => {
+                    config.congestion_controller_factory(Arc::new(
+                        quinn::congestion::BbrConfig::default(),
+                    ));
+                }
+            }
         }
         Ok(Arc::new(config))
     }

@@ -233,3 +233,19 @@ async fn quinns_bbr_carries_a_fragment_through_random_loss() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quinns_new_reno_carries_a_fragment_through_random_loss() {
+    let pair = through_random_loss(31, Congestion::NewReno).await;
+    let controllers = pair.a.pool_controllers();
+    assert!(!controllers.is_empty(), "no pooled connection");
+    for controller in controllers {
+        assert!(
+            controller
+                .into_any()
+                .downcast::<quinn::congestion::NewReno>()
+                .is_ok(),
+            "a pooled connection does not run NewReno"
+        );
+    }
+}
