@@ -16,9 +16,15 @@
 //! sockets, the last being the emulator's own ceiling, not the link's).
 //! For the kernel's drops at every socket, see `quinn_bulk`.
 //!
+//! With `--competing` the stock connection runs instead *beside* the
+//! pool, through the same emulated link and its one queue, from before
+//! the exchange starts until it ends: its goodput is then its share of
+//! the link against the pool (a→b, the direction they both load), which
+//! says whether the pool's controller yields to other traffic.
+//!
 //! ```text
 //! cargo run --release -p longhaul-site-agent --example exchange_bulk -- \
-//!     --connections 8 --losses 0,0.001,0.01 --megabytes 128 --seed 1 [--congestion dedicated]
+//!     --connections 8 --losses 0,0.001,0.01 --megabytes 128 --seed 1 [--congestion dedicated] [--competing]
 //! ```
 
 use std::collections::BTreeMap;
@@ -78,6 +84,11 @@ struct Args {
     /// `bbr` (quinn's experimental BBR).
     #[arg(long, default_value = "cubic", value_parser = ["cubic", "dedicated", "new-reno", "bbr"])]
     congestion: String,
+    /// Run the stock connection through the pool's link at the same time
+    /// (for as long as the exchange takes) rather than after it on a
+    /// fresh one (for `--seconds`).
+    #[arg(long)]
+    competing: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -103,14 +114,18 @@ fn main() -> anyhow::Result<()> {
     let elements = args.megabytes * 1_000_000 / 2;
     let rtt = Duration::from_secs_f64(args.rtt_ms / 1000.0);
     println!(
-        "seed {}: {} Mbit/s, RTT {} ms, buffer 1 BDP; pool of {} connections ({}), {} MB each way ({elements} bf16 elements), stock quinn for {} s",
+        "seed {}: {} Mbit/s, RTT {} ms, buffer 1 BDP; pool of {} connections ({}), {} MB each way ({elements} bf16 elements), stock quinn {}",
         args.seed,
         args.rate_mbit,
         args.rtt_ms,
         args.connections,
         args.congestion,
         args.megabytes,
-        args.seconds
+        if args.competing {
+            "a->b beside the pool, on its link, while it exchanges".to_string()
+        } else {
+            format!("for {} s after it, on a fresh link", args.seconds)
+        }
     );
     println!(
         "{:>7} {:>10} {:>10} {:>10} {:>10} {:>8} {:>9} {:>6} {:>8} {:>8} {:>8}",
@@ -152,7 +167,12 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "(Mbit/s of data received; Mathis with MSS 1460 B; e.* the emulator's drops in the pool's run)"
+        "(Mbit/s of data received; Mathis with MSS 1460 B; e.* the emulator's drops in the pool's run{})",
+        if args.competing {
+            ", the stock connection's beside it included"
+        } else {
+            ""
+        }
     );
     Ok(())
 }
@@ -260,10 +280,32 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
     let mut values = values.into_iter();
     let a_values = values.next().context("values")?;
     let b_values = values.next().context("values")?;
+    // The competing stock connection is up and writing before the
+    // exchange starts, and stops when it ends.
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let competing = args.competing.then(|| {
+        let emulator = emulator.clone();
+        tokio::spawn(async move {
+            stock(&emulator, started_tx, async {
+                let _ = done_rx.await;
+            })
+            .await
+        })
+    });
+    if competing.is_some() {
+        started_rx
+            .await
+            .context("the stock connection did not start")?;
+    }
     let task_a = run(Arc::clone(&a), a_values, peers_of_a);
     let task_b = run(Arc::clone(&b), b_values, peers_of_b);
     let outcome_a: ExchangeOutcome = task_a.await??;
     let outcome_b: ExchangeOutcome = task_b.await??;
+    let _ = done_tx.send(());
+    if let Some(competing) = competing {
+        row.stock_mbit = competing.await??;
+    }
     anyhow::ensure!(
         outcome_a.hash.is_some() && outcome_a.hash == outcome_b.hash,
         "the exchange did not finish alike: {:?} / {:?} ({:?})",
@@ -284,18 +326,27 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
         row.kernel_drops += status.kernel_drops;
     }
     drop((to_a, to_b, a, b));
-    row.stock_mbit = stock(args, rtt, loss).await?;
+    if !args.competing {
+        let fresh = Emulator::new(
+            args.seed,
+            vec![LinkSpec::symmetric("a", "b", link(args, rtt, loss)?)],
+        )?;
+        let window = Duration::from_secs_f64(args.seconds);
+        let (started, _) = tokio::sync::oneshot::channel();
+        row.stock_mbit = stock(&fresh, started, tokio::time::sleep(window)).await?;
+    }
     Ok(row)
 }
 
-/// One stock quinn connection writing one stream for `--seconds` through a
-/// fresh emulator with the same link: Mbit/s of data the server read.
-async fn stock(args: &Args, rtt: Duration, loss: f64) -> anyhow::Result<f64> {
+/// One stock quinn connection writing one stream from a to b through
+/// `emulator`'s link, from its handshake (then `started` is sent) until
+/// `until` completes: Mbit/s of data the server read meanwhile.
+async fn stock(
+    emulator: &Emulator,
+    started: tokio::sync::oneshot::Sender<()>,
+    until: impl Future<Output = ()>,
+) -> anyhow::Result<f64> {
     let loopback: SocketAddr = "127.0.0.1:0".parse()?;
-    let emulator = Emulator::new(
-        args.seed,
-        vec![LinkSpec::symmetric("a", "b", link(args, rtt, loss)?)],
-    )?;
     let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()])?;
     let certificate: CertificateDer<'static> = certified.cert.der().clone();
     let key = PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der());
@@ -336,7 +387,6 @@ async fn stock(args: &Args, rtt: Duration, loss: f64) -> anyhow::Result<f64> {
     )
     .await
     .context("stock handshake timed out")??;
-    let window = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();
     let writer = {
         let connection = connection.clone();
@@ -345,14 +395,11 @@ async fn stock(args: &Args, rtt: Duration, loss: f64) -> anyhow::Result<f64> {
             let Ok(mut stream) = connection.open_uni().await else {
                 return;
             };
-            while start.elapsed() < window {
-                if stream.write_all(&chunk).await.is_err() {
-                    return;
-                }
-            }
+            while stream.write_all(&chunk).await.is_ok() {}
         })
     };
-    tokio::time::sleep_until((start + window).into()).await;
+    let _ = started.send(());
+    until.await;
     let bytes = received.load(Ordering::Relaxed);
     let mbit = bytes as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e6;
     writer.abort();
