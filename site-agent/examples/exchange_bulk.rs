@@ -293,11 +293,17 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
             .await
         })
     });
-    if competing.is_some() {
-        started_rx
-            .await
-            .context("the stock connection did not start")?;
-    }
+    let competing = match competing {
+        Some(competing) => {
+            if started_rx.await.is_err() {
+                // It ended before its handshake: its own error says why.
+                competing.await??;
+                anyhow::bail!("the stock connection ended before it started");
+            }
+            Some(competing)
+        }
+        None => None,
+    };
     let task_a = run(Arc::clone(&a), a_values, peers_of_a);
     let task_b = run(Arc::clone(&b), b_values, peers_of_b);
     let outcome_a: ExchangeOutcome = task_a.await??;
@@ -333,7 +339,12 @@ async fn one_loss(args: &Args, elements: u64, rtt: Duration, loss: f64) -> anyho
         )?;
         let window = Duration::from_secs_f64(args.seconds);
         let (started, _) = tokio::sync::oneshot::channel();
-        row.stock_mbit = stock(&fresh, started, tokio::time::sleep(window)).await?;
+        // The window starts once the stock connection is up and writing
+        // (the sleep's deadline is fixed when first polled).
+        row.stock_mbit = stock(&fresh, started, async move {
+            tokio::time::sleep(window).await;
+        })
+        .await?;
     }
     Ok(row)
 }

@@ -152,8 +152,9 @@ pub enum Congestion {
     /// evaluation (README, the `exchange_bulk` section).
     NewReno,
     /// quinn's BBR, which quinn marks experimental: paces at the rate it
-    /// measures and does not back off on a random loss. For evaluation on
-    /// shared paths (README, the `exchange_bulk` section).
+    /// measures and does not back off on a random loss. It takes nearly
+    /// all of a link from a competing Cubic flow: only for links the job
+    /// has to itself (README, the `exchange_bulk` section).
     Bbr,
 }
 

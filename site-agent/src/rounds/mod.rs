@@ -445,8 +445,10 @@ fn fragment_plan(
 /// before the exchange sends anything (error feedback, every shard at its
 /// link's codec, the residuals checkpointed first): the median of `runs`
 /// (at least one) by one contributor, as a site's is kept across rounds.
-/// `None` when the round cannot be planned or `site` is not live in it.
-/// What the simulator beside a rehearsal charges for encoding.
+/// The values are synthetic (seed 0): only their shape is the round's,
+/// which is all encoding's time depends on without zstd. `None` when the
+/// round cannot be planned, its codecs are unusable or `site` is not live
+/// in it. What the simulator beside a rehearsal charges for encoding.
 pub fn time_encoding(
     round: &pb::OuterRound,
     site: &str,

@@ -727,8 +727,8 @@ async fn play(
     for replica in &mut replicas.processes {
         replica.process.kill();
     }
-    // After the processes are stopped, so that nothing else runs while
-    // the simulation times encoding on this machine.
+    // After the processes are stopped, so that they do not run while the
+    // simulation times encoding on this machine.
     let played = emulator::scenario_links(topology, Some(scenario));
     let simulator = simulated::Simulator::new(
         &played,
@@ -749,17 +749,20 @@ async fn play(
             wan.link_rate = rate;
         }
     }
-    let rounds = report::rounds_report(
-        &lock(&shared).rounds,
-        &exchanges,
-        &as_played,
-        if scenario.training.is_some() {
-            0
-        } else {
-            scenario.exchange.elements
-        },
-        &simulator,
-    );
+    // Blocking: the simulation and the timed encoding run here.
+    let rounds = tokio::task::block_in_place(|| {
+        report::rounds_report(
+            &lock(&shared).rounds,
+            &exchanges,
+            &as_played,
+            if scenario.training.is_some() {
+                0
+            } else {
+                scenario.exchange.elements
+            },
+            &simulator,
+        )
+    });
     drop(wan);
     let sites = packet
         .as_ref()

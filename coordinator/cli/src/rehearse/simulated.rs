@@ -104,7 +104,7 @@ const ENCODE_RUNS: u32 = 5;
 pub struct SimulatedRound {
     /// The last live site's start after the first's.
     pub start_ms: f64,
-    /// Encoding the round's fragments, batch after batch (timed on this
+    /// Encoding the round's fragments, one after another (timed on this
     /// machine; 0 when not timed).
     pub encode_ms: f64,
     /// The exchange over the links: the discrete-event tier.
@@ -114,6 +114,19 @@ pub struct SimulatedRound {
 impl SimulatedRound {
     pub fn total_ms(&self) -> f64 {
         self.start_ms + self.encode_ms + self.links_ms
+    }
+
+    /// Each part's median over `rows` (`None` when there are none).
+    pub fn median(
+        rows: &[SimulatedRound],
+        median: impl Fn(Vec<f64>) -> Option<f64>,
+    ) -> Option<SimulatedRound> {
+        let of = |part: fn(&SimulatedRound) -> f64| median(rows.iter().map(part).collect());
+        Some(SimulatedRound {
+            start_ms: of(|p| p.start_ms)?,
+            encode_ms: of(|p| p.encode_ms)?,
+            links_ms: of(|p| p.links_ms)?,
+        })
     }
 }
 
@@ -200,8 +213,12 @@ impl<'a> Simulator<'a> {
     }
 
     /// The round's exchange, simulated: `None` for a round with nothing to
-    /// exchange (no fragments, fewer than two live sites, no values) or one
-    /// the simulation could not finish. Each fragment holds `elements`
+    /// exchange (no fragments, fewer than two live sites, no values), one
+    /// the simulation could not finish, or, when encoding is timed, one
+    /// whose encoding could not be (the agents could not plan it, or its
+    /// codecs are unusable). A site with no link to a replica's site is
+    /// left out of the start apart (the simulation does not route the
+    /// round's news over other sites). Each fragment holds `elements`
     /// values (what encoding is timed on; 0: not timed), and
     /// `fragment_bytes(a, b)` is one fragment's encoded bytes on the link
     /// between `a` and `b`.
@@ -452,6 +469,17 @@ mod tests {
         r.job_id = "job".into();
         r.participants = vec!["north".into(), "south".into(), "east".into()];
         r.codec_bits = 4;
+        r.links = [("north", "south"), ("north", "east"), ("south", "east")]
+            .iter()
+            .map(|(a, b)| pb::RoundLinkCodec {
+                site_a: (*a).into(),
+                site_b: (*b).into(),
+                bits: 4,
+                block_size: 256,
+                error_feedback: true,
+                ..Default::default()
+            })
+            .collect();
         let elements = 1 << 16;
         let bytes = |_: &str, _: &str| elements as f64 / 2.0;
         let untimed = Simulator::new(&links, 2, 5)

@@ -159,7 +159,8 @@ pub struct RoundRow {
     /// pool's connections; see `rehearse::simulated`); `None` when there
     /// was nothing to exchange or the simulation did not finish.
     pub simulated_ms: Option<f64>,
-    /// `simulated_ms` in its parts.
+    /// `simulated_ms` in its parts (`None` also when encoding could not be
+    /// timed: a round the agents could not plan).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub simulated: Option<SimulatedRound>,
     /// Opened to deadline (the coordinator's, from the expected outer
@@ -351,17 +352,13 @@ pub(in crate::rehearse) fn rounds_report(
                 .filter_map(|r| Some(r.exchange_ms? as f64 / r.simulated_ms.filter(|s| *s > 0.0)?))
                 .collect(),
         ),
-        median_simulated: {
-            let parts: Vec<SimulatedRound> = measured.iter().filter_map(|r| r.simulated).collect();
-            let of = |part: fn(&SimulatedRound) -> f64| median(parts.iter().map(part).collect());
-            (|| {
-                Some(SimulatedRound {
-                    start_ms: of(|p| p.start_ms)?,
-                    encode_ms: of(|p| p.encode_ms)?,
-                    links_ms: of(|p| p.links_ms)?,
-                })
-            })()
-        },
+        median_simulated: SimulatedRound::median(
+            &measured
+                .iter()
+                .filter_map(|r| r.simulated)
+                .collect::<Vec<_>>(),
+            median,
+        ),
         median_milestones: Milestones::median(
             &measured
                 .iter()
