@@ -2,7 +2,7 @@
 //! refusal naming the field, and the options each section gives.
 
 use super::*;
-use crate::probe::QuinnController;
+use crate::probe::QuicController;
 
 const GOOD: &str = r#"
 site = "north"
@@ -173,17 +173,19 @@ fn bad_exchange_settings_are_named() {
     let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
     let tuning = config.exchange.options().tuning();
     // 1.25 × BDP (1 Gbit/s × 50 ms = 6.25 MB) over 4 connections.
-    assert_eq!(tuning.dedicated_window, Some(1_953_125));
+    assert_eq!(
+        tuning.controller,
+        QuicController::Dedicated { window: 1_953_125 }
+    );
     for (name, controller) in [
-        ("cubic", QuinnController::Cubic),
-        ("new-reno", QuinnController::NewReno),
-        ("bbr", QuinnController::Bbr),
+        ("cubic", QuicController::Cubic),
+        ("new-reno", QuicController::NewReno),
+        ("bbr", QuicController::Bbr),
     ] {
         let text = format!("{GOOD}\n[exchange]\ncongestion = \"{name}\"\n");
         let config = AgentConfig::from_toml("agent.toml", &text, Path::new(".")).unwrap();
         let tuning = config.exchange.options().tuning();
         assert_eq!(tuning.controller, controller, "{name}");
-        assert_eq!(tuning.dedicated_window, None, "{name}");
     }
     let text = format!("{GOOD}\n[exchange]\ncongestion = \"reno\"\n");
     let error = AgentConfig::from_toml("agent.toml", &text, Path::new("."))

@@ -90,7 +90,7 @@ use std::time::Duration;
 pub(crate) use node::MAX_FRAGMENTS_AT_ONCE;
 pub use node::{ExchangeNode, FragmentRequest};
 
-use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, QuinnController, SOCKET_BUFFER_RANGE};
+use crate::probe::{DEFAULT_SOCKET_BUFFER_BYTES, QuicController, QuicTuning, SOCKET_BUFFER_RANGE};
 
 /// Application error codes for closing exchange connections and stopping
 /// their streams.
@@ -209,13 +209,14 @@ impl ExchangeOptions {
             idle_timeout: self.idle_timeout,
             socket_buffer_bytes: socket,
             initial_rtt: Some(self.link_rtt),
-            dedicated_window: (self.congestion == Congestion::Dedicated).then(|| {
-                (bdp.saturating_mul(5) / 4).div_ceil(u64::from(self.connections_per_peer.max(1)))
-            }),
             controller: match self.congestion {
-                Congestion::Cubic | Congestion::Dedicated => QuinnController::Cubic,
-                Congestion::NewReno => QuinnController::NewReno,
-                Congestion::Bbr => QuinnController::Bbr,
+                Congestion::Cubic => QuicController::Cubic,
+                Congestion::NewReno => QuicController::NewReno,
+                Congestion::Bbr => QuicController::Bbr,
+                Congestion::Dedicated => QuicController::Dedicated {
+                    window: (bdp.saturating_mul(5) / 4)
+                        .div_ceil(u64::from(self.connections_per_peer.max(1))),
+                },
             },
             ..QuicTuning::default()
         }

@@ -29,9 +29,7 @@ pub use scheduler::{
     ProbeFailure, ProbePeer, ProbeReport, ProbeScheduler, SchedulerOptions, probe_seed,
 };
 pub use server::{ProbeServer, ProbeServerOptions, SessionRecord};
-pub use transport::{
-    DEFAULT_SOCKET_BUFFER_BYTES, QuicTuning, QuinnController, SOCKET_BUFFER_RANGE,
-};
+pub use transport::{DEFAULT_SOCKET_BUFFER_BYTES, QuicController, QuicTuning, SOCKET_BUFFER_RANGE};
 
 use crate::tls::TlsError;
 

@@ -43,25 +43,24 @@ pub struct QuicTuning {
     /// The RTT a new connection assumes before it has measured one: the
     /// link's when known (the exchange sets it), else quinn's 333 ms.
     pub initial_rtt: Option<Duration>,
-    /// A fixed target window per connection, bytes: the dedicated-link
-    /// controller ([`crate::congestion`]) instead of quinn's.
-    pub dedicated_window: Option<u64>,
-    /// Which of quinn's controllers runs (ignored with a
-    /// `dedicated_window`).
-    pub controller: QuinnController,
+    /// Which congestion controller every connection runs.
+    pub controller: QuicController,
 }
 
-/// quinn's congestion controllers.
+/// The congestion controllers a connection can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum QuinnController {
-    /// quinn's default.
+pub enum QuicController {
+    /// quinn's default, Cubic.
     #[default]
     Cubic,
-    /// RFC 9002's NewReno: halves its window on a loss, grows it by one
-    /// packet a round trip.
+    /// quinn's NewReno (RFC 9002): halves its window on a loss, grows it
+    /// by one packet a round trip.
     NewReno,
     /// quinn's BBR, which it marks experimental.
     Bbr,
+    /// The dedicated-link controller ([`crate::congestion`]): a fixed
+    /// target window per connection, bytes.
+    Dedicated { window: u64 },
 }
 
 impl Default for QuicTuning {
@@ -73,8 +72,7 @@ impl Default for QuicTuning {
             datagram_buffer_bytes: 1 << 20,
             socket_buffer_bytes: DEFAULT_SOCKET_BUFFER_BYTES,
             initial_rtt: None,
-            dedicated_window: None,
-            controller: QuinnController::Cubic,
+            controller: QuicController::Cubic,
         }
     }
 }
@@ -186,23 +184,22 @@ impl QuicTuning {
         if let Some(rtt) = self.initial_rtt {
             config.initial_rtt(rtt);
         }
-        if let Some(window) = self.dedicated_window {
-            config.congestion_controller_factory(Arc::new(crate::congestion::DedicatedConfig {
-                window,
-            }));
-        } else {
-            match self.controller {
-                QuinnController::Cubic => {}
-                QuinnController::NewReno => {
-                    config.congestion_controller_factory(Arc::new(
-                        quinn::congestion::NewRenoConfig::default(),
-                    ));
-                }
-                QuinnController::Bbr => {
-                    config.congestion_controller_factory(Arc::new(
-                        quinn::congestion::BbrConfig::default(),
-                    ));
-                }
+        match self.controller {
+            QuicController::Cubic => {}
+            QuicController::NewReno => {
+                config.congestion_controller_factory(Arc::new(
+                    quinn::congestion::NewRenoConfig::default(),
+                ));
+            }
+            QuicController::Bbr => {
+                config.congestion_controller_factory(Arc::new(
+                    quinn::congestion::BbrConfig::default(),
+                ));
+            }
+            QuicController::Dedicated { window } => {
+                config.congestion_controller_factory(Arc::new(
+                    crate::congestion::DedicatedConfig { window },
+                ));
             }
         }
         Ok(Arc::new(config))

@@ -196,16 +196,14 @@ impl<'a> Simulator<'a> {
         if !self.time_encoding || elements == 0 {
             return Some(0.0);
         }
+        let live = super::report::live_sites(round);
         let key = format!(
-            "{:?} {:?} {:?} {elements}",
-            round.participants,
-            super::report::live_sites(round),
-            round.links
+            "{:?} {live:?} {:?} {elements}",
+            round.participants, round.links
         );
         let mut cache = self.encodes.lock().unwrap_or_else(PoisonError::into_inner);
         *cache.entry(key).or_insert_with(|| {
-            super::report::live_sites(round)
-                .into_iter()
+            live.into_iter()
                 .map(|site| time_encoding(round, site, elements, ENCODE_RUNS))
                 .map(|t| t.map(|t| t.as_secs_f64()))
                 .try_fold(0.0f64, |slowest, t| Some(slowest.max(t?)))

@@ -50,10 +50,11 @@ fn the_agents_exchange_every_round_through_the_link_and_the_rounds_commit() {
         assert!(round["exchange_ms"].as_u64().is_some(), "{round:#}");
     }
     // Beside each with both sites live, the simulator: south starts one
-    // way (80 km and 20 µs: 0.42 ms) after north, the replica's site; encoding is
-    // timed once and charged alike; the discrete-event tier on the same
-    // link takes a hello's round trip and two one-way trips at least, and, the link losing nothing at random, the same
-    // for every round of the same sites and size. A round that went on
+    // way (80 km and 20 µs: 0.42 ms) after north, the replica's site;
+    // encoding is timed once and charged alike; the discrete-event tier
+    // on the same link takes a hello's round trip and two one-way trips
+    // at least, and, the link losing nothing at random, the same for
+    // every round of the same sites and size. A round that went on
     // without south (its agent killed) has nothing to exchange over the
     // link, and no simulation.
     let (both, alone): (Vec<&&Value>, Vec<&&Value>) = committed
