@@ -11,6 +11,8 @@
 
 use std::collections::VecDeque;
 
+use longhaul_core::units::Duration;
+
 use super::TcpParams;
 use super::cubic::Cubic;
 use super::engine::{Fabric, Payload};
@@ -28,7 +30,7 @@ enum Segment {
 
 /// How a windowed sender grows its window in congestion avoidance and how
 /// far it lowers it on a loss.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Growth {
     /// +1/cwnd per ACKed segment, halved on a loss.
     Reno,
@@ -37,7 +39,7 @@ pub(crate) enum Growth {
 }
 
 /// How the sender decides when to send.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Control {
     Window {
         /// Congestion window, segments.
@@ -52,6 +54,50 @@ pub(crate) enum Control {
         interval_ns: u64,
         next_send_ns: u64,
     },
+}
+
+/// What a connection carries from one transfer to its next when it is
+/// kept open between them, as the agents' pooled QUIC connections are: its
+/// window, slow-start threshold and Cubic state, and its RTT estimate
+/// (the transfer's own segments, in flight or not, are not carried: it
+/// ended with every byte received). From [`TransferReport::warm`], for
+/// [`TransferConfig::warm`].
+///
+/// [`TransferReport::warm`]: super::TransferReport::warm
+/// [`TransferConfig::warm`]: super::TransferConfig::warm
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmConnection {
+    pub(crate) sender: super::SenderModel,
+    control: Control,
+    srtt_ns: Option<f64>,
+    rttvar_ns: f64,
+    rto_ns: u64,
+}
+
+impl WarmConnection {
+    /// The congestion window, segments (`None` for a paced sender).
+    pub fn cwnd(&self) -> Option<f64> {
+        match &self.control {
+            Control::Window { cwnd, .. } => Some(*cwnd),
+            Control::Paced { .. } => None,
+        }
+    }
+
+    /// The same connection after `idle` with nothing to send: the window
+    /// is kept, with no slow start after idle (quinn has none), and only
+    /// quinn's Cubic clock moves (its curve and estimate are functions of
+    /// the time since the reduction; RFC 9438's, as Linux's, leaves idle
+    /// time out).
+    pub fn after_idle(mut self, idle: Duration) -> Self {
+        if let Control::Window {
+            growth: Growth::Cubic(cubic),
+            ..
+        } = &mut self.control
+        {
+            cubic.idle(idle.as_nanos());
+        }
+        self
+    }
 }
 
 #[derive(Debug)]
@@ -95,6 +141,59 @@ pub(crate) struct Connection {
     received_below: u32,
     received_count: u32,
     pub completed_ns: Option<u64>,
+    /// quinn's pacer, for its Cubic.
+    pacer: Option<Pacer>,
+}
+
+/// quinn 0.11's pacer (`quinn-proto`'s `connection/pacing.rs`), in
+/// segments: a token bucket filled at 1.25 windows per smoothed RTT, its
+/// capacity the window's share of 2 ms (10 to 256 segments); once empty,
+/// it waits until it is full again. No pacing before the first RTT sample.
+#[derive(Debug, Clone, Default)]
+struct Pacer {
+    capacity: f64,
+    tokens: f64,
+    window: f64,
+    prev_ns: u64,
+    /// When the bucket is full again, while it holds the sender back.
+    next_ns: Option<u64>,
+}
+
+impl Pacer {
+    /// Whether a segment may go at `now_ns`; if not, `next_ns` says when.
+    fn allows(&mut self, window: f64, srtt_ns: f64, now_ns: u64) -> bool {
+        if srtt_ns <= 0.0 {
+            return true;
+        }
+        if window != self.window {
+            self.capacity = (window * 2e6 / srtt_ns).clamp(10.0, 256.0);
+            self.tokens = self.tokens.min(self.capacity);
+            self.window = window;
+        }
+        if self.tokens < 1.0 {
+            let elapsed = now_ns.saturating_sub(self.prev_ns) as f64;
+            self.tokens = (self.tokens + window * 1.25 * elapsed / srtt_ns).min(self.capacity);
+            self.prev_ns = now_ns;
+        }
+        if self.tokens >= 1.0 {
+            self.next_ns = None;
+            return true;
+        }
+        let wait = (self.capacity - self.tokens) * srtt_ns / (window * 1.25);
+        self.next_ns = Some(now_ns.saturating_add(wait.ceil().max(1.0) as u64));
+        false
+    }
+
+    fn sent(&mut self) {
+        self.tokens -= 1.0;
+    }
+
+    /// A transfer starts after idle: the bucket has refilled.
+    fn refill(&mut self, now_ns: u64) {
+        self.tokens = self.capacity.max(10.0);
+        self.prev_ns = now_ns;
+        self.next_ns = None;
+    }
 }
 
 impl Connection {
@@ -110,6 +209,10 @@ impl Connection {
         segments: u32,
     ) -> Self {
         let mss = tcp.mss_bytes;
+        let paced = matches!(
+            &control,
+            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.paced()
+        );
         let last_payload = (bytes - u64::from(segments - 1) * u64::from(mss)) as u32;
         let n = segments as usize;
         Self {
@@ -147,6 +250,11 @@ impl Connection {
             received_below: 0,
             received_count: 0,
             completed_ns: None,
+            pacer: paced.then(|| Pacer {
+                tokens: 10.0,
+                capacity: 10.0,
+                ..Pacer::default()
+            }),
         }
     }
 
@@ -157,6 +265,54 @@ impl Connection {
             ssthresh: f64::INFINITY,
             recovery_end: 0,
             growth,
+        }
+    }
+
+    /// What the connection carries to its next transfer, at `now_ns`.
+    pub fn warm(&self, sender: super::SenderModel, now_ns: u64) -> WarmConnection {
+        let mut control = self.control.clone();
+        if let Control::Window {
+            growth,
+            recovery_end,
+            ..
+        } = &mut control
+        {
+            if let Growth::Cubic(cubic) = growth {
+                cubic.suspend(now_ns);
+            }
+            // The next transfer numbers its transmissions from 0.
+            *recovery_end = 0;
+        }
+        WarmConnection {
+            sender,
+            control,
+            srtt_ns: self.srtt_ns,
+            rttvar_ns: self.rttvar_ns,
+            rto_ns: self.rto_ns,
+        }
+    }
+
+    /// Takes up `warm`'s state in place of a new connection's, before
+    /// [`Connection::start`] at `now_ns`.
+    pub fn resume(&mut self, warm: &WarmConnection, now_ns: u64) {
+        let mut control = warm.control.clone();
+        match &mut control {
+            Control::Window {
+                growth: Growth::Cubic(cubic),
+                ..
+            } => cubic.resume(now_ns),
+            Control::Window { .. } => {}
+            // A paced sender keeps its own schedule.
+            Control::Paced { .. } => return,
+        }
+        self.control = control;
+        self.srtt_ns = warm.srtt_ns;
+        self.rttvar_ns = warm.rttvar_ns;
+        self.rto_ns = warm.rto_ns;
+        if let (Some(pacer), Control::Window { cwnd, .. }) = (&mut self.pacer, &self.control) {
+            pacer.window = 0.0;
+            let _ = pacer.allows(*cwnd, warm.srtt_ns.unwrap_or(0.0), now_ns);
+            pacer.refill(now_ns);
         }
     }
 
@@ -257,6 +413,14 @@ impl Connection {
         {
             wake = Some(wake.map_or(next_send_ns, |t: u64| t.min(next_send_ns)));
         }
+        // A pacer's wake-up in the past is stale: the window, not the
+        // pacer, holds the sender back, and an ACK will move it.
+        if let Some(next) = self.pacer.as_ref().and_then(|p| p.next_ns)
+            && next > fabric.now_ns()
+            && self.has_something_to_send()
+        {
+            wake = Some(wake.map_or(next, |t: u64| t.min(next)));
+        }
         if let Some(at) = wake {
             let mut armed = self.timer_armed_ns;
             fabric.arm_timer(index, at.max(fabric.now_ns()), &mut armed);
@@ -319,9 +483,18 @@ impl Connection {
         match self.control {
             Control::Window { cwnd, .. } => {
                 let window = cwnd.max(1.0) as u32;
+                let srtt_ns = self.srtt_ns.unwrap_or(0.0);
                 while self.in_flight < window {
+                    if let Some(pacer) = &mut self.pacer
+                        && !pacer.allows(cwnd.max(1.0), srtt_ns, now)
+                    {
+                        break;
+                    }
                     let Some(segment) = self.pick() else { break };
                     self.transmit(index, segment, fabric);
+                    if let Some(pacer) = &mut self.pacer {
+                        pacer.sent();
+                    }
                 }
             }
             Control::Paced {
@@ -471,7 +644,7 @@ impl Connection {
                 // sent after the last reduction.
                 *ssthresh = match growth {
                     Growth::Reno => (*cwnd / 2.0).max(2.0),
-                    Growth::Cubic(cubic) => cubic.on_congestion(*cwnd),
+                    Growth::Cubic(cubic) => cubic.on_congestion(*cwnd, now),
                 };
                 *cwnd = *ssthresh;
                 *recovery_end = self.next_transmission;

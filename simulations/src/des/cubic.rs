@@ -10,6 +10,16 @@
 //! per window (1 once W_est has passed W_max), so Cubic's rate is never below
 //! Reno's for the same loss and RTT. Slow start is the connection's own (no
 //! HyStart).
+//!
+//! [`Flavour::Quinn`] is quinn 0.11's Cubic (`quinn-proto`'s
+//! `congestion/cubic.rs`), which the agents run, where it departs from the
+//! RFC: its epoch starts at the reduction, not at the first ACK after it;
+//! K is ∛(W_max·(1 − β)/C) and W_est starts at β·W_max, both as if the
+//! window had been reduced from W_max, so after a fast-convergence W_max
+//! (below the window the loss ended) the curve and the estimate start
+//! below the window, and the window waits for them; α stays 0.53 past
+//! W_max; the region is chosen by the curve one RTT ahead, and that target
+//! is not capped at 1.5 windows.
 
 /// Cubic's scaling constant C, segments per second³ (RFC 9438 §5).
 pub(crate) const C: f64 = 0.4;
@@ -21,15 +31,26 @@ const ALPHA: f64 = 3.0 * (1.0 - BETA) / (1.0 + BETA);
 /// The least window after a reduction, segments (as Reno's floor).
 const MIN_WINDOW: f64 = 2.0;
 
+/// Whose Cubic (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flavour {
+    Rfc9438,
+    Quinn,
+}
+
 /// Cubic's state between reductions.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Cubic {
+    flavour: Flavour,
     /// The window before the last reduction (W_max), segments.
     w_max: f64,
     /// The window when the last reduction happened (cwnd_prior), segments.
     w_prior: f64,
     /// When the current congestion-avoidance epoch began, if it has.
     epoch_start_ns: Option<u64>,
+    /// Time the current epoch ran before `epoch_start_ns`: in earlier
+    /// transfers of a connection kept open, and idle between them.
+    epoch_carried_ns: u64,
     /// Seconds from the epoch's start until W_cubic reaches W_max.
     k_seconds: f64,
     /// The Reno-friendly estimate W_est, segments.
@@ -40,20 +61,23 @@ pub(crate) struct Cubic {
 }
 
 impl Cubic {
-    pub fn new() -> Self {
+    pub fn new(flavour: Flavour) -> Self {
         Self {
+            flavour,
             w_max: 0.0,
             w_prior: 0.0,
             epoch_start_ns: None,
+            epoch_carried_ns: 0,
             k_seconds: 0.0,
             w_est: 0.0,
             after_timeout: false,
         }
     }
 
-    /// A congestion event with the window at `cwnd`: returns the new
-    /// ssthresh (β·cwnd) and ends the epoch; the next growth starts another.
-    pub fn on_congestion(&mut self, cwnd: f64) -> f64 {
+    /// A congestion event at `now_ns` with the window at `cwnd`: returns
+    /// the new ssthresh (β·cwnd) and ends the epoch; the next growth starts
+    /// another (quinn's starts now).
+    pub fn on_congestion(&mut self, cwnd: f64, now_ns: u64) -> f64 {
         // Fast convergence: a window that stopped short of the last W_max
         // releases bandwidth to newer flows.
         self.w_max = if cwnd < self.w_max {
@@ -63,7 +87,13 @@ impl Cubic {
         };
         self.w_prior = cwnd;
         self.epoch_start_ns = None;
+        self.epoch_carried_ns = 0;
         self.after_timeout = false;
+        if self.flavour == Flavour::Quinn {
+            self.k_seconds = (self.w_max * (1.0 - BETA) / C).cbrt();
+            self.w_est = BETA * self.w_max;
+            self.epoch_start_ns = Some(now_ns);
+        }
         (cwnd * BETA).max(MIN_WINDOW)
     }
 
@@ -73,7 +103,8 @@ impl Cubic {
     /// and W_max = the window then (RFC 9438 §4.8), not back towards the
     /// window the timeout ended.
     pub fn on_timeout(&mut self, flight: f64) -> f64 {
-        let ssthresh = self.on_congestion(flight);
+        let ssthresh = self.on_congestion(flight, 0);
+        self.epoch_start_ns = None;
         self.after_timeout = true;
         ssthresh
     }
@@ -87,6 +118,8 @@ impl Cubic {
                 // A new epoch (§4.2): from a window above the last W_max
                 // (slow start overshot it, or there was no reduction yet)
                 // the curve starts at its plateau.
+                // (quinn's only gets here with no reduction yet, or after
+                // a timeout.)
                 if self.after_timeout || cwnd >= self.w_max {
                     self.after_timeout = false;
                     self.w_max = cwnd;
@@ -94,13 +127,35 @@ impl Cubic {
                 } else {
                     self.k_seconds = ((self.w_max - cwnd) / C).cbrt();
                 }
-                self.w_est = cwnd;
+                self.w_est = match self.flavour {
+                    Flavour::Rfc9438 => cwnd,
+                    Flavour::Quinn => BETA * self.w_max,
+                };
                 self.epoch_start_ns = Some(now_ns);
+                self.epoch_carried_ns = 0;
                 now_ns
             }
         };
-        let t = now_ns.saturating_sub(start) as f64 * 1e-9;
+        let t = now_ns
+            .saturating_sub(start)
+            .saturating_add(self.epoch_carried_ns) as f64
+            * 1e-9;
         let rtt = srtt_ns.max(0.0) * 1e-9;
+        if self.flavour == Flavour::Quinn {
+            // quinn's estimate is a function of time since the reduction.
+            if rtt > 0.0 {
+                self.w_est = BETA * self.w_max + ALPHA * t / rtt;
+            }
+            let target = self.w_cubic(t + rtt);
+            if target < self.w_est {
+                // quinn adds at most one datagram per ACKed one.
+                return self.w_est.min(cwnd + 1.0).max(cwnd);
+            }
+            // In either region, at most one datagram per ACKed one (quinn
+            // adds a datagram once the increments reach one, and drops the
+            // rest).
+            return (cwnd + (target - cwnd).max(0.0) / cwnd).min(cwnd + 1.0);
+        }
         let alpha = if self.w_est >= self.w_prior {
             1.0
         } else {
@@ -115,6 +170,38 @@ impl Cubic {
         // Aim at where the curve will be one RTT from now, at most 1.5×.
         let target = self.w_cubic(t + rtt).clamp(cwnd, 1.5 * cwnd);
         cwnd + (target - cwnd) / cwnd
+    }
+
+    /// The connection's transfer ends at `now_ns`: the epoch's time so far
+    /// is carried (see [`Cubic::resume`]).
+    pub fn suspend(&mut self, now_ns: u64) {
+        if let Some(start) = self.epoch_start_ns {
+            self.epoch_carried_ns = self
+                .epoch_carried_ns
+                .saturating_add(now_ns.saturating_sub(start));
+        }
+    }
+
+    /// `idle_ns` pass without a transfer. quinn's epoch clock runs on: its
+    /// curve and estimate are functions of the time since the reduction,
+    /// whether or not anything was sent. The RFC flavour's leaves idle time
+    /// out, as Linux's does.
+    pub fn idle(&mut self, idle_ns: u64) {
+        if self.flavour == Flavour::Quinn && self.epoch_start_ns.is_some() {
+            self.epoch_carried_ns = self.epoch_carried_ns.saturating_add(idle_ns);
+        }
+    }
+
+    /// The connection's next transfer starts at `now_ns` (of its run).
+    pub fn resume(&mut self, now_ns: u64) {
+        if self.epoch_start_ns.is_some() {
+            self.epoch_start_ns = Some(now_ns);
+        }
+    }
+
+    /// Whether the sender is paced as quinn paces.
+    pub fn paced(&self) -> bool {
+        self.flavour == Flavour::Quinn
     }
 
     fn w_cubic(&self, t: f64) -> f64 {
@@ -147,8 +234,8 @@ mod tests {
     /// K = ∛(W_max·(1 − β)/C), concave before, convex after.
     #[test]
     fn after_a_reduction_the_window_returns_to_w_max_after_k() {
-        let mut cubic = Cubic::new();
-        let ssthresh = cubic.on_congestion(1000.0);
+        let mut cubic = Cubic::new(Flavour::Rfc9438);
+        let ssthresh = cubic.on_congestion(1000.0, 0);
         assert_eq!(ssthresh, 700.0);
         let k = (1000.0_f64 * 0.3 / 0.4).cbrt();
         let mut cwnd = ssthresh;
@@ -182,7 +269,7 @@ mod tests {
             }
             cwnd
         };
-        let mut timed_out = Cubic::new();
+        let mut timed_out = Cubic::new(Flavour::Rfc9438);
         let ssthresh = timed_out.on_timeout(1000.0);
         assert_eq!(ssthresh, 700.0);
         // From ssthresh (slow start is the connection's): one second of
@@ -190,8 +277,8 @@ mod tests {
         let after_timeout = grow_for(&mut timed_out, ssthresh, 1.0);
         assert_eq!(timed_out.k_seconds, 0.0);
         assert_eq!(timed_out.w_max, 700.0);
-        let mut lost = Cubic::new();
-        let from = lost.on_congestion(1000.0);
+        let mut lost = Cubic::new(Flavour::Rfc9438);
+        let from = lost.on_congestion(1000.0, 0);
         let after_loss = grow_for(&mut lost, from, 1.0);
         // From 700: C·t³ is under 1 segment in a second, and the
         // Reno-friendly region's α per RTT (≈ 0.53 × 10 RTTs) about 5; the
@@ -207,9 +294,9 @@ mod tests {
     /// the midpoint of the window and β times it.
     #[test]
     fn a_loss_below_w_max_lowers_w_max() {
-        let mut cubic = Cubic::new();
-        cubic.on_congestion(1000.0);
-        cubic.on_congestion(800.0);
+        let mut cubic = Cubic::new(Flavour::Rfc9438);
+        cubic.on_congestion(1000.0, 0);
+        cubic.on_congestion(800.0, 0);
         assert_eq!(cubic.w_max, 800.0 * 1.7 / 2.0);
     }
 
@@ -217,8 +304,8 @@ mod tests {
     /// as AIMD(α, β) would, α = 3·0.3/1.7 ≈ 0.53 segments per RTT.
     #[test]
     fn the_reno_friendly_region_grows_by_alpha_per_window() {
-        let mut cubic = Cubic::new();
-        let mut cwnd = cubic.on_congestion(100.0);
+        let mut cubic = Cubic::new(Flavour::Rfc9438);
+        let mut cwnd = cubic.on_congestion(100.0, 0);
         let mut now = 0u64;
         let rtt = 1e6;
         for _ in 0..10 {
@@ -229,6 +316,43 @@ mod tests {
         }
         // Ten windows: about 5.3 segments above 70.
         assert!((74.0..=76.5).contains(&cwnd), "{cwnd}");
+    }
+
+    /// quinn's flavour after fast convergence: W_max = 0.85·90, and both
+    /// the curve and the estimate start from β·W_max ≈ 53.6, below the
+    /// reduced window of 63, which stays flat for RTTs where the RFC's
+    /// grows at once; time idle between transfers runs the clock on.
+    #[test]
+    fn quinns_window_waits_for_its_curve_after_fast_convergence() {
+        let rtt = 5e6;
+        let ten_rtts = |cubic: &mut Cubic, mut cwnd: f64, from: u64| {
+            let mut now = from;
+            for _ in 0..10 {
+                for _ in 0..cwnd as u32 {
+                    cwnd = cubic.grow(cwnd, now, rtt);
+                }
+                now += rtt as u64;
+            }
+            cwnd
+        };
+        let mut quinn = Cubic::new(Flavour::Quinn);
+        quinn.on_congestion(100.0, 0);
+        let reduced = quinn.on_congestion(90.0, 0);
+        assert!((reduced - 63.0).abs() < 1e-9, "{reduced}");
+        assert_eq!(quinn.w_max, 90.0 * 1.7 / 2.0);
+        let mut rfc = Cubic::new(Flavour::Rfc9438);
+        rfc.on_congestion(100.0, 0);
+        rfc.on_congestion(90.0, 0);
+        assert_eq!(ten_rtts(&mut quinn.clone(), reduced, 0), reduced);
+        assert!(ten_rtts(&mut rfc, reduced, 0) > reduced + 4.0);
+        // A second idle: the estimate, 0.53 segments per RTT of it, is
+        // past the window (one more segment per ACKed one at most).
+        let mut idle = quinn.clone();
+        idle.suspend(0);
+        idle.idle(1_000_000_000);
+        idle.resume(0);
+        let after = idle.grow(reduced, 0, rtt);
+        assert_eq!(after, reduced + 1.0);
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use longhaul_core::rng::derive;
 use longhaul_core::units::Duration;
 
-use super::connection::{Connection, Control, Growth};
-use super::cubic::Cubic;
+use super::connection::{Connection, Control, Growth, WarmConnection};
+use super::cubic::{Cubic, Flavour};
 use super::engine::{Fabric, Payload, Step};
 use super::{DesError, Limits, SenderModel, TcpParams};
 use crate::link::{DropCounts, Link, LinkConfig};
@@ -45,6 +45,11 @@ pub struct TransferConfig {
     pub limits: Limits,
     /// A→B is seeded with it, B→A with `seed ^ 0x9E37_79B9_7F4A_7C15`.
     pub seed: u64,
+    /// The connections as an earlier transfer left them, one per
+    /// connection, from its [`TransferReport::warm`] (with the same
+    /// `sender`): they go on from their window and RTT estimate rather than
+    /// from the initial window in slow start. Empty: new connections.
+    pub warm: Vec<WarmConnection>,
 }
 
 impl TransferConfig {
@@ -65,6 +70,7 @@ impl TransferConfig {
             tcp: TcpParams::default(),
             limits: Limits::default(),
             seed,
+            warm: Vec::new(),
         }
     }
 }
@@ -94,6 +100,10 @@ pub struct TransferReport {
     pub queue_high_water_bytes: u64,
     /// Sends, deliveries and timer firings.
     pub events: u64,
+    /// Each connection as the transfer left it, for the next transfer of
+    /// connections kept open ([`TransferConfig::warm`]); empty unless the
+    /// transfer completed.
+    pub warm: Vec<WarmConnection>,
 }
 
 /// An outer round's fragment exchange among `sites` sites over a full mesh:
@@ -179,7 +189,26 @@ pub fn transfer(config: &TransferConfig) -> Result<TransferReport, DesError> {
         connections: config.connections,
     };
     let plan = run.plan_flow(&flow, config.sender, &config.tcp, "bytes")?;
-    run.start_flows(vec![(flow, plan)], &config.tcp);
+    if !config.warm.is_empty() {
+        if config.warm.len() != plan.shares.len() {
+            return Err(DesError::Warm {
+                message: format!(
+                    "{} connection state(s) for {} connection(s)",
+                    config.warm.len(),
+                    plan.shares.len()
+                ),
+            });
+        }
+        if let Some(other) = config.warm.iter().find(|w| w.sender != config.sender) {
+            return Err(DesError::Warm {
+                message: format!(
+                    "a {:?} connection's state for a {:?} sender",
+                    other.sender, config.sender
+                ),
+            });
+        }
+    }
+    run.start_flows(vec![(flow, plan)], &config.tcp, &config.warm);
     let outcome = run.drive();
 
     let stats = run.fabric.link(0).stats();
@@ -211,6 +240,14 @@ pub fn transfer(config: &TransferConfig) -> Result<TransferReport, DesError> {
         ack_drops: run.fabric.link(1).stats().drops,
         queue_high_water_bytes: stats.queue_high_water_bytes,
         events: run.fabric.events,
+        warm: if outcome == Outcome::Completed {
+            run.connections
+                .iter()
+                .map(|c| c.warm(config.sender, elapsed))
+                .collect()
+        } else {
+            Vec::new()
+        },
     })
 }
 
@@ -275,6 +312,7 @@ pub fn exchange(config: &ExchangeConfig) -> Result<ExchangeReport, DesError> {
         run.start_flows(
             pairs.iter().cloned().zip(plans.iter().cloned()).collect(),
             &config.tcp,
+            &[],
         );
         outcome = run.drive();
         if outcome != Outcome::Completed {
@@ -390,7 +428,12 @@ impl Run {
         }
         let control = match sender {
             SenderModel::Reno => Connection::window(tcp, Growth::Reno),
-            SenderModel::Cubic => Connection::window(tcp, Growth::Cubic(Cubic::new())),
+            SenderModel::Cubic => {
+                Connection::window(tcp, Growth::Cubic(Cubic::new(Flavour::Rfc9438)))
+            }
+            SenderModel::QuinnCubic => {
+                Connection::window(tcp, Growth::Cubic(Cubic::new(Flavour::Quinn)))
+            }
             SenderModel::Paced { bits_per_second } => {
                 if bits_per_second == 0 {
                     return Err(DesError::Zero {
@@ -409,8 +452,14 @@ impl Run {
         Ok(FlowPlan { shares, control })
     }
 
-    /// Opens every flow's connections at the current virtual time.
-    fn start_flows(&mut self, flows: Vec<(FlowSpec, FlowPlan)>, tcp: &TcpParams) {
+    /// Opens every flow's connections at the current virtual time, the
+    /// first `warm.len()` of them from `warm`.
+    fn start_flows(
+        &mut self,
+        flows: Vec<(FlowSpec, FlowPlan)>,
+        tcp: &TcpParams,
+        warm: &[WarmConnection],
+    ) {
         self.first_connection_of_phase = self.connections.len();
         self.remaining = flows
             .iter()
@@ -430,6 +479,13 @@ impl Run {
                     segments,
                 ));
             }
+        }
+        let now = self.fabric.now_ns();
+        for (connection, warm) in self.connections[self.first_connection_of_phase..]
+            .iter_mut()
+            .zip(warm)
+        {
+            connection.resume(warm, now);
         }
         for index in self.first_connection_of_phase..self.connections.len() {
             self.connections[index].start(index as u32, &mut self.fabric);

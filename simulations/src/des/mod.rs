@@ -44,6 +44,17 @@
 //!   the loss), cwnd is W_est. A timeout sets ssthresh = max(0.7·flight, 2)
 //!   and cwnd = 1. No HyStart. [`cubic_average_window`] is RFC 9438 §5.1's
 //!   average window under loss, Cubic's counterpart of Mathis.
+//! - **QuinnCubic**: Cubic as quinn 0.11 has it, which is what the agents'
+//!   QUIC connections run: the epoch starts at the reduction, and both the
+//!   curve (K = ∛(W_max·(1 − β)/C)) and the Reno-friendly estimate (from
+//!   β·W_max, +α per window throughout) start as if the window had been cut
+//!   from W_max. After fast convergence has put W_max below the window the
+//!   loss ended, both start below the reduced window, which stays flat until
+//!   they reach it: under random loss the window averages less than the
+//!   RFC's. The window grows by at most one segment per ACKed one. It is
+//!   paced as quinn paces (a token bucket of the window's share of 2 ms,
+//!   10 to 256 segments, filled at 1.25 windows per smoothed RTT); the
+//!   other windowed senders send what their window allows at once.
 //! - **Paced**: one segment every `packet bytes / (rate / connections)`,
 //!   lost segments first, no window; the same loss detection and timer.
 //!
@@ -55,7 +66,13 @@
 //! # Simplifications
 //!
 //! - No handshake, no slow start after idle, no delayed ACKs, no receive
-//!   window, no Nagle: a sender always has data and the receiver takes all.
+//!   window, no Nagle: a sender always has data and the receiver takes all
+//!   (so it is never application-limited, where quinn's Cubic would not
+//!   grow its window).
+//! - A kept connection ([`TransferConfig::warm`]) carries its window,
+//!   slow-start threshold, Cubic state and RTT estimate to the next
+//!   transfer, and nothing of the last one's packets; time idle between
+//!   runs on quinn's Cubic clock ([`WarmConnection::after_idle`]).
 //! - No fast-recovery window inflation and no proportional rate reduction:
 //!   the halving is immediate and the pipe counts what is in flight.
 //! - No tail-loss probe or RACK timer: a loss with fewer than three later
@@ -76,6 +93,7 @@ mod engine;
 mod flow;
 mod queue;
 
+pub use connection::WarmConnection;
 pub use cubic::cubic_average_window;
 
 pub use flow::{
@@ -95,6 +113,12 @@ pub enum SenderModel {
     /// as Reno, the window × 0.7 on a loss and grown along the cubic curve,
     /// never below the Reno-friendly estimate (see the module docs).
     Cubic,
+    /// quinn 0.11's Cubic, which the agents' connections run: the same,
+    /// but its curve and its Reno-friendly estimate start from β·W_max at
+    /// the reduction, and the estimate grows by 0.53 segments per window
+    /// throughout (see `cubic.rs`). After a loss that came before the
+    /// window was back at W_max, the window waits for them.
+    QuinnCubic,
     /// A fixed rate in bits per second of packets on the wire (payload and
     /// header), shared evenly by the flow's connections, for dedicated links.
     Paced { bits_per_second: u64 },
@@ -190,6 +214,8 @@ pub enum DesError {
         connections: u32,
         max: u64,
     },
+    #[error("`warm`: {message}")]
+    Warm { message: String },
     #[error("`{field}`: {source}")]
     Link {
         field: &'static str,

@@ -10,7 +10,9 @@
 //! - `published`: the analytic tier against INTELLECT-1's published
 //!   compute utilisation in three geographic settings;
 //! - `determinism`: seeds;
-//! - `config`: refused configurations and bounded runs.
+//! - `config`: refused configurations and bounded runs;
+//! - `warm`: connections kept from one transfer to the next, and quinn's
+//!   Cubic against the RFC's.
 //!
 //! Every run is seeded; a failing assertion prints the seed and the report.
 //! The bounds hold for the fixed seeds; `LONGHAUL_SEED=n` adds n to every
@@ -21,6 +23,7 @@ mod cubic;
 mod determinism;
 mod fidelity;
 mod published;
+mod warm;
 
 use longhaul_core::units::{ByteSize, DataRate, Distance};
 use longhaul_simulations::des::{SenderModel, TransferConfig, TransferReport, transfer};
