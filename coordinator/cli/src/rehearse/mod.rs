@@ -736,7 +736,8 @@ async fn play(
         seed,
     )
     .with_coordinators(replicas.processes.iter().map(|r| r.site.clone()))
-    .timing_encoding();
+    .timing_encoding()
+    .keeping_connections();
     // The planner's cost model on the links as played: at an impairment's
     // rate where the scenario sets one.
     let mut as_played = topology.clone();

@@ -11,8 +11,9 @@
 //! (one round trip). The simulation is that, phase by phase: a
 //! [`transfer`] per ordered pair over the emulator's configuration of that
 //! direction (the scenario's impairments applied, as the emulator got
-//! them), the ACKs on the reverse direction, Cubic senders (quinn's
-//! default controller, which the agents run) as many as the pool holds,
+//! them), the ACKs on the reverse direction, quinn's Cubic senders
+//! ([`SenderModel::QuinnCubic`]: quinn's default controller, which the
+//! agents run) as many as the pool holds,
 //! QUIC's probe timeout in place of TCP's timer ([`quic_packets`]), each
 //! phase with its own link fates; a phase ends with its slowest pair, and
 //! a round is the sum of its batches' round trip and two phases.
@@ -34,15 +35,26 @@
 //! (the pool's connections are kept across rounds), reducing, decoding and
 //! hashing (CPU, overlapped with the transfers, chunk by chunk), the
 //! control messages of a phase, and the coordinator's
-//! opening and committing of the round. Nor does it keep a connection's
-//! congestion state from one phase to the next: each phase's senders
-//! begin in slow start, where the agents' pooled connections carry their
-//! window (and what loss made of it) across phases and rounds. Also left
-//! out, the other way:
-//! quinn paces its packets over the RTT, where the simulated senders send
-//! a window at once, so slow start's bursts meet a buffer of under one BDP
-//! harder in the simulation than on the emulated link. Packets are QUIC's
-//! size on the emulator's UDP path, acknowledged one by one (QUIC
+//! opening and committing of the round.
+//!
+//! The agents' pooled connections stay open across phases and rounds, so
+//! each carries its window (and what loss made of it) from one to the
+//! next. The rehearsal's report simulates that
+//! ([`Simulator::keeping_connections`]): rounds in order, each pair's
+//! connections going on from where its last phase left them
+//! ([`WarmConnection`]), their Cubic clocks running through the time they
+//! idle in simulated time: from the end of the last round's simulated
+//! exchange (its opening plus what the simulation charged it) to this
+//! round's opening, its start apart and encoding, each batch's hello, and
+//! the wait for a phase's slowest pair. Without it, every phase's senders
+//! begin in slow start. The senders are paced as quinn paces
+//! ([`SenderModel::QuinnCubic`]), so a kept window does not leave as one
+//! burst.
+//!
+//! Also left out: the agents' own limits on what they hand a connection
+//! (two chunks unacknowledged by the peer's application, at least; see
+//! `exchange::sender`), so a simulated sender always has data. Packets are
+//! QUIC's size on the emulator's UDP path, acknowledged one by one (QUIC
 //! acknowledges about every second packet: the simulated ACK traffic is
 //! larger than the real, which matters only on a link whose reverse
 //! direction is full).
@@ -54,7 +66,7 @@ use longhaul_core::rng::derive;
 use longhaul_core::units::Duration;
 use longhaul_proto::v1 as pb;
 use longhaul_simulations::des::{
-    Limits, Outcome, SenderModel, TcpParams, TransferConfig, transfer,
+    Limits, Outcome, SenderModel, TcpParams, TransferConfig, WarmConnection, transfer,
 };
 use longhaul_simulations::emulator::{LinkSpec, direction_seed};
 use longhaul_simulations::link::LinkConfig;
@@ -142,6 +154,18 @@ pub(super) struct Simulator<'a> {
     time_encoding: bool,
     /// Seconds one fragment's encoding is charged, by shape of round.
     encodes: Mutex<HashMap<String, Option<f64>>>,
+    /// Connections kept across phases and rounds, when they are.
+    kept: Option<Mutex<Kept>>,
+}
+
+/// The pools as the rounds simulated so far left them.
+#[derive(Debug, Default)]
+struct Kept {
+    /// Each ordered pair's connections after its last phase.
+    pools: HashMap<(String, String), Vec<WarmConnection>>,
+    /// When the last simulated round's exchange ended, in simulated time:
+    /// its opening plus what the simulation charged it.
+    busy_until_unix_ms: Option<f64>,
 }
 
 impl<'a> Simulator<'a> {
@@ -157,7 +181,16 @@ impl<'a> Simulator<'a> {
             coordinators: Vec::new(),
             time_encoding: false,
             encodes: Mutex::new(HashMap::new()),
+            kept: None,
         }
+    }
+
+    /// Each pair's connections are kept from phase to phase and round to
+    /// round, as the agents' pools keep theirs: rounds must then be
+    /// simulated in order, once each.
+    pub(super) fn keeping_connections(mut self) -> Self {
+        self.kept = Some(Mutex::new(Kept::default()));
+        self
     }
 
     /// Sites learn of a round one way from the nearest of `sites` (the
@@ -226,19 +259,50 @@ impl<'a> Simulator<'a> {
         elements: u64,
         fragment_bytes: impl Fn(&str, &str) -> f64,
     ) -> Option<SimulatedRound> {
-        let links = self.round_seconds(round, fragment_bytes)?;
         let starts: Vec<f64> = super::report::live_sites(round)
             .into_iter()
             .filter_map(|site| self.learns_after(site))
             .collect();
         let first = starts.iter().copied().reduce(f64::min).unwrap_or(0.0);
         let start = starts.iter().copied().fold(first, f64::max) - first;
-        let encode = self.encode_seconds(round, elements)?;
+        let encode = self.encode_seconds(round, elements)? * f64::from(round.fragments);
+        self.idle_until(round, start + encode);
+        let links = self.round_seconds(round, fragment_bytes);
+        if let (Some(kept), Some(links)) = (&self.kept, links) {
+            let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            kept.busy_until_unix_ms =
+                Some(round.opened_at_unix_ms as f64 + (start + encode + links) * 1e3);
+        }
         Some(SimulatedRound {
             start_ms: start * 1e3,
-            encode_ms: encode * f64::from(round.fragments) * 1e3,
-            links_ms: links * 1e3,
+            encode_ms: encode * 1e3,
+            links_ms: links? * 1e3,
         })
+    }
+
+    /// Kept connections idle from the last round's simulated end until
+    /// `round` opened, then for `seconds` more before its first phase.
+    fn idle_until(&self, round: &pb::OuterRound, seconds: f64) {
+        let gap_ms = self.kept.as_ref().map_or(0.0, |kept| {
+            let kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            kept.busy_until_unix_ms
+                .map_or(0.0, |busy| (round.opened_at_unix_ms as f64 - busy).max(0.0))
+        });
+        self.idle(None, gap_ms / 1e3 + seconds);
+    }
+
+    /// Kept connections (only the pair's, with `pair`) idle for `seconds`.
+    fn idle(&self, pair: Option<(&str, &str)>, seconds: f64) {
+        let Some(kept) = &self.kept else {
+            return;
+        };
+        let idle = Duration::from_nanos((seconds.max(0.0) * 1e9) as u64);
+        let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+        for (key, pool) in kept.pools.iter_mut() {
+            if pair.is_none_or(|(a, b)| key.0 == a && key.1 == b) {
+                *pool = pool.drain(..).map(|c| c.after_idle(idle)).collect();
+            }
+        }
     }
 
     /// The configuration of the direction `from` → `to` and of its reverse.
@@ -257,13 +321,17 @@ impl<'a> Simulator<'a> {
     /// Seconds `bytes` take from `from` to `to` over the pool, in the
     /// `phase`-th phase of round `round` (each with its own link fates:
     /// the emulator's links do not replay theirs round after round).
+    ///
+    /// With connections kept, the pair's go on from its last phase and are
+    /// left as this one ends (a phase that does not finish leaves none:
+    /// the next starts in slow start).
     fn phase(&self, (round, phase): (u64, u64), from: &str, to: &str, bytes: u64) -> Option<f64> {
         let (forward, reverse) = self.direction(from, to)?;
         let mut config = TransferConfig::new(
             forward.clone(),
             bytes,
             self.connections,
-            SenderModel::Cubic,
+            SenderModel::QuinnCubic,
             derive(
                 direction_seed(self.seed, from, to),
                 "round",
@@ -277,11 +345,25 @@ impl<'a> Simulator<'a> {
             rtt_ns(forward, reverse).max(1_000_000),
         ));
         config.limits = LIMITS;
-        transfer(&config)
+        let pair = (from.to_string(), to.to_string());
+        if let Some(kept) = &self.kept {
+            let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            config.warm = kept.pools.remove(&pair).unwrap_or_default();
+        }
+        // Kept state the transfer cannot take (a shard smaller than the
+        // pool: fewer connections carry it) is dropped, not fatal.
+        let report = transfer(&config)
+            .or_else(|_| {
+                config.warm.clear();
+                transfer(&config)
+            })
             .ok()
-            .filter(|r| r.outcome == Outcome::Completed)
-            .and_then(|r| r.completion)
-            .map(|d| d.as_nanos() as f64 / 1e9)
+            .filter(|r| r.outcome == Outcome::Completed)?;
+        if let Some(kept) = &self.kept {
+            let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+            kept.pools.insert(pair, report.warm);
+        }
+        report.completion.map(|d| d.as_nanos() as f64 / 1e9)
     }
 
     /// What the round's exchange over the links takes, simulated, in
@@ -322,11 +404,17 @@ impl<'a> Simulator<'a> {
             // averaged shards back in the all-gather, each phase as long
             // as its slowest pair.
             total += handshake;
+            self.idle(None, handshake);
             for _ in 0..2 {
-                let mut slowest = 0.0f64;
+                let mut took = Vec::with_capacity(pairs.len());
                 for &(a, b, shard, _) in &pairs {
                     let bytes = shard.saturating_mul(batch as u64);
-                    slowest = slowest.max(self.phase((round.round_id, phase), a, b, bytes)?);
+                    took.push(self.phase((round.round_id, phase), a, b, bytes)?);
+                }
+                let slowest = took.iter().copied().fold(0.0f64, f64::max);
+                // Each pair's connections wait for the slowest pair.
+                for (&(a, b, ..), seconds) in pairs.iter().zip(&took) {
+                    self.idle(Some((a, b)), slowest - seconds);
                 }
                 total += slowest;
                 phase += 1;
@@ -519,6 +607,36 @@ mod tests {
         let mut unplannable = r.clone();
         unplannable.participants.clear();
         assert_eq!(sim.round(&unplannable, elements, bytes), None);
+    }
+
+    /// Kept connections: the all-gather goes on from the windows the
+    /// reduce-scatter left, and the next round from the first's, without
+    /// slow start, so both rounds are faster than a fresh simulator's but
+    /// not below the bytes at the line rate; a simulator that keeps
+    /// nothing gives every round the same time.
+    #[test]
+    fn kept_connections_carry_their_window_into_the_next_round() {
+        let links = [link("north", "south", 100, 1000.0)];
+        let bytes = |_: &str, _: &str| 2_000_000.0;
+        let mut first = round(&[("north", false), ("south", false)], 1);
+        first.opened_at_unix_ms = 1_000;
+        first.ended_at_unix_ms = 1_300;
+        let mut second = first.clone();
+        second.round_id += 1;
+        second.opened_at_unix_ms = 1_400;
+        second.ended_at_unix_ms = 1_700;
+        let kept = Simulator::new(&links, 2, 1).keeping_connections();
+        let fresh = Simulator::new(&links, 2, 1);
+        let cold = fresh.round(&first, 0, bytes).unwrap().links_ms;
+        let floor = 2.0 * ((1_000_000f64 / 1400.0).ceil() * 1452.0 * 8.0 / 100e6 + 0.005) * 1e3;
+        for r in [&first, &second] {
+            let warm = kept.round(r, 0, bytes).unwrap().links_ms;
+            assert!(warm < cold - 5.0, "round {}: {warm} vs {cold}", r.round_id);
+            assert!(warm >= floor, "round {}: {warm} < {floor}", r.round_id);
+        }
+        let mut again = second.clone();
+        again.round_id = first.round_id;
+        assert!((fresh.round(&again, 0, bytes).unwrap().links_ms - cold).abs() < 1e-9);
     }
 
     #[test]
