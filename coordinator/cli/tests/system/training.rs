@@ -334,9 +334,11 @@ fn the_pytorch_adapter_trains_the_same_model_with_diloco_through_the_agents() {
 
 /// The south campus's agent killed in the middle of DiLoCo training and
 /// started again (as `deploy/scenarios/train-chars-site-loss.toml`): the
-/// open round is aborted, both trainers train on locally and rejoin, and
-/// the job ends in one round with the same parameters at both sites, each
-/// having kept the anchor of the last round it applied.
+/// open round is aborted (or, when the kill falls between rounds, the next
+/// round commits without south, which then catches up), both trainers
+/// train on locally and rejoin, and the job ends in one round with the
+/// same parameters at both sites, each having kept the anchor of the last
+/// round it applied.
 #[test]
 fn a_site_killed_mid_training_rejoins_and_every_site_ends_with_the_same_parameters() {
     if let Some(missing) = python_unavailable() {
@@ -370,8 +372,14 @@ site = "south"
         timeline,
     ));
     let rounds = &report["rounds"];
+    let without_south = rounds["rounds"].as_array().unwrap().iter().any(|r| {
+        r["state"] == "committed"
+            && r["excluded"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|s| s == "south (site_down)"))
+    });
     assert!(
-        rounds["aborted"].as_u64().unwrap() >= 1,
+        rounds["aborted"].as_u64().unwrap() >= 1 || without_south,
         "the kill did not land inside training: {rounds:#}"
     );
     let training = &report["training"];
