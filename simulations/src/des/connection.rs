@@ -211,7 +211,7 @@ impl Connection {
         let mss = tcp.mss_bytes;
         let paced = matches!(
             &control,
-            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.paced()
+            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.is_quinns()
         );
         let last_payload = (bytes - u64::from(segments - 1) * u64::from(mss)) as u32;
         let n = segments as usize;
@@ -630,6 +630,13 @@ impl Connection {
         }
 
         let srtt_ns = self.srtt_ns.unwrap_or(0.0);
+        // quinn grows no window on an ACK while the connection is
+        // application-limited: here, with every segment sent and nothing
+        // to retransmit (the transfer's tail).
+        let quinns_idle = matches!(
+            &self.control,
+            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.is_quinns()
+        ) && !self.has_something_to_send();
         if let Control::Window {
             cwnd,
             ssthresh,
@@ -648,7 +655,7 @@ impl Connection {
                 };
                 *cwnd = *ssthresh;
                 *recovery_end = self.next_transmission;
-            } else if transmission >= *recovery_end {
+            } else if transmission >= *recovery_end && !quinns_idle {
                 for _ in 0..newly_acked {
                     if *cwnd < *ssthresh {
                         *cwnd += 1.0;

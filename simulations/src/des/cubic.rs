@@ -199,8 +199,9 @@ impl Cubic {
         }
     }
 
-    /// Whether the sender is paced as quinn paces.
-    pub fn paced(&self) -> bool {
+    /// Whether this is quinn's Cubic (paced as quinn paces, and not grown
+    /// while the sender has nothing to send).
+    pub fn is_quinns(&self) -> bool {
         self.flavour == Flavour::Quinn
     }
 

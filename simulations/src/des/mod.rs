@@ -51,7 +51,8 @@
 //!   from W_max. After fast convergence has put W_max below the window the
 //!   loss ended, both start below the reduced window, which stays flat until
 //!   they reach it: under random loss the window averages less than the
-//!   RFC's. The window grows by at most one segment per ACKed one. It is
+//!   RFC's. The window grows by at most one segment per ACKed one, and not
+//!   at all once every segment has been sent (application-limited). It is
 //!   paced as quinn paces (a token bucket of the window's share of 2 ms,
 //!   10 to 256 segments, filled at 1.25 windows per smoothed RTT); the
 //!   other windowed senders send what their window allows at once.
@@ -66,9 +67,10 @@
 //! # Simplifications
 //!
 //! - No handshake, no slow start after idle, no delayed ACKs, no receive
-//!   window, no Nagle: a sender always has data and the receiver takes all
-//!   (so it is never application-limited, where quinn's Cubic would not
-//!   grow its window).
+//!   window, no Nagle: a sender has data until its last segment is sent
+//!   and the receiver takes all. Application-limited is only that tail,
+//!   where quinn's Cubic grows no window (quinn's also stops while its
+//!   application is slow to hand it data, which is not modelled).
 //! - A kept connection ([`TransferConfig::warm`]) carries its window,
 //!   slow-start threshold, Cubic state and RTT estimate to the next
 //!   transfer, and nothing of the last one's packets; time idle between

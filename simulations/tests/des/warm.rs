@@ -136,3 +136,28 @@ fn a_kept_reno_connection_grows_from_its_first_ack() {
     let grown = after.warm[0].cwnd().unwrap_or(f64::NAN);
     assert!(grown > before + 1.0, "seed {seed}: {before} -> {grown}");
 }
+
+/// quinn's Cubic grows no window on ACKs once every segment is sent (the
+/// connection is application-limited), so a connection kept after a
+/// transfer carries less than it would have: 146 kB (100 segments) in
+/// slow start on a loss-free, deep-buffered link. When the last segment
+/// arrives (where the transfer's state is taken), the RFC sender has had
+/// the ACKs of the segments sent an RTT before it, 70 here (cwnd 80);
+/// quinn's stopped growing when its last segment went, after the ACKs of
+/// the first 45 (10 + 2 × 45 sent: cwnd 55; pacing moves it a little).
+#[test]
+fn quinns_window_does_not_grow_on_the_tail_of_a_transfer() {
+    let seed = test_seed(95);
+    let deep = with_buffer(link(100, 20.0, 0.0), 10_000_000);
+    let rfc = run(deep.clone(), 146_000, 1, SenderModel::Cubic, seed);
+    let quinn = run(deep, 146_000, 1, SenderModel::QuinnCubic, seed);
+    completed(&rfc);
+    completed(&quinn);
+    let rfc_cwnd = rfc.warm[0].cwnd().unwrap_or(f64::NAN);
+    let quinn_cwnd = quinn.warm[0].cwnd().unwrap_or(f64::NAN);
+    assert_eq!(rfc_cwnd, 80.0, "seed {seed}");
+    assert!(
+        (50.0..=65.0).contains(&quinn_cwnd),
+        "seed {seed}: {quinn_cwnd}"
+    );
+}
