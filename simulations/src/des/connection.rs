@@ -56,6 +56,17 @@ pub(crate) enum Control {
     },
 }
 
+impl Control {
+    /// A window grown by quinn's Cubic: paced as quinn paces, and not
+    /// grown while the sender has nothing to send.
+    fn is_quinns(&self) -> bool {
+        matches!(
+            self,
+            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.is_quinns()
+        )
+    }
+}
+
 /// What a connection carries from one transfer to its next when it is
 /// kept open between them, as the agents' pooled QUIC connections are: its
 /// window, slow-start threshold and Cubic state, and its RTT estimate
@@ -166,9 +177,7 @@ impl Pacer {
             return true;
         }
         if window != self.window {
-            self.capacity = (window * 2e6 / srtt_ns).clamp(10.0, 256.0);
-            self.tokens = self.tokens.min(self.capacity);
-            self.window = window;
+            self.fit(window, srtt_ns);
         }
         if self.tokens < 1.0 {
             let elapsed = now_ns.saturating_sub(self.prev_ns) as f64;
@@ -184,13 +193,24 @@ impl Pacer {
         false
     }
 
+    /// The capacity for `window` at `srtt_ns`, the tokens within it.
+    fn fit(&mut self, window: f64, srtt_ns: f64) {
+        if srtt_ns > 0.0 {
+            self.capacity = (window * 2e6 / srtt_ns).clamp(10.0, 256.0);
+        }
+        self.tokens = self.tokens.min(self.capacity);
+        self.window = window;
+    }
+
     fn sent(&mut self) {
         self.tokens -= 1.0;
     }
 
-    /// A transfer starts after idle: the bucket has refilled.
-    fn refill(&mut self, now_ns: u64) {
-        self.tokens = self.capacity.max(10.0);
+    /// A transfer starts at `now_ns` after idle, with `window` at
+    /// `srtt_ns`: the bucket has refilled.
+    fn refill(&mut self, window: f64, srtt_ns: f64, now_ns: u64) {
+        self.fit(window, srtt_ns);
+        self.tokens = self.capacity;
         self.prev_ns = now_ns;
         self.next_ns = None;
     }
@@ -209,10 +229,7 @@ impl Connection {
         segments: u32,
     ) -> Self {
         let mss = tcp.mss_bytes;
-        let paced = matches!(
-            &control,
-            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.is_quinns()
-        );
+        let paced = control.is_quinns();
         let last_payload = (bytes - u64::from(segments - 1) * u64::from(mss)) as u32;
         let n = segments as usize;
         Self {
@@ -310,9 +327,7 @@ impl Connection {
         self.rttvar_ns = warm.rttvar_ns;
         self.rto_ns = warm.rto_ns;
         if let (Some(pacer), Control::Window { cwnd, .. }) = (&mut self.pacer, &self.control) {
-            pacer.window = 0.0;
-            let _ = pacer.allows(*cwnd, warm.srtt_ns.unwrap_or(0.0), now_ns);
-            pacer.refill(now_ns);
+            pacer.refill(*cwnd, warm.srtt_ns.unwrap_or(0.0), now_ns);
         }
     }
 
@@ -633,10 +648,7 @@ impl Connection {
         // quinn grows no window on an ACK while the connection is
         // application-limited: here, with every segment sent and nothing
         // to retransmit (the transfer's tail).
-        let quinns_idle = matches!(
-            &self.control,
-            Control::Window { growth: Growth::Cubic(cubic), .. } if cubic.is_quinns()
-        ) && !self.has_something_to_send();
+        let quinns_idle = self.control.is_quinns() && !self.has_something_to_send();
         if let Control::Window {
             cwnd,
             ssthresh,

@@ -147,14 +147,15 @@ impl Cubic {
                 self.w_est = BETA * self.w_max + ALPHA * t / rtt;
             }
             let target = self.w_cubic(t + rtt);
-            if target < self.w_est {
-                // quinn adds at most one datagram per ACKed one.
-                return self.w_est.min(cwnd + 1.0).max(cwnd);
-            }
-            // In either region, at most one datagram per ACKed one (quinn
+            let goal = if target < self.w_est {
+                self.w_est
+            } else {
+                cwnd + (target - cwnd) / cwnd
+            };
+            // In either region at most one datagram per ACKed one (quinn
             // adds a datagram once the increments reach one, and drops the
-            // rest).
-            return (cwnd + (target - cwnd).max(0.0) / cwnd).min(cwnd + 1.0);
+            // rest), and never less.
+            return goal.clamp(cwnd, cwnd + 1.0);
         }
         let alpha = if self.w_est >= self.w_prior {
             1.0

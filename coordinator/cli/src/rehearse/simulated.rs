@@ -353,7 +353,10 @@ impl<'a> Simulator<'a> {
         // Kept state the transfer cannot take (a shard smaller than the
         // pool: fewer connections carry it) is dropped, not fatal.
         let report = transfer(&config)
-            .or_else(|_| {
+            .or_else(|error| {
+                if config.warm.is_empty() {
+                    return Err(error);
+                }
                 config.warm.clear();
                 transfer(&config)
             })
